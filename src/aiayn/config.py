@@ -1,0 +1,136 @@
+"""TransformerConfig: every hyper-parameter of the model in one dataclass.
+
+Names follow the paper (Vaswani et al. 2017): d_model, n_heads (h), d_ff, d_k = d_model / h,
+n_layers (N). ``base()`` and ``big()`` are the two columns of Table 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass
+class TransformerConfig:
+    """Hyper-parameters of an encoder-decoder Transformer.
+
+    Special ids (``pad_id``, ``bos_id``, ``eos_id``) must agree with the tokenizer.
+    ``share_embeddings`` shares the source and target embedding tables (needs one joint
+    vocabulary); ``tie_output`` ties the pre-softmax projection to the target embedding
+    (Section 3.4). Both on gives the paper's three-way tying.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    n_heads: int = 8
+    n_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    max_len: int = 1024
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    share_embeddings: bool = False
+    tie_output: bool = True
+    # Extensions beyond the paper, off by default.
+    n_encoder_layers: int | None = None  # None: n_layers
+    n_decoder_layers: int | None = None  # None: n_layers
+    norm_first: bool = False  # pre-LN instead of the paper's post-LN
+    learned_positions: bool = False  # Section 3.5 compares both; sinusoidal is the paper's
+    attention_dropout: float = 0.0  # dropout on attention weights (tensor2tensor; not the paper)
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        def bad(field: str, why: str) -> ValueError:
+            return ValueError(f"TransformerConfig.{field}: {why}")
+
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise bad(name, f"must be a positive int, got {value!r}")
+        if self.max_len <= 0:
+            raise bad("max_len", f"must be positive, got {self.max_len}")
+        if self.d_model % self.n_heads:
+            raise bad(
+                "n_heads", f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise bad(name, f"must be in [0, 1), got {getattr(self, name)}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            limit = min(self.src_vocab_size, self.tgt_vocab_size)
+            if not 0 <= value < limit:
+                raise bad(name, f"{value} is outside the vocabulary [0, {limit})")
+        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
+            raise bad("pad_id", "pad_id, bos_id and eos_id must be three different ids")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise bad(
+                "share_embeddings",
+                f"needs one joint vocabulary, got src_vocab_size={self.src_vocab_size} "
+                f"and tgt_vocab_size={self.tgt_vocab_size}",
+            )
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise bad(name, f"must be >= 0, got {value}")
+
+    @property
+    def d_k(self) -> int:
+        """Per-head width of queries, keys and values (d_k = d_v = d_model / h)."""
+        return self.d_model // self.n_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.n_layers if self.n_encoder_layers is None else self.n_encoder_layers
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
+
+    @classmethod
+    def base(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
+        """Transformer (base), Table 3: N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (~65M)."""
+        kwargs = dict(
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            d_model=512,
+            n_heads=8,
+            n_layers=6,
+            d_ff=2048,
+            dropout=0.1,
+            share_embeddings=True,
+            tie_output=True,
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @classmethod
+    def big(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
+        """Transformer (big), Table 3: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (~213M)."""
+        kwargs = dict(
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            d_model=1024,
+            n_heads=16,
+            n_layers=6,
+            d_ff=4096,
+            dropout=0.3,
+            share_embeddings=True,
+            tie_output=True,
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """Build from a dict, naming any unknown key instead of failing inside __init__."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"TransformerConfig: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)

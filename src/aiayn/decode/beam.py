@@ -1,0 +1,147 @@
+"""Batched beam search with the GNMT length penalty (Section 6.1: beam 4, alpha 0.6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aiayn.model.transformer import DecoderState, Transformer
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation: ``tokens`` without BOS/EOS, ``score`` = log p / lp."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha  (Wu et al. 2016, used by the paper)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_b: int = 50,
+    n_best: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Translate every sentence of ``src [B, S]`` together, keeping ``beam_size`` beams each.
+
+    Returns, per sentence, its ``n_best`` hypotheses best first. Each sentence may produce
+    at most (its real source length + ``max_len_b``) tokens, EOS included, and never more
+    than the model's ``max_len``; a sentence is done once it has ``beam_size`` finished
+    hypotheses that no active beam can beat any more, and then leaves the batch. The
+    decoder cache is reordered whenever beams are reselected.
+    """
+    if beam_size < 1 or not 1 <= n_best <= beam_size:
+        raise ValueError(
+            f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size}, {n_best}"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            return _beam_search(model, src, beam_size, alpha, max_len_b, n_best, use_cache)
+    finally:
+        model.train(was_training)
+
+
+def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
+    cfg = model.cfg
+    device = src.device
+    B = src.size(0)
+    src_len = (src != cfg.pad_id).sum(dim=1)  # [B]
+    limit = (src_len + max_len_b).clamp(max=cfg.max_len)  # max output tokens incl. EOS
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    # The largest length penalty a sentence can reach; with log-probs <= 0 an active beam's
+    # final score can never exceed its current log-prob divided by it.
+    lp_bound = ((5.0 + limit.double()) / 6.0) ** alpha
+
+    memory = model.encode(src).repeat_interleave(K, dim=0)  # [B*K, S, d_model]
+    src = src.repeat_interleave(K, dim=0)  # [B*K, S]
+    sent = torch.arange(B, device=device)  # original sentence of each active group
+    scores = torch.full((B, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    prefix = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
+    state = DecoderState() if use_cache else None
+
+    for t in range(int(limit.max())):
+        n = sent.numel()
+        if state is not None:
+            logits = model.decode(prefix[:, -1:], memory, src, state)[:, -1]
+        else:
+            logits = model.decode(prefix, memory, src)[:, -1]
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [n*K, V]
+        logp[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")  # never valid outputs
+        at_limit = (t + 1 >= limit[sent]).repeat_interleave(K)  # must end now
+        if bool(at_limit.any()):
+            forced = torch.full_like(logp[0], float("-inf"))
+            forced[cfg.eos_id] = 0.0
+            logp[at_limit] = forced + logp[at_limit, cfg.eos_id : cfg.eos_id + 1]
+        V = logp.size(-1)
+        cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
+        top_scores, top_idx = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
+        beam, token = top_idx // V, top_idx % V
+        is_eos = token == cfg.eos_id
+
+        # EOS among the best K candidates ends a hypothesis (as fairseq does).
+        eos_hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero().tolist()
+        for g, j in eos_hits:
+            row = g * K + int(beam[g, j])
+            log_prob = float(top_scores[g, j])
+            tokens = prefix[row, 1:].tolist()
+            finished[int(sent[g])].append(
+                Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha), log_prob)
+            )
+
+        # The best K non-EOS candidates continue.
+        rank = torch.where(is_eos, 2 * K, torch.arange(2 * K, device=device))
+        pick = rank.argsort(dim=1, stable=True)[:, :K]  # [n, K]
+        scores = top_scores.gather(1, pick)
+        parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
+        token = token.gather(1, pick).view(-1, 1)
+        prefix = torch.cat([prefix.index_select(0, parent), token], dim=1)
+        if state is not None:
+            state.reorder(parent)
+
+        done = torch.tensor(
+            [
+                _is_done(finished[s], float(best), float(bound), K)
+                for s, best, bound in zip(
+                    sent.tolist(), scores.max(dim=1).values, lp_bound[sent].tolist()
+                )
+            ],
+            dtype=torch.bool,
+            device=device,
+        )
+        done |= t + 1 >= limit[sent]
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep_groups = (~done).nonzero().squeeze(1)
+            rows = (keep_groups[:, None] * K + torch.arange(K, device=device)).view(-1)
+            sent, scores = sent[keep_groups], scores[keep_groups]
+            prefix, memory, src = prefix[rows], memory[rows], src[rows]
+            if state is not None:
+                state.reorder(rows)
+
+    return [sorted(h, key=lambda h: h.score, reverse=True)[:n_best] for h in finished]
+
+
+def _is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:
+    """A sentence is done when K hypotheses have finished and no active beam can still
+    beat the K-th best of them (so an early, poor EOS cannot end the search)."""
+    if best_active == float("-inf"):
+        return True
+    if len(finished) < K:
+        return False
+    kth = sorted((h.score for h in finished), reverse=True)[K - 1]
+    return kth >= best_active / lp_max

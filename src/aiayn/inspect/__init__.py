@@ -1,0 +1,5 @@
+"""Looking inside a model: layer table, attention heatmaps."""
+
+from aiayn.inspect.summary import summary
+
+__all__ = ["summary"]

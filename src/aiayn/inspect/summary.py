@@ -1,0 +1,82 @@
+"""A torchinfo-style layer table: every module with its output shape and parameter count."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from aiayn.model.transformer import Transformer
+
+
+def _shape(output) -> str:
+    if isinstance(output, Tensor):
+        return str(list(output.shape))
+    if isinstance(output, tuple) and output and isinstance(output[0], Tensor):
+        return str(list(output[0].shape))
+    return "--"
+
+
+def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int = 3) -> str:
+    """Table of modules down to ``depth`` for one forward pass on a [1, src_len] source and a
+    [1, tgt_len] target. Shared (tied) parameters are counted once, where first met; a
+    module row counts its own parameters and those of everything below it."""
+    shapes: dict[str, str] = {}
+
+    def record(name: str):
+        def hook(module, inputs, output) -> None:  # returning None keeps the output as is
+            shapes.setdefault(name, _shape(output))
+
+        return hook
+
+    hooks = []
+    for name, module in model.named_modules():
+        if name and name.count(".") < depth:
+            hooks.append(module.register_forward_hook(record(name)))
+    cfg = model.cfg
+    src = torch.full((1, src_len), 4 % cfg.src_vocab_size, dtype=torch.long)
+    tgt = torch.full((1, tgt_len), 4 % cfg.tgt_vocab_size, dtype=torch.long)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(src, tgt)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+
+    seen: set[int] = set()
+    owner: dict[str, int] = {}  # module name -> parameters first counted under it
+    for name, param in model.named_parameters():  # named_parameters skips shared duplicates
+        seen.add(id(param))
+        parts = name.split(".")[:-1]
+        for k in range(len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            owner[prefix] = owner.get(prefix, 0) + param.numel()
+
+    rows = [("Layer (type)", "Output Shape", "Param #")]
+    for name, module in model.named_modules():
+        if not name or name.count(".") >= depth:
+            continue
+        indent = "  " * name.count(".")
+        label = f"{indent}{name.rsplit('.', 1)[-1]} ({type(module).__name__})"
+        rows.append((label, shapes.get(name, "--"), f"{owner.get(name, 0):,}"))
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    line = "=" * (sum(width) + 4)
+    out = [
+        line,
+        f"{rows[0][0]:<{width[0]}}  {rows[0][1]:<{width[1]}}  {rows[0][2]:>{width[2]}}",
+        line,
+    ]
+    out += [f"{a:<{width[0]}}  {b:<{width[1]}}  {c:>{width[2]}}" for a, b, c in rows[1:]]
+    total = owner.get("", 0)
+    size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    out += [
+        line,
+        f"Total params: {total:,} ({total / 1e6:.1f}M)",
+        f"Trainable params: {model.num_parameters():,}",
+        f"Params size (MB): {size_mb:.1f}",
+        f"Output: logits {list(logits.shape)}",
+        line,
+    ]
+    return "\n".join(out)

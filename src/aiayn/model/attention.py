@@ -1,0 +1,106 @@
+"""Scaled dot-product and multi-head attention (Section 3.2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T / sqrt(d_k)) V  (Section 3.2.1, Eq. 1).
+
+    q ``[B, h, T_q, d_k]``, k and v ``[B, h, T_k, d_k]``; ``mask`` is boolean, broadcastable
+    to ``[B, h, T_q, T_k]``, True where attending is allowed, applied before the softmax.
+    Returns the output ``[B, h, T_q, d_k]`` and, only if ``need_weights``, the weights
+    ``[B, h, T_q, T_k]``. A query row whose keys are all masked gets zero weights and a
+    zero output, never NaN.
+    """
+    if not need_weights:
+        # The fused kernel gives the same result (tested) without materialising weights.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return out, None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # [B, h, T_q, T_k]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows: 0/0 -> 0
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K,
+    V W_i^V)  (Section 3.2.2).
+
+    One class for the paper's three uses (Section 3.2.3): encoder self-attention and masked
+    decoder self-attention (``memory=None``: Q, K, V all from ``x``) and encoder-decoder
+    attention (Q from ``x``, K and V from ``memory``). The h per-head projections are fused
+    into one ``[3 * d_model, d_model]`` weight laid out as torch.nn.MultiheadAttention's
+    ``in_proj_weight`` (rows: W^Q, W^K, W^V; head i owns columns i*d_k..(i+1)*d_k).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.attention_dropout = attention_dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V for all heads
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        # [B, T, d_model] -> [B, T, h, d_k] -> [B, h, T, d_k]; the transpose is what keeps
+        # each head's d_k features together (a bare reshape to [B, h, T, d_k] mixes them).
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: dict[str, Tensor] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x ``[B, T, d_model]``, memory ``[B, S, d_model]`` or None -> ``[B, T, d_model]``.
+
+        ``cache`` (incremental decoding) is a dict this layer owns: for self-attention the
+        keys/values of earlier steps are kept and extended by this call's steps; for
+        encoder-decoder attention K and V are projected from ``memory`` once and reused.
+        """
+        d = self.d_model
+        w, b = self.in_proj.weight, self.in_proj.bias
+        if memory is None:
+            q, k, v = map(self._split_heads, F.linear(x, w, b).chunk(3, dim=-1))
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        else:
+            q = self._split_heads(F.linear(x, w[:d], b[:d]))
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                k, v = map(self._split_heads, F.linear(memory, w[d:], b[d:]).chunk(2, dim=-1))
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        dropout_p = self.attention_dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
+        B, _, T, _ = out.shape
+        out = out.transpose(1, 2).reshape(B, T, d)  # concat heads: [B, T, h * d_k]
+        return self.out_proj(out), weights

@@ -1,0 +1,70 @@
+"""Embeddings and positional encoding (Sections 3.4 and 3.5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+    """``[max_len, d_model]`` table with PE[pos, 2i] = sin(pos / 10000^(2i/d_model)) and
+    PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)) (Section 3.5)."""
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # [L, 1]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # [ceil(d/2)] = 0, 2, 4, ...
+    angle = position / torch.pow(10000.0, two_i / d_model)  # [L, ceil(d/2)]
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # odd d_model: one cos fewer
+    return table.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Adds position information to ``x [B, T, d_model]``, then applies dropout.
+
+    Sinusoidal (a precomputed, non-trained buffer) or learned (one vector per position).
+    ``offset`` shifts positions for incremental decoding, where x holds only the new steps.
+    """
+
+    def __init__(self, d_model: int, max_len: int, dropout: float, learned: bool = False):
+        super().__init__()
+        self.max_len = max_len
+        self.dropout = nn.Dropout(dropout)
+        if learned:
+            self.learned = nn.Parameter(torch.empty(max_len, d_model))
+            nn.init.normal_(self.learned, std=d_model**-0.5)
+        else:
+            self.learned = None
+            self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        end = offset + x.size(1)
+        if end > self.max_len:
+            raise ValueError(
+                f"sequence reaches position {end}, past max_len={self.max_len}; "
+                "raise TransformerConfig.max_len or shorten the input"
+            )
+        pe = self.learned if self.learned is not None else self.table
+        return self.dropout(x + pe[offset:end])
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids ``[B, T]`` -> vectors ``[B, T, d_model]`` multiplied by sqrt(d_model) (3.4).
+
+    The pad row starts at zero and gets no gradient (``padding_idx``).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int):
+        super().__init__()
+        self.scale = math.sqrt(d_model)
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        self.pad_id = pad_id
+        # d_model**-0.5 keeps the scaled embedding at unit variance, and the tied output
+        # projection starts with logits of unit variance too (as fairseq and tensor2tensor).
+        nn.init.normal_(self.weight, std=d_model**-0.5)
+        with torch.no_grad():
+            self.weight[pad_id].zero_()
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return nn.functional.embedding(ids, self.weight, padding_idx=self.pad_id) * self.scale

@@ -1,0 +1,212 @@
+"""Encoder, Decoder and the full encoder-decoder Transformer (Section 3, Figure 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.config import TransformerConfig
+from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
+from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.masks import decoder_self_mask, padding_mask
+
+
+@dataclass
+class DecoderState:
+    """Incremental-decoding state (fairseq-style): one cache dict per decoder layer holding
+    self-attention keys/values of the steps so far and the encoder-decoder keys/values.
+
+    ``offset`` is the number of target positions already fed. ``reorder`` selects rows of
+    the batch, for beam search (parents of the surviving beams) and for dropping finished
+    sentences.
+    """
+
+    layers: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
+    offset: int = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index [B']`` (in that order) of every cached tensor."""
+        for layer in self.layers:
+            for cache in layer.values():
+                for name, tensor in cache.items():
+                    cache[name] = tensor.index_select(0, index)
+
+
+def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int) -> None:
+    """Raise ValueError naming ``name`` unless ids is a LongTensor [B, T] of valid ids."""
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype != torch.long:
+        raise ValueError(f"{name} must be torch.long (int64) token ids, got dtype {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
+    if ids.size(1) > max_len:
+        raise ValueError(f"{name} has length {ids.size(1)}, longer than max_len={max_len}")
+    if ids.numel():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} holds id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
+class Encoder(nn.Module):
+    """N identical layers over the embedded source (Section 3.1)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        # Pre-LN leaves the last residual sum un-normalised, so the stack ends with one.
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(self, x: Tensor, src_mask: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+        """x ``[B, S, d_model]`` -> memory ``[B, S, d_model]``; appends per-layer attention
+        weights ``[B, h, S, S]`` to ``weights`` when a list is given."""
+        for layer in self.layers:
+            x, w = layer(x, src_mask, need_weights=weights is not None)
+            if weights is not None:
+                weights.append(w)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Decoder(nn.Module):
+    """N identical layers of masked self-attention, cross-attention and FFN (Section 3.1)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None,
+        cross_mask: Tensor,
+        state: DecoderState | None = None,
+        weights: dict[str, list[Tensor]] | None = None,
+    ) -> Tensor:
+        """x ``[B, T, d_model]``, memory ``[B, S, d_model]`` -> ``[B, T, d_model]``."""
+        if state is not None and not state.layers:
+            state.layers = [{} for _ in self.layers]
+        for i, layer in enumerate(self.layers):
+            cache = state.layers[i] if state is not None else None
+            x, self_w, cross_w = layer(
+                x, memory, self_mask, cross_mask, cache, need_weights=weights is not None
+            )
+            if weights is not None:
+                weights["decoder_self"].append(self_w)
+                weights["cross"].append(cross_w)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer of "Attention Is All You Need".
+
+    ``model(src [B, S], tgt_in [B, T]) -> logits [B, T, tgt_vocab_size]`` where both inputs
+    are LongTensors right-padded with ``cfg.pad_id`` and ``tgt_in`` starts with BOS (teacher
+    forcing). Logits at real positions do not depend on padding, and position t never sees
+    target tokens after t.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
+        self.tgt_embed = (
+            self.src_embed
+            if cfg.share_embeddings
+            else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id)
+        )
+        self.src_pos = PositionalEncoding(
+            cfg.d_model, cfg.max_len, cfg.dropout, cfg.learned_positions
+        )
+        self.tgt_pos = PositionalEncoding(
+            cfg.d_model, cfg.max_len, cfg.dropout, cfg.learned_positions
+        )
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        # Section 3.4: the pre-softmax projection shares the target embedding matrix.
+        self.out_proj = (
+            None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        )
+
+    # -- the three entry points ------------------------------------------------------------
+    def encode(self, src: Tensor, weights: list[Tensor] | None = None) -> Tensor:
+        """src ``[B, S]`` -> memory ``[B, S, d_model]``."""
+        _check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len)
+        src_mask = padding_mask(src, self.cfg.pad_id)  # [B, 1, 1, S]
+        return self.encoder(self.src_pos(self.src_embed(src)), src_mask, weights)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src: Tensor,
+        state: DecoderState | None = None,
+        weights: dict[str, list[Tensor]] | None = None,
+    ) -> Tensor:
+        """tgt_in ``[B, T]``, memory ``[B, S, d_model]``, src ``[B, S]`` -> logits
+        ``[B, T, tgt_vocab_size]``.
+
+        With a :class:`DecoderState`, ``tgt_in`` holds only the new steps (usually one)
+        and the state is extended; the logits equal those of a full recomputation.
+        """
+        offset = state.offset if state is not None else 0
+        _check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, self.cfg.max_len - offset)
+        if memory.dim() != 3 or memory.size(0) != tgt_in.size(0) or src.size(0) != tgt_in.size(0):
+            raise ValueError(
+                f"batch sizes differ: tgt_in {tuple(tgt_in.shape)}, memory "
+                f"{tuple(memory.shape)}, src {tuple(src.shape)}"
+            )
+        if memory.size(1) != src.size(1):
+            raise ValueError(
+                f"memory covers {memory.size(1)} source positions but src has {src.size(1)}"
+            )
+        T = tgt_in.size(1)
+        if state is None:
+            self_mask = decoder_self_mask(tgt_in, self.cfg.pad_id)  # [B, 1, T, T]
+        elif T == 1:
+            self_mask = None  # one new query may see every cached key
+        else:  # several new steps: causal over [cached + new] keys
+            q_pos = torch.arange(offset, offset + T, device=tgt_in.device)
+            k_pos = torch.arange(offset + T, device=tgt_in.device)
+            self_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]
+        x = self.tgt_pos(self.tgt_embed(tgt_in), offset=offset)
+        x = self.decoder(x, memory, self_mask, padding_mask(src, self.cfg.pad_id), state, weights)
+        if state is not None:
+            state.offset += T
+        return self.project(x)
+
+    def project(self, x: Tensor) -> Tensor:
+        """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``."""
+        if self.out_proj is None:
+            return F.linear(x, self.tgt_embed.weight)
+        return self.out_proj(x)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits ``[B, T, tgt_vocab]`` for src ``[B, S]``, tgt_in ``[B, T]``."""
+        both = isinstance(src, Tensor) and isinstance(tgt_in, Tensor)
+        if both and src.dim() == tgt_in.dim() and src.size(0) != tgt_in.size(0):
+            raise ValueError(
+                f"batch sizes differ: src has {src.size(0)} rows, tgt_in {tgt_in.size(0)}"
+            )
+        return self.decode(tgt_in, self.encode(src), src)
+
+    def forward_with_attention(
+        self, src: Tensor, tgt_in: Tensor
+    ) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """Logits plus every layer's attention weights, for inspection.
+
+        Returns ``{"encoder": [B, h, S, S] per layer, "decoder_self": [B, h, T, T] per layer,
+        "cross": [B, h, T, S] per layer}``.
+        """
+        weights: dict[str, list[Tensor]] = {"encoder": [], "decoder_self": [], "cross": []}
+        memory = self.encode(src, weights["encoder"])
+        return self.decode(tgt_in, memory, src, weights=weights), weights
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, counting shared (tied) tables once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)

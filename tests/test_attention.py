@@ -1,0 +1,126 @@
+"""Scaled dot-product and multi-head attention against independent references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.model import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+
+D, H = 32, 4
+
+
+def make_pair(seed: int = 0):
+    torch.manual_seed(seed)
+    ours = MultiHeadAttention(D, H).eval()
+    ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    with torch.no_grad():
+        # Random biases too, so a swapped or missing bias cannot hide.
+        ours.in_proj.bias.normal_()
+        ours.out_proj.bias.normal_()
+        ref.in_proj_weight.copy_(ours.in_proj.weight)
+        ref.in_proj_bias.copy_(ours.in_proj.bias)
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ours, ref
+
+
+def per_head_loop(mha: MultiHeadAttention, x, memory, allowed):
+    """One Linear per head for W_i^Q, W_i^K, W_i^V, attention per head, concat, W^O."""
+    memory = x if memory is None else memory
+    d_k = mha.d_k
+    w, b = mha.in_proj.weight, mha.in_proj.bias
+    heads = []
+    for i in range(mha.n_heads):
+        cols = slice(i * d_k, (i + 1) * d_k)
+        q = x @ w[:D][cols].T + b[:D][cols]
+        k = memory @ w[D : 2 * D][cols].T + b[D : 2 * D][cols]
+        v = memory @ w[2 * D :][cols].T + b[2 * D :][cols]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d_k)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        heads.append(torch.softmax(scores, -1) @ v)
+    return mha.out_proj(torch.cat(heads, dim=-1))
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_multihead_matches_torch_and_per_head_loop(kind, masked):
+    ours, ref = make_pair()
+    torch.manual_seed(1)
+    x = torch.randn(3, 5, D)
+    memory = None if kind == "self" else torch.randn(3, 7, D)
+    kv = x if memory is None else memory
+    key_ids = torch.ones(3, kv.size(1), dtype=torch.long)
+    key_ids[1, -2:] = 0  # two pad keys in row 1
+    key_ids[2, -1:] = 0
+    allowed = padding_mask(key_ids, 0) if masked else None  # [B, 1, 1, Tk]
+    if masked and kind == "self":
+        allowed = allowed & causal_mask(5)
+    with torch.no_grad():
+        out, _ = ours(x, memory, mask=allowed)
+        ref_mask = (
+            None if allowed is None else ~allowed.expand(3, H, 5, kv.size(1)).reshape(3 * H, 5, -1)
+        )
+        expected, _ = ref(x, kv, kv, attn_mask=ref_mask, need_weights=False)
+        loop = per_head_loop(ours, x, memory, None if allowed is None else allowed[:, 0])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, loop, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_takes_keys_and_values_from_memory():
+    ours, _ = make_pair()
+    x = torch.randn(2, 4, D)
+    with torch.no_grad():
+        a, _ = ours(x, torch.randn(2, 6, D))
+        b, _ = ours(x, torch.randn(2, 6, D))
+    assert not torch.allclose(a, b), "cross-attention output ignores the memory"
+
+
+def test_weights_path_equals_fused_path_and_rows_sum_to_one():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, H, 5, 8), torch.randn(2, H, 6, 8), torch.randn(2, H, 6, 8)
+    allowed = torch.rand(2, 1, 5, 6) > 0.3
+    allowed[..., 0] = True
+    fast, none = scaled_dot_product_attention(q, k, v, allowed)
+    slow, weights = scaled_dot_product_attention(q, k, v, allowed, need_weights=True)
+    assert none is None
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, H, 5))
+    assert (weights.masked_select(~allowed.expand_as(weights)) == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_rows_give_zeros_not_nan(need_weights):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, H, 3, 8), torch.randn(2, H, 4, 8), torch.randn(2, H, 4, 8)
+    q.requires_grad_()
+    allowed = torch.ones(2, 1, 1, 4, dtype=torch.bool)
+    allowed[1] = False  # every key of sentence 1 is masked
+    out, _ = scaled_dot_product_attention(q, k, v, allowed, need_weights=need_weights)
+    assert torch.isfinite(out).all()
+    assert (out[1] == 0).all()
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_scaling_is_by_sqrt_d_k():
+    q = torch.tensor([[[[1.0, 1.0, 1.0, 1.0]]]])  # d_k = 4
+    k = torch.tensor([[[[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]]])
+    v = torch.tensor([[[[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]]])
+    _, w = scaled_dot_product_attention(q, k, v, need_weights=True)
+    expected = torch.softmax(torch.tensor([4.0 / 2.0, 0.0]), -1)  # QK^T / sqrt(4)
+    torch.testing.assert_close(w[0, 0, 0], expected)
+
+
+def test_head_split_keeps_each_heads_features_together():
+    # If heads were split by a bare reshape(B, h, T, d_k), head 0 would see features of
+    # several positions; changing position 1 would then change head 0's view of position 0.
+    mha = MultiHeadAttention(D, H)
+    x = torch.randn(1, 3, D)
+    heads = mha._split_heads(x)  # [1, h, 3, d_k]
+    assert heads.shape == (1, H, 3, D // H)
+    torch.testing.assert_close(heads[0, 1, 2], x[0, 2, D // H : 2 * D // H])

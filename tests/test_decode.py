@@ -1,0 +1,152 @@
+"""Greedy and beam search: agreement with teacher forcing, the cache, and overfitting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn import Transformer
+from aiayn.decode import beam_search, greedy, length_penalty
+from aiayn.model import DecoderState
+from aiayn.train.loss import label_smoothed_cross_entropy
+from conftest import random_batch, tiny_config
+
+PAIRS = [  # (source ids, target ids): no specials, arbitrary "translations"
+    ([5, 6, 7], [9, 10, 11, 12]),
+    ([8, 9], [20, 3, 4]),
+    ([10, 11, 12, 13, 14], [7]),
+    ([15, 5, 15, 5], [25, 26, 25, 26, 25]),
+    ([20, 21, 22], [13, 14, 15]),
+    ([7, 7], [16, 17, 18, 19, 20, 21]),
+]
+
+
+def pad_rows(rows, pad=0):
+    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def overfit_model() -> Transformer:
+    """A tiny model trained until it reproduces PAIRS (a few seconds on a CPU)."""
+    torch.manual_seed(0)
+    cfg = tiny_config(d_model=64, d_ff=128)
+    model = Transformer(cfg)
+    src = pad_rows([s for s, _ in PAIRS])
+    tgt_in = pad_rows([[cfg.bos_id, *t] for _, t in PAIRS])
+    tgt_out = pad_rows([[*t, cfg.eos_id] for _, t in PAIRS])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    for _ in range(300):
+        loss, _, n = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, epsilon=0.0)
+        optimizer.zero_grad()
+        (loss / n).backward()
+        optimizer.step()
+    return model.eval()
+
+
+def test_tiny_model_overfits_to_exact_reproduction(overfit_model):
+    cfg = overfit_model.cfg
+    out = greedy(overfit_model, pad_rows([s for s, _ in PAIRS]), max_new_tokens=10)
+    for row, (_, target) in zip(out.tolist(), PAIRS):
+        assert row[: len(target) + 1] == [*target, cfg.eos_id]
+        assert all(t == cfg.pad_id for t in row[len(target) + 1 :])  # pad after EOS
+    hyps = beam_search(overfit_model, pad_rows([s for s, _ in PAIRS]), beam_size=4)
+    assert [h[0].tokens for h in hyps] == [t for _, t in PAIRS]
+
+
+def test_greedy_agrees_with_teacher_forcing(overfit_model):
+    cfg = overfit_model.cfg
+    src, _ = random_batch(cfg, [5, 3, 7], [1, 1, 1], seed=3)  # unseen inputs
+    out = greedy(overfit_model, src, max_new_tokens=12)
+    tgt_in = torch.cat([torch.full((3, 1), cfg.bos_id), out], dim=1)
+    tgt_in = tgt_in.masked_fill(tgt_in == cfg.eos_id, cfg.pad_id)  # nothing fed after EOS
+    with torch.no_grad():
+        logits = overfit_model(src, tgt_in)[:, :-1]
+    logits[..., [cfg.pad_id, cfg.bos_id]] = float("-inf")
+    real = torch.cat([torch.ones(3, 1, dtype=torch.bool), out[:, :-1] != cfg.eos_id], 1)
+    real &= torch.cat([torch.ones(3, 1, dtype=torch.bool), out[:, :-1] != cfg.pad_id], 1)
+    assert real.sum() > 6
+    assert torch.equal(logits.argmax(-1)[real], out[real])
+
+
+def test_greedy_shape_and_padding_contract(tiny_model):
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [5, 2], [1, 1])
+    out = greedy(tiny_model, src, max_new_tokens=7)
+    assert out.dtype == torch.long and out.shape[0] == 2 and out.shape[1] <= 7
+    assert not (out == cfg.bos_id).any()
+    for row in out.tolist():
+        if cfg.eos_id in row:
+            assert all(t == cfg.pad_id for t in row[row.index(cfg.eos_id) + 1 :])
+
+
+def test_cached_and_uncached_greedy_and_beam_agree(tiny_model):
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [6, 3, 5, 1], [1] * 4, seed=4)
+    assert torch.equal(greedy(tiny_model, src, 15), greedy(tiny_model, src, 15, use_cache=False))
+    cached = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3)
+    plain = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
+    for a, b in zip(cached, plain):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_incremental_logits_equal_full_recomputation(tiny_model):
+    cfg = tiny_model.cfg
+    src, tgt = random_batch(cfg, [6, 4], [7, 7], seed=5)
+    with torch.no_grad():
+        memory = tiny_model.encode(src)
+        full = tiny_model.decode(tgt, memory, src)
+        state = DecoderState()
+        steps = [tiny_model.decode(tgt[:, t : t + 1], memory, src, state) for t in range(7)]
+        chunked_state = DecoderState()  # several steps at a time also work
+        chunks = [
+            tiny_model.decode(tgt[:, a:b], memory, src, chunked_state) for a, b in [(0, 3), (3, 7)]
+        ]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-5, rtol=1e-5)
+    assert state.offset == 7
+
+
+def test_beam_of_one_is_greedy(tiny_model):
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [6, 3, 5], [1] * 3, seed=6)
+    beams = beam_search(tiny_model, src, beam_size=1, max_len_b=4)
+    for i, (length, hyps) in enumerate(zip([6, 3, 5], beams)):
+        # The beam's limit counts the EOS: at most length + 3 tokens before it.
+        row = greedy(tiny_model, src[i : i + 1, :length], max_new_tokens=length + 3)[0].tolist()
+        tokens = [t for t in row if t != cfg.pad_id]
+        if cfg.eos_id in tokens:
+            tokens = tokens[: tokens.index(cfg.eos_id)]
+        assert hyps[0].tokens == tokens
+
+
+def test_beam_respects_length_limit_and_orders_n_best(tiny_model):
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [4, 2], [1, 1], seed=7)
+    hyps = beam_search(tiny_model, src, beam_size=4, max_len_b=3, n_best=4)
+    for sentence, real_len in zip(hyps, [4, 2]):
+        assert len(sentence) >= 1
+        assert all(len(h.tokens) + 1 <= real_len + 3 for h in sentence)  # EOS counted
+        scores = [h.score for h in sentence]
+        assert scores == sorted(scores, reverse=True)
+        for h in sentence:
+            assert h.score == pytest.approx(h.log_prob / length_penalty(len(h.tokens) + 1, 0.6))
+
+
+def test_beam_search_finds_better_scores_than_greedy(overfit_model):
+    cfg = overfit_model.cfg
+    src, _ = random_batch(cfg, [5, 4, 6, 3], [1] * 4, seed=8)
+    greedy_hyps = beam_search(overfit_model, src, beam_size=1, alpha=0.0)
+    beam_hyps = beam_search(overfit_model, src, beam_size=4, alpha=0.0)
+    for g, b in zip(greedy_hyps, beam_hyps):
+        assert b[0].log_prob >= g[0].log_prob - 1e-4
+
+
+def test_bad_beam_arguments():
+    model = Transformer(tiny_config())
+    src = torch.ones(1, 3, dtype=torch.long) * 5
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(model, src, beam_size=2, n_best=3)

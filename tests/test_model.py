@@ -1,0 +1,251 @@
+"""The whole model: paper formulas, torch.nn.Transformer equivalence, masking properties,
+input validation and the Table 3 presets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.model import sinusoidal_table
+from conftest import random_batch, tiny_config
+
+
+@pytest.mark.parametrize("d_model", [6, 16, 512])
+def test_positional_encoding_is_the_papers_formula(d_model):
+    table = sinusoidal_table(120, d_model)
+    for pos in (0, 1, 7, 50, 119):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_positions_past_max_len_raise_a_clear_error(tiny_model):
+    src = torch.full((1, 65), 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_len=64"):
+        tiny_model.encode(src)
+
+
+def copy_into_torch_transformer(model: Transformer) -> nn.Transformer:
+    cfg = model.cfg
+    ref = nn.Transformer(
+        d_model=cfg.d_model,
+        nhead=cfg.n_heads,
+        num_encoder_layers=cfg.encoder_layers,
+        num_decoder_layers=cfg.decoder_layers,
+        dim_feedforward=cfg.d_ff,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=cfg.norm_first,
+    ).eval()
+
+    def attn(dst: nn.MultiheadAttention, src) -> None:
+        dst.in_proj_weight.copy_(src.in_proj.weight)
+        dst.in_proj_bias.copy_(src.in_proj.bias)
+        dst.out_proj.weight.copy_(src.out_proj.weight)
+        dst.out_proj.bias.copy_(src.out_proj.bias)
+
+    def copy(dst: nn.Module, src: nn.Module) -> None:
+        dst.load_state_dict(src.state_dict())
+
+    with torch.no_grad():
+        for r, o in zip(ref.encoder.layers, model.encoder.layers, strict=True):
+            attn(r.self_attn, o.self_attn)
+            copy(r.linear1, o.ffn.w_1)
+            copy(r.linear2, o.ffn.w_2)
+            copy(r.norm1, o.attn_block.norm)
+            copy(r.norm2, o.ffn_block.norm)
+        for r, o in zip(ref.decoder.layers, model.decoder.layers, strict=True):
+            attn(r.self_attn, o.self_attn)
+            attn(r.multihead_attn, o.cross_attn)
+            copy(r.linear1, o.ffn.w_1)
+            copy(r.linear2, o.ffn.w_2)
+            copy(r.norm1, o.self_block.norm)
+            copy(r.norm2, o.cross_block.norm)
+            copy(r.norm3, o.ffn_block.norm)
+        if cfg.norm_first:
+            copy(ref.encoder.norm, model.encoder.norm)
+            copy(ref.decoder.norm, model.decoder.norm)
+        else:  # nn.Transformer always adds final norms; the post-LN paper model has none
+            ref.encoder.norm = None
+            ref.decoder.norm = None
+    return ref
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_model_equals_torch_nn_transformer(norm_first):
+    torch.manual_seed(0)
+    cfg = tiny_config(norm_first=norm_first, n_encoder_layers=3, n_decoder_layers=2)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # non-trivial LayerNorm affine parameters
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.normal_(1.0, 0.2)
+                m.bias.normal_(0.0, 0.2)
+    ref = copy_into_torch_transformer(model)
+    src, tgt = random_batch(cfg, [7, 4, 6], [5, 6, 2])
+    with torch.no_grad():
+        ours = model(src, tgt)
+        T = tgt.size(1)
+        hidden = ref(
+            model.src_pos(model.src_embed(src)),
+            model.tgt_pos(model.tgt_embed(tgt)),
+            tgt_mask=torch.ones(T, T, dtype=torch.bool).triu(1),  # True = blocked here
+            src_key_padding_mask=src == cfg.pad_id,
+            tgt_key_padding_mask=tgt == cfg.pad_id,
+            memory_key_padding_mask=src == cfg.pad_id,
+        )
+        expected = model.project(hidden)
+    real = tgt != cfg.pad_id
+    torch.testing.assert_close(ours[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_changing_future_targets_never_changes_earlier_logits(tiny_model):
+    cfg = tiny_model.cfg
+    src, tgt = random_batch(cfg, [6, 6], [8, 8])
+    with torch.no_grad():
+        base = tiny_model(src, tgt)
+        for t in range(tgt.size(1) - 1):
+            changed = tgt.clone()
+            changed[:, t + 1 :] = torch.randint(3, cfg.tgt_vocab_size, changed[:, t + 1 :].shape)
+            out = tiny_model(src, changed)
+            torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
+            assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :])
+
+
+def test_extra_padding_does_not_change_real_positions(tiny_model):
+    cfg = tiny_model.cfg
+    src, tgt = random_batch(cfg, [6, 3], [5, 4])
+    pad = cfg.pad_id
+    with torch.no_grad():
+        base = tiny_model(src, tgt)
+        longer = tiny_model(
+            nn.functional.pad(src, (0, 5), value=pad), nn.functional.pad(tgt, (0, 3), value=pad)
+        )
+    real = tgt != pad
+    torch.testing.assert_close(longer[:, : tgt.size(1)][real], base[real], atol=1e-6, rtol=0)
+
+
+def test_what_a_pad_position_holds_does_not_matter(tiny_model):
+    cfg = tiny_model.cfg
+    src, tgt = random_batch(cfg, [6, 3], [5, 2])
+    with torch.no_grad():
+        base = tiny_model(src, tgt)
+        tiny_model.src_embed.weight[cfg.pad_id].normal_()  # pad vectors now hold noise
+        tiny_model.tgt_embed.weight[cfg.pad_id].normal_()
+        noisy = tiny_model(src, tgt)
+    real = tgt != cfg.pad_id
+    words = torch.arange(cfg.tgt_vocab_size) != cfg.pad_id  # the tied pad logit itself moves
+    torch.testing.assert_close(noisy[real][:, words], base[real][:, words], atol=1e-6, rtol=0)
+
+
+def test_batch_equals_each_sentence_alone(tiny_model):
+    cfg = tiny_model.cfg
+    lengths_src, lengths_tgt = [7, 2, 5], [3, 6, 4]
+    src, tgt = random_batch(cfg, lengths_src, lengths_tgt)
+    with torch.no_grad():
+        batched = tiny_model(src, tgt)
+        for i, (s, t) in enumerate(zip(lengths_src, lengths_tgt)):
+            alone = tiny_model(src[i : i + 1, :s], tgt[i : i + 1, :t])
+            torch.testing.assert_close(batched[i, :t], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_uses_the_source_through_cross_attention(tiny_model):
+    cfg = tiny_model.cfg
+    src, tgt = random_batch(cfg, [6], [5])
+    other, _ = random_batch(cfg, [6], [5], seed=9)
+    with torch.no_grad():
+        assert not torch.allclose(tiny_model(src, tgt), tiny_model(other, tgt))
+        _, weights = tiny_model.forward_with_attention(src, tgt)
+    assert [w.shape for w in weights["cross"]] == [(1, 4, 5, 6)] * 2
+    assert [w.shape for w in weights["decoder_self"]] == [(1, 4, 5, 5)] * 2
+    assert [w.shape for w in weights["encoder"]] == [(1, 4, 6, 6)] * 2
+
+
+def test_embeddings_scaled_shared_and_tied():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(tgt_vocab_size=23, share_embeddings=True)).eval()
+    ids = torch.tensor([[5, 6]])
+    torch.testing.assert_close(model.src_embed(ids), model.src_embed.weight[ids] * math.sqrt(32))
+    assert model.tgt_embed is model.src_embed
+    x = torch.randn(1, 2, 32)
+    torch.testing.assert_close(model.project(x), x @ model.src_embed.weight.T)
+    untied = Transformer(tiny_config(tie_output=False))
+    assert untied.tgt_embed is not untied.src_embed and untied.out_proj is not None
+
+
+def test_every_layer_norm_is_a_registered_trained_parameter(tiny_model):
+    # A LayerNorm built inside forward() would be re-initialised each call and never trained.
+    names = [n for n, _ in tiny_model.named_parameters() if "norm" in n]
+    assert len(names) == 2 * (2 * 2 + 3 * 2)  # weight+bias; 2 per encoder, 3 per decoder layer
+    cfg = tiny_model.cfg
+    src, tgt = random_batch(cfg, [5], [4])
+    with torch.no_grad():
+        before = tiny_model(src, tgt)
+        tiny_model.decoder.layers[-1].ffn_block.norm.weight.mul_(2.0)
+        assert not torch.allclose(tiny_model(src, tgt), before)
+
+
+def test_dropout_is_active_only_in_training():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.3))
+    src, tgt = random_batch(model.cfg, [5], [4])
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+    model.eval()
+    torch.testing.assert_close(model(src, tgt), model(src, tgt))
+
+
+@pytest.mark.parametrize(
+    ("src", "tgt", "message"),
+    [
+        (torch.ones(2, 3), torch.ones(2, 3, dtype=torch.long), "dtype"),
+        (torch.ones(3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), "shape"),
+        (torch.full((2, 3), 23), torch.ones(2, 3, dtype=torch.long), "id 23, outside"),
+        (torch.full((2, 3), -1), torch.ones(2, 3, dtype=torch.long), "id -1, outside"),
+        (torch.ones(2, 3, dtype=torch.long), torch.full((2, 3), 29), "tgt_in holds id 29"),
+        (torch.ones(2, 65, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), "max_len"),
+        (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 65, dtype=torch.long), "max_len"),
+        (torch.ones(2, 3, dtype=torch.long), torch.ones(3, 3, dtype=torch.long), "batch sizes"),
+    ],
+)
+def test_bad_input_raises_value_error_saying_what_is_wrong(tiny_model, src, tgt, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model(src, tgt)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"n_heads": 5}, "n_heads"),
+        ({"dropout": 1.5}, "dropout"),
+        ({"pad_id": 40}, "pad_id"),
+        ({"eos_id": 0}, "pad_id"),
+        ({"share_embeddings": True}, "share_embeddings"),
+        ({"d_model": 0}, "d_model"),
+    ],
+)
+def test_bad_config_names_the_field(overrides, field):
+    with pytest.raises(ValueError, match=f"TransformerConfig.{field}"):
+        tiny_config(**overrides)
+
+
+def test_presets_match_table_3_parameter_counts():
+    base = TransformerConfig.base(37000)
+    big = TransformerConfig.big(37000)
+    assert (base.d_model, base.d_ff, base.n_heads, base.d_k, base.n_layers) == (512, 2048, 8, 64, 6)
+    assert (big.d_model, big.d_ff, big.n_heads, big.d_k, big.dropout) == (1024, 4096, 16, 64, 0.3)
+    n_base = Transformer(base).num_parameters()
+    n_big = Transformer(big).num_parameters()
+    assert abs(n_base - 65e6) / 65e6 < 0.04, n_base
+    assert abs(n_big - 213e6) / 213e6 < 0.02, n_big
+
+
+def test_config_round_trips_through_dict():
+    cfg = tiny_config(norm_first=True)
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown field"):
+        TransformerConfig.from_dict({**cfg.to_dict(), "d_modle": 3})

@@ -1,0 +1,67 @@
+"""Label-smoothed loss and the warmup schedule, against their definitions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.schedule import NoamSchedule, noam_rate
+
+
+def test_loss_equals_torch_label_smoothing_and_ignores_pads():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = 0
+    loss, nll, n = label_smoothed_cross_entropy(logits, target, epsilon=0.1, pad_id=0)
+    expected = F.cross_entropy(
+        logits.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=0.1, reduction="sum"
+    )
+    assert n == 13
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(
+        nll, F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    )
+    logits2 = logits.clone()
+    logits2[0, 3:] = 100.0  # pad positions: anything
+    assert label_smoothed_cross_entropy(logits2, target, 0.1)[0].item() == pytest.approx(
+        loss.item()
+    )
+
+
+def test_smoothed_loss_is_minimal_at_the_smoothed_distribution():
+    V, eps = 10, 0.1
+    target = torch.tensor([3])
+    best = torch.full((1, V), eps / V).log()
+    best[0, 3] = torch.tensor(1 - eps + eps / V).log()
+    sharp = torch.full((1, V), -20.0)
+    sharp[0, 3] = 0.0
+    assert (
+        label_smoothed_cross_entropy(best, target, eps)[0]
+        < label_smoothed_cross_entropy(sharp, target, eps)[0]
+    )
+
+
+def test_noam_rate_matches_equation_3():
+    d, w = 512, 4000
+    for step in (1, 100, 3999, 4000, 4001, 100000):
+        expected = d**-0.5 * min(step**-0.5, step * w**-1.5)
+        assert noam_rate(step, d, w) == pytest.approx(expected)
+    assert noam_rate(4000, d, w) == pytest.approx((d * w) ** -0.5)  # the peak
+    assert noam_rate(2000, d, w) < noam_rate(4000, d, w) > noam_rate(8000, d, w)
+
+
+def test_schedule_drives_the_optimizer_and_resumes():
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.Adam([param])
+    sched = NoamSchedule(opt, d_model=64, warmup=10, scale=2.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(1, 64, 10, 2.0))
+    for _ in range(5):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(6, 64, 10, 2.0))
+    opt2 = torch.optim.Adam([param])
+    resumed = NoamSchedule(opt2, d_model=64, warmup=10, scale=2.0)
+    resumed.load_state_dict(sched.state_dict())
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]

@@ -18,10 +18,11 @@ def greedy(
     """Decode every sentence of ``src [B, S]`` at once, taking the argmax token each step.
 
     PAD and BOS are never produced. Returns a LongTensor ``[B, L]`` of generated ids: no
-    BOS, the EOS kept where reached, ``pad_id`` after it; ``L`` is the longest output (at most ``max_new_tokens``, default
-    S + 50, and never past the model's ``max_len`` positions). Sentences that reach EOS
-    leave the batch, so no work is spent on them. ``use_cache=False`` recomputes the whole
-    prefix every step (the slow reference the cache is tested against).
+    BOS, the EOS kept where reached, ``pad_id`` after it; ``L`` is the longest output (at
+    most ``max_new_tokens``, default S + 50, and never past the model's ``max_len``
+    positions). Sentences that reach EOS leave the batch, so no work is spent on them.
+    ``use_cache=False`` recomputes the whole prefix every step (the slow reference the
+    cache is tested against).
     """
     cfg = model.cfg
     if max_new_tokens is None:

@@ -150,3 +150,17 @@ def test_bad_beam_arguments():
     src = torch.ones(1, 3, dtype=torch.long) * 5
     with pytest.raises(ValueError, match="n_best"):
         beam_search(model, src, beam_size=2, n_best=3)
+
+
+def test_cache_survives_sentences_finishing_at_different_steps(tiny_model):
+    cfg = tiny_model.cfg
+    with torch.no_grad():  # make EOS competitive so rows end at different steps
+        tiny_model.tgt_embed.weight[cfg.eos_id] *= 4.0
+    src, _ = random_batch(cfg, [6, 3, 5, 1, 4, 2], [1] * 6, seed=4)
+    cached, plain = greedy(tiny_model, src, 15), greedy(tiny_model, src, 15, use_cache=False)
+    ends = {row.index(cfg.eos_id) if cfg.eos_id in row else None for row in cached.tolist()}
+    assert len(ends) >= 2, "the test needs sentences that finish at different steps"
+    assert torch.equal(cached, plain)
+    a = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3)
+    b = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
+    assert [[h.tokens for h in s] for s in a] == [[h.tokens for h in s] for s in b]

@@ -1,11 +1,18 @@
-"""The `aiayn` command line: each subcommand is a thin layer over the library."""
+"""The `aiayn` command line: each subcommand is a thin layer over the library.
+
+Errors the user can fix (bad files, bad recipes, bad checkpoints) print one line naming
+the file or field and exit with status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from aiayn.config import TransformerConfig
+
+EXIT_USER_ERROR = 2
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -21,6 +28,116 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
     preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
     print(summary(Transformer(preset(args.vocab)), depth=args.depth))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from aiayn.train.recipe import Recipe
+    from aiayn.train.trainer import Trainer
+
+    overrides = list(args.set or [])
+    for flag in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+        if getattr(args, flag):
+            overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
+    recipe = (
+        Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
+    )
+    for flag in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+        if not getattr(recipe, flag):
+            raise ValueError(f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')}")
+    trainer = Trainer(recipe, args.out, resume=args.resume)
+    trainer.train(progress=not args.no_progress)
+    return 0
+
+
+def _read_input(path: str | None) -> list[str]:
+    from aiayn.data.corpus import read_lines
+
+    if path is None or path == "-":
+        return [line.rstrip("\n") for line in sys.stdin]
+    return read_lines(path)
+
+
+def _translator(args: argparse.Namespace):
+    from aiayn.translator import Translator
+
+    return Translator.from_dir(args.model, checkpoint=args.checkpoint, device=args.device)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    lines = _read_input(args.input)
+    translator = _translator(args)
+    with tqdm(total=len(lines), desc="translate", unit="sent", disable=args.quiet) as bar:
+        outputs = translator.translate(
+            lines, beam=args.beam, alpha=args.alpha, n_best=args.n_best, on_batch=bar.update
+        )
+    if args.n_best == 1:
+        text = "".join(candidates[0] + "\n" for candidates in outputs)
+    else:  # still one line per input line: the n-best joined by " ||| "
+        text = "".join(" ||| ".join(candidates) + "\n" for candidates in outputs)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import sacrebleu
+    from tqdm import tqdm
+
+    from aiayn.data.corpus import read_lines
+    from aiayn.metrics import corpus_bleu
+
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if len(src) != len(ref):
+        raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    translator = _translator(args)
+    with tqdm(total=len(src), desc="translate", unit="sent", disable=args.quiet) as bar:
+        hyps = [
+            h[0]
+            for h in translator.translate(
+                src, beam=args.beam, alpha=args.alpha, on_batch=bar.update
+            )
+        ]
+    if args.output:
+        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    bleu = corpus_bleu(hyps, ref)
+    print(f"{bleu}  [{bleu.signature}]")
+    chrf = sacrebleu.corpus_chrf(hyps, [ref])
+    print(f"{chrf}  (sacrebleu)")
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from aiayn.train.checkpoint import average_checkpoints, save_checkpoint
+
+    model_dir = Path(args.model)
+    paths = sorted(model_dir.glob("checkpoint_epoch*.pt"))[-args.last :]
+    if len(paths) < args.last:
+        print(f"note: averaging the {len(paths)} epoch checkpoints found (asked {args.last})")
+    out = Path(args.out) if args.out else model_dir / "checkpoint_averaged.pt"
+    save_checkpoint(average_checkpoints(paths), out)
+    print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from aiayn.inspect.attention import attention_map, plot_cross_attention, text_heatmap
+
+    translator = _translator(args)
+    amap = attention_map(translator.model, translator.tokenizer, args.sentence, beam=args.beam)
+    print(
+        "translation: "
+        + translator.tokenizer.decode(
+            [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
+        )
+    )
+    print(text_heatmap(amap, layer=args.layer))
+    if args.out:
+        print(f"wrote {plot_cross_attention(amap, args.out, layer=args.layer)}")
     return 0
 
 
@@ -44,6 +161,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=37000, help="joint vocabulary size")
     p.add_argument("--depth", type=int, default=3, help="module nesting shown")
     p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser("train", help="train a translation model on parallel text")
+    p.add_argument("--config", help="YAML recipe, e.g. recipes/multi30k.yaml")
+    p.add_argument("--out", required=True, help="model directory (checkpoints, logs)")
+    p.add_argument("--train-src", dest="train_src")
+    p.add_argument("--train-tgt", dest="train_tgt")
+    p.add_argument("--valid-src", dest="valid_src")
+    p.add_argument("--valid-tgt", dest="valid_tgt")
+    p.add_argument(
+        "--set", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. max_tokens=3000"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from checkpoint_last.pt")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    def decoding_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+        p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+        p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
+        p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
+    decoding_flags(p)
+    p.add_argument("input", nargs="?", help="input file (plain or .gz); default stdin")
+    p.add_argument("-o", "--output", help="output file; default stdout")
+    p.add_argument("--n-best", type=int, default=1, help="candidates per line, ' ||| '-joined")
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="translate --src and print BLEU against --ref")
+    decoding_flags(p)
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("-o", "--output", help="also write the translations here")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("attention", help="show encoder-decoder attention for one sentence")
+    decoding_flags(p)
+    p.add_argument("sentence", help="source sentence")
+    p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: last)")
+    p.add_argument("--out", help="write a PNG heatmap per head here (needs matplotlib)")
+    p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser("average", help="average the last N epoch checkpoints (Section 6.1)")
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--last", type=int, default=5)
+    p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
+    p.set_defaults(func=cmd_average)
     return parser
 
 
@@ -54,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (ValueError, FileNotFoundError) as e:  # our errors name the file or field
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

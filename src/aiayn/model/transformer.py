@@ -147,9 +147,11 @@ class Transformer(nn.Module):
         src: Tensor,
         state: DecoderState | None = None,
         weights: dict[str, list[Tensor]] | None = None,
+        project: bool = True,
     ) -> Tensor:
         """tgt_in ``[B, T]``, memory ``[B, S, d_model]``, src ``[B, S]`` -> logits
-        ``[B, T, tgt_vocab_size]``.
+        ``[B, T, tgt_vocab_size]`` (or, with ``project=False``, the decoder output
+        ``[B, T, d_model]``, so a trainer can project only the non-pad positions).
 
         With a :class:`DecoderState`, ``tgt_in`` holds only the new steps (usually one)
         and the state is extended; the logits equal those of a full recomputation.
@@ -178,7 +180,7 @@ class Transformer(nn.Module):
         x = self.decoder(x, memory, self_mask, padding_mask(src, self.cfg.pad_id), state, weights)
         if state is not None:
             state.offset += T
-        return self.project(x)
+        return self.project(x) if project else x
 
     def project(self, x: Tensor) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``."""
@@ -186,14 +188,15 @@ class Transformer(nn.Module):
             return F.linear(x, self.tgt_embed.weight)
         return self.out_proj(x)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits ``[B, T, tgt_vocab]`` for src ``[B, S]``, tgt_in ``[B, T]``."""
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """Teacher-forced logits ``[B, T, tgt_vocab]`` for src ``[B, S]``, tgt_in ``[B, T]``
+        (decoder output ``[B, T, d_model]`` with ``project=False``)."""
         both = isinstance(src, Tensor) and isinstance(tgt_in, Tensor)
         if both and src.dim() == tgt_in.dim() and src.size(0) != tgt_in.size(0):
             raise ValueError(
                 f"batch sizes differ: src has {src.size(0)} rows, tgt_in {tgt_in.size(0)}"
             )
-        return self.decode(tgt_in, self.encode(src), src)
+        return self.decode(tgt_in, self.encode(src), src, project=project)
 
     def forward_with_attention(
         self, src: Tensor, tgt_in: Tensor

@@ -19,7 +19,9 @@ def label_smoothed_cross_entropy(
     """
     logp = torch.log_softmax(logits.float(), dim=-1)  # float32 even under autocast
     keep = target != pad_id
-    logp, target = logp[keep], target[keep]  # [N, V], [N]
+    if not bool(keep.all()):  # callers that already dropped pad positions skip this copy
+        logp, target = logp[keep], target[keep]  # [N, V], [N]
+    logp, target = logp.reshape(-1, logp.size(-1)), target.reshape(-1)
     nll = -logp.gather(-1, target[:, None]).squeeze(-1)
     smooth = -logp.mean(dim=-1)
     loss = (1.0 - epsilon) * nll + epsilon * smooth

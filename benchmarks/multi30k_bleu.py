@@ -1,0 +1,108 @@
+"""Train on Multi30k with the shipped recipe, then score test2016 with beam search.
+
+    python benchmarks/multi30k_bleu.py --direction de-en --out runs/bench-de-en
+
+Steps: `aiayn train` (recipe's 55-minute limit), average the last 5 epoch checkpoints,
+choose the checkpoint (best / last / averaged) and the length penalty on *val*, then
+translate test2016 once with beam 4 and report sacreBLEU (and our own BLEU beside it).
+Writes OUT/results.json. Data: ../shared/data/multi30k or $AIAYN_MULTI30K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import sacrebleu
+
+from aiayn.data.corpus import read_lines
+from aiayn.data.sample import multi30k_dir
+from aiayn.metrics import corpus_bleu
+from aiayn.train.checkpoint import average_checkpoints, save_checkpoint
+from aiayn.train.recipe import Recipe
+from aiayn.train.trainer import Trainer
+from aiayn.translator import Translator, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--direction", choices=["de-en", "en-de"], default="de-en")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--recipe", default=str(ROOT / "recipes/multi30k.yaml"))
+    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides")
+    parser.add_argument("--skip-train", action="store_true", help="evaluate an existing run")
+    parser.add_argument("--alphas", default="0.6,1.0", help="length penalties tried on val")
+    args = parser.parse_args()
+
+    data = multi30k_dir()
+    if data is None:
+        raise SystemExit(
+            "Multi30k not found: put it at ../shared/data/multi30k or set AIAYN_MULTI30K"
+        )
+    src, tgt = args.direction.split("-")
+    files = {
+        "train_src": data / f"train.{src}.gz",
+        "train_tgt": data / f"train.{tgt}.gz",
+        "valid_src": data / f"val.{src}.gz",
+        "valid_tgt": data / f"val.{tgt}.gz",
+    }
+    recipe = Recipe.from_yaml(args.recipe, [f"{k}={v}" for k, v in files.items()] + args.set)
+    out = Path(args.out)
+
+    t0 = time.perf_counter()
+    if not args.skip_train:
+        trainer = Trainer(recipe, out, resume=(out / "checkpoint_last.pt").exists())
+        result = trainer.train(progress=False)
+        train_minutes = result.seconds / 60
+        n_params = trainer.model.num_parameters()
+    else:
+        train_minutes, n_params = float("nan"), None
+    epochs = sorted(out.glob("checkpoint_epoch*.pt"))[-5:]
+    save_checkpoint(average_checkpoints(epochs), out / "checkpoint_averaged.pt")
+
+    val_src, val_ref = read_lines(data / f"val.{src}.gz"), read_lines(data / f"val.{tgt}.gz")
+    choices = []
+    for name in ("averaged", "best", "last"):
+        model, tok = load_model(out / f"checkpoint_{name}.pt")
+        n_params = n_params or model.num_parameters()
+        translator = Translator(model, tok)
+        for alpha in [float(a) for a in args.alphas.split(",")]:
+            hyps = [h[0] for h in translator.translate(val_src, beam=4, alpha=alpha)]
+            score = sacrebleu.corpus_bleu(hyps, [val_ref]).score
+            print(f"val: checkpoint {name}, beam 4, alpha {alpha}: BLEU {score:.2f}", flush=True)
+            choices.append((score, name, alpha))
+    val_bleu, name, alpha = max(choices)
+
+    test_src, test_ref = (
+        read_lines(data / f"test2016.{src}.gz"),
+        read_lines(data / f"test2016.{tgt}.gz"),
+    )
+    translator = Translator(*load_model(out / f"checkpoint_{name}.pt"))
+    t1 = time.perf_counter()
+    hyps = [h[0] for h in translator.translate(test_src, beam=4, alpha=alpha)]
+    decode_s = time.perf_counter() - t1
+    (out / "test2016.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    metric = sacrebleu.BLEU()
+    sacre = metric.corpus_score(hyps, [test_ref])
+    ours = corpus_bleu(hyps, test_ref)
+    results = {
+        "direction": args.direction,
+        "parameters": n_params,
+        "train_minutes": round(train_minutes, 1),
+        "chosen_on_val": {"checkpoint": name, "alpha": alpha, "val_bleu": round(val_bleu, 2)},
+        "test2016_sacrebleu": round(sacre.score, 2),
+        "test2016_sacrebleu_signature": str(metric.get_signature()),
+        "test2016_ours": round(ours.score, 2),
+        "test2016_decode_seconds_beam4": round(decode_s, 1),
+        "wall_minutes_total": round((time.perf_counter() - t0) / 60, 1),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

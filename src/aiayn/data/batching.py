@@ -1,0 +1,132 @@
+"""Batches by token budget (fairseq's ``--max-tokens``), bucketed by length, seeded.
+
+A batch of n sentences costs n * (longest sentence) padded tokens on each side; grouping
+sentences of similar length keeps that close to the real token count.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+
+@dataclass
+class Batch:
+    """src ``[B, S]``; tgt_in = BOS + target ``[B, T]``; tgt_out = target + EOS ``[B, T]``
+    (teacher forcing, Section 3.1); all right-padded with pad_id."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    n_src_tokens: int
+    n_tgt_tokens: int  # real target tokens incl. EOS: what the loss is averaged over
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            self.src.to(device, non_blocking=True),
+            self.tgt_in.to(device, non_blocking=True),
+            self.tgt_out.to(device, non_blocking=True),
+            self.n_src_tokens,
+            self.n_tgt_tokens,
+        )
+
+
+def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
+    """Right-pad lists of ids into a LongTensor ``[len(rows), longest]``."""
+    out = torch.full((len(rows), max(map(len, rows), default=0)), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return out
+
+
+def collate(
+    src_ids: Sequence[Sequence[int]],
+    tgt_ids: Sequence[Sequence[int]],
+    pad_id: int = PAD_ID,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> Batch:
+    src = pad(src_ids, pad_id)
+    tgt_in = pad([[bos_id, *t] for t in tgt_ids], pad_id)
+    tgt_out = pad([[*t, eos_id] for t in tgt_ids], pad_id)
+    n_src = sum(map(len, src_ids))
+    return Batch(src, tgt_in, tgt_out, n_src, sum(map(len, tgt_ids)) + len(tgt_ids))
+
+
+def token_batches(
+    src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """Index lists whose padded size (count * longest, source and target side each, the
+    target counted with its BOS/EOS) stays within ``max_tokens``. Every index appears
+    exactly once; a single pair over the budget gets a batch of its own.
+
+    Sorting by length with a seeded random tie-break makes buckets of similar lengths that
+    differ from epoch to epoch; the batch order is then shuffled. Same (seed, epoch), same
+    batches.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    keys = [rng.random() for _ in src_lens]
+    order = sorted(range(len(src_lens)), key=lambda i: (tgt_lens[i], src_lens[i], keys[i]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest_src = longest_tgt = 0
+    for i in order:
+        s, t = max(src_lens[i], 1), tgt_lens[i] + 1
+        grow_src, grow_tgt = max(longest_src, s), max(longest_tgt, t)
+        if current and (len(current) + 1) * max(grow_src, grow_tgt) > max_tokens:
+            batches.append(current)
+            current, grow_src, grow_tgt = [], s, t
+        current.append(i)
+        longest_src, longest_tgt = grow_src, grow_tgt
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+class ParallelDataset:
+    """Encoded sentence pairs, served as token-budget batches."""
+
+    def __init__(self, src_ids: list[list[int]], tgt_ids: list[list[int]], dropped_long: int = 0):
+        if len(src_ids) != len(tgt_ids):
+            raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sentences")
+        self.src_ids, self.tgt_ids, self.dropped_long = src_ids, tgt_ids, dropped_long
+
+    @classmethod
+    def from_texts(
+        cls,
+        tokenizer: Tokenizer,
+        src: Sequence[str],
+        tgt: Sequence[str],
+        max_positions: int | None = None,
+    ) -> ParallelDataset:
+        """Encode both sides; pairs that need more than ``max_positions`` positions (target
+        + BOS/EOS) are dropped and counted in ``dropped_long``."""
+        src_ids, tgt_ids = tokenizer.encode_batch(src), tokenizer.encode_batch(tgt)
+        keep_src, keep_tgt, dropped = [], [], 0
+        for s, t in zip(src_ids, tgt_ids):
+            if max_positions and (len(s) > max_positions or len(t) + 1 > max_positions):
+                dropped += 1
+            else:
+                keep_src.append(s)
+                keep_tgt.append(t)
+        return cls(keep_src, keep_tgt, dropped)
+
+    def __len__(self) -> int:
+        return len(self.src_ids)
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        return sum(len(t) + 1 for t in self.tgt_ids)
+
+    def batches(self, max_tokens: int, seed: int = 0, epoch: int = 0) -> Iterator[Batch]:
+        src_lens = [len(s) for s in self.src_ids]
+        tgt_lens = [len(t) for t in self.tgt_ids]
+        for index in token_batches(src_lens, tgt_lens, max_tokens, seed, epoch):
+            yield collate([self.src_ids[i] for i in index], [self.tgt_ids[i] for i in index])

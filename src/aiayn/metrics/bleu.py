@@ -1,0 +1,131 @@
+"""Corpus BLEU from its definition (Papineni et al. 2002), with sacreBLEU's defaults:
+13a tokenization, clipped 1-4-gram precisions, geometric mean, brevity penalty, "exp"
+smoothing. No dependency on sacrebleu (the tests compare against it)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+MAX_ORDER = 4
+
+_13A_RULES = [  # mteval-v13a, as sacreBLEU's TokenizerRegexp
+    (re.compile(r"([\{-\~\[-\` -\&\(-\+\:-\@\/])"), r" \1 "),  # punctuation and symbols
+    (re.compile(r"([^0-9])([\.,])"), r"\1 \2 "),  # period/comma unless preceded by a digit
+    (re.compile(r"([\.,])([^0-9])"), r" \1 \2"),  # period/comma unless followed by a digit
+    (re.compile(r"([0-9])(-)"), r"\1 \2 "),  # dash after a digit
+]
+
+
+@lru_cache(maxsize=2**16)
+def tokenize_13a(line: str) -> str:
+    """The "13a" tokenization of mteval-v13a (WMT's, sacreBLEU's default)."""
+    line = line.replace("<skipped>", "").replace("-\n", "").replace("\n", " ")
+    if "&" in line:
+        line = line.replace("&quot;", '"').replace("&amp;", "&")
+        line = line.replace("&lt;", "<").replace("&gt;", ">")
+    line = f" {line} "
+    for pattern, replacement in _13A_RULES:
+        line = pattern.sub(replacement, line)
+    return " ".join(line.split())
+
+
+def _ngrams(words: list[str]) -> Counter:
+    return Counter(
+        tuple(words[i : i + n]) for n in range(1, MAX_ORDER + 1) for i in range(len(words) - n + 1)
+    )
+
+
+@dataclass
+class BLEUScore:
+    score: float  # 0..100
+    precisions: list[float]  # modified n-gram precisions, percent, n = 1..4
+    bp: float  # brevity penalty
+    sys_len: int
+    ref_len: int
+    counts: list[int] = field(default_factory=list)  # clipped matches per order
+    totals: list[int] = field(default_factory=list)  # hypothesis n-grams per order
+    signature: str = ""
+
+    def __str__(self) -> str:
+        p = "/".join(f"{x:.1f}" for x in self.precisions)
+        ratio = self.sys_len / self.ref_len if self.ref_len else 0.0
+        return (
+            f"BLEU = {self.score:.2f} {p} (BP = {self.bp:.3f} ratio = {ratio:.3f} "
+            f"hyp_len = {self.sys_len} ref_len = {self.ref_len})"
+        )
+
+
+def corpus_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lowercase: bool = False,
+    tokenize: str = "13a",
+    smooth: str = "exp",
+) -> BLEUScore:
+    """BLEU of a whole corpus. ``references`` is one string per hypothesis, or (as in
+    sacreBLEU) a list of reference streams, each with one string per hypothesis.
+
+    BLEU = BP * exp(mean_n log p_n), p_n = clipped n-gram matches / hypothesis n-grams
+    summed over the corpus, BP = exp(1 - r / c) if c < r else 1, where c is the hypothesis
+    length and r the closest reference length (the shorter on ties).
+    """
+    if references and isinstance(references[0], str):
+        streams = [list(references)]
+    else:
+        streams = [list(s) for s in references]
+    for stream in streams:
+        if len(stream) != len(hypotheses):
+            raise ValueError(
+                f"BLEU needs one reference per hypothesis: {len(hypotheses)} hypotheses, "
+                f"{len(stream)} references"
+            )
+    if tokenize not in ("13a", "none"):
+        raise ValueError(f"tokenize must be '13a' or 'none', got {tokenize!r}")
+    if smooth not in ("exp", "none"):
+        raise ValueError(f"smooth must be 'exp' or 'none', got {smooth!r}")
+
+    def prepare(text: str) -> list[str]:
+        text = text.lower() if lowercase else text
+        return (tokenize_13a(text) if tokenize == "13a" else text).split()
+
+    counts, totals = [0] * MAX_ORDER, [0] * MAX_ORDER
+    sys_len = ref_len = 0
+    for i, hyp in enumerate(hypotheses):
+        words = prepare(hyp)
+        refs = [prepare(stream[i]) for stream in streams]
+        sys_len += len(words)
+        ref_len += min((abs(len(r) - len(words)), len(r)) for r in refs)[1]
+        max_ref: Counter = Counter()
+        for r in refs:
+            max_ref |= _ngrams(r)  # | keeps the max count of each n-gram (clipping)
+        for gram, count in _ngrams(words).items():
+            counts[len(gram) - 1] += min(count, max_ref[gram])
+        for n in range(1, MAX_ORDER + 1):
+            totals[n - 1] += max(len(words) - n + 1, 0)
+
+    precisions, log_sum, smooth_factor = [], 0.0, 1.0
+    for n in range(MAX_ORDER):
+        if totals[n] == 0:
+            precisions.append(0.0)
+            continue
+        if counts[n] == 0 and smooth == "exp":
+            smooth_factor *= 2  # sacreBLEU's "exp": 1 / (2^k * total) for the k-th zero
+            precisions.append(100.0 / (smooth_factor * totals[n]))
+        else:
+            precisions.append(100.0 * counts[n] / totals[n])
+    if sys_len == 0 or min(precisions) == 0.0:
+        score = 0.0
+    else:
+        log_sum = sum(math.log(p / 100.0) for p in precisions) / MAX_ORDER
+        score = 100.0 * math.exp(log_sum)
+    bp = 1.0 if sys_len > ref_len else (math.exp(1 - ref_len / sys_len) if sys_len else 0.0)
+    signature = (
+        f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|eff:no|tok:{tokenize}|"
+        f"smooth:{smooth}|version:aiayn"
+    )
+    return BLEUScore(score * bp, precisions, bp, sys_len, ref_len, counts, totals, signature)

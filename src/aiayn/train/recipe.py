@@ -1,0 +1,131 @@
+"""Training recipes: one dataclass of everything a run needs, read from YAML with
+command-line overrides (``key=value``, ``model.d_model=512``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class RecipeError(ValueError):
+    """A recipe file or override that cannot be used; names the file or field."""
+
+
+@dataclass
+class Recipe:
+    # Data: parallel text, one sentence per line, plain or .gz.
+    train_src: str = ""
+    train_tgt: str = ""
+    valid_src: str = ""
+    valid_tgt: str = ""
+    max_len_words: int = 100  # longer training pairs are dropped (and counted)
+    vocab_size: int = 8000  # joint SentencePiece vocabulary over source + target
+    spm_model_type: str = "bpe"
+    # Model: any TransformerConfig field except vocabulary sizes and special ids.
+    model: dict[str, Any] = field(
+        default_factory=lambda: {
+            "d_model": 512,
+            "n_heads": 8,
+            "n_layers": 6,
+            "d_ff": 2048,
+            "dropout": 0.1,
+            "share_embeddings": True,
+            "tie_output": True,
+            "max_len": 256,
+        }
+    )
+    # Optimisation (Section 5.3, 5.4).
+    max_tokens: int = 4096  # per batch, source or target side incl. padding (fairseq's)
+    update_freq: int = 1  # accumulate gradients over this many batches per update
+    label_smoothing: float = 0.1
+    warmup: int = 4000
+    lr_scale: float = 1.0  # multiplies the Noam rate
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    clip_norm: float = 0.0  # 0 = no clipping
+    max_epochs: int = 100
+    max_steps: int = 0  # 0 = no limit
+    time_limit_minutes: float = 0.0  # 0 = no limit; stop cleanly (checkpoint) after this
+    # Validation and checkpoints.
+    valid_every_steps: int = 0  # 0 = at the end of every epoch
+    valid_beam: int = 1  # beam for validation BLEU during training (1 = greedy, fast)
+    save_every_steps: int = 500  # checkpoint_last.pt, for --resume mid-epoch
+    keep_last: int = 5  # epoch checkpoints kept (for averaging)
+    log_every: int = 10  # progress-bar refresh, in updates
+    seed: int = 1
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "fp32"  # fp32 | bf16 (autocast on GPU)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:
+        path = Path(path)
+        if not path.is_file():
+            raise RecipeError(f"{path}: no such recipe file")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise RecipeError(f"{path}: a recipe is a mapping of field: value")
+        for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+            value = data.get(key)  # relative paths are relative to the recipe file
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                data[key] = str((path.parent / value).resolve())
+        return cls.from_dict(data, source=str(path)).override(overrides or [])
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "recipe") -> Recipe:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
+        recipe = cls()
+        for key, value in data.items():
+            recipe._set(key, value, source)
+        return recipe
+
+    def override(self, items: list[str]) -> Recipe:
+        """Apply ``key=value`` strings; values are parsed as YAML (numbers, booleans)."""
+        for item in items:
+            if "=" not in item:
+                raise RecipeError(f"override {item!r}: expected key=value")
+            key, raw = item.split("=", 1)
+            value = yaml.safe_load(raw) if raw else ""
+            if key.startswith("model."):
+                self.model = {**self.model, key[len("model.") :]: value}
+            else:
+                if key not in {f.name for f in fields(self)}:
+                    raise RecipeError(f"override {item!r}: unknown field {key!r}")
+                self._set(key, value, "override")
+        return self
+
+    def _set(self, key: str, value: Any, source: str) -> None:
+        default = getattr(type(self)(), key)
+        if key == "model":
+            if not isinstance(value, dict):
+                raise RecipeError(f"{source}: 'model' must be a mapping")
+            value = {**default, **value}
+        elif key == "adam_betas":
+            value = tuple(float(v) for v in value)
+        elif isinstance(default, bool) or default is None:
+            pass
+        elif isinstance(default, (int, float, str)):
+            try:
+                value = type(default)(value)
+            except (TypeError, ValueError):
+                raise RecipeError(
+                    f"{source}: field {key!r} must be {type(default).__name__}, got {value!r}"
+                ) from None
+        setattr(self, key, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["adam_betas"] = list(self.adam_betas)
+        return data
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,319 @@
+"""The training loop (Section 5): token-budget batches, label smoothing, Adam with the
+warmup schedule, validation with BLEU, atomic checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from aiayn.config import TransformerConfig
+from aiayn.data import ParallelDataset, Tokenizer, read_parallel
+from aiayn.metrics import corpus_bleu
+from aiayn.model.transformer import Transformer
+from aiayn.train.checkpoint import CheckpointError, check_vocab, load_checkpoint, save_checkpoint
+from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.recipe import Recipe
+from aiayn.train.schedule import NoamSchedule
+from aiayn.translator import Translator
+
+
+@dataclass
+class TrainResult:
+    step: int
+    epoch: int
+    best_bleu: float
+    seconds: float
+    stopped_by: str  # "max_epochs" | "max_steps" | "time_limit"
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but torch sees no GPU")
+    return torch.device(name)
+
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl, and mirrors scalars to
+    TensorBoard when the ``tensorboard`` package is installed."""
+
+    def __init__(self, out_dir: Path, tensorboard: bool = True):
+        self.file = (out_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+            except ImportError:  # optional dependency
+                self.tb = None
+
+    def write(self, kind: str, step: int, **values: float) -> None:
+        self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        if self.tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Trainer:
+    """Trains one model into ``out_dir``; ``resume=True`` continues from checkpoint_last.pt
+    exactly: same step, same batch order, same RNG streams."""
+
+    def __init__(self, recipe: Recipe, out_dir: str | Path, resume: bool = False, log=print):
+        self.recipe, self.out_dir, self.log = recipe, Path(out_dir), log
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        r = recipe
+        if r.threads > 0:
+            torch.set_num_threads(r.threads)
+        self.device = pick_device(r.device)
+        last = self.out_dir / "checkpoint_last.pt"
+        state = None
+        if resume:
+            if not last.is_file():
+                raise CheckpointError(f"--resume: {last} does not exist; nothing to resume")
+            state = load_checkpoint(last, map_location="cpu")
+        elif last.exists():
+            raise CheckpointError(
+                f"{self.out_dir} already holds a training run; pass --resume to continue it "
+                "or choose another --out"
+            )
+
+        train = read_parallel(r.train_src, r.train_tgt, r.max_len_words)
+        valid = read_parallel(r.valid_src, r.valid_tgt, None)
+        self.log(f"train: {train.summary()}")
+        self.log(f"valid: {valid.summary()}")
+        if state is not None:
+            self.tokenizer = Tokenizer.from_bytes(state["tokenizer"])
+            check_vocab(state, self.tokenizer.vocab_size, last, "its tokenizer")
+        else:
+            self.tokenizer = Tokenizer.train(
+                train.src + train.tgt,
+                self.out_dir / "spm",
+                vocab_size=r.vocab_size,
+                model_type=r.spm_model_type,
+            )
+            r.save(self.out_dir / "recipe.yaml")
+        self.log(f"tokenizer: {r.spm_model_type}, {self.tokenizer.vocab_size} joint tokens")
+
+        V = self.tokenizer.vocab_size
+        model_args = {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
+        self.cfg = (
+            TransformerConfig.from_dict(state["config"])
+            if state is not None
+            else TransformerConfig.from_dict(model_args)
+        )
+        self.train_data = ParallelDataset.from_texts(
+            self.tokenizer, train.src, train.tgt, max_positions=self.cfg.max_len
+        )
+        self.valid_src, self.valid_ref = valid.src, valid.tgt
+        self.valid_data = ParallelDataset.from_texts(
+            self.tokenizer, valid.src, valid.tgt, max_positions=self.cfg.max_len
+        )
+
+        torch.manual_seed(r.seed)
+        self.model = Transformer(self.cfg).to(self.device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), betas=r.adam_betas, eps=r.adam_eps
+        )
+        self.schedule = NoamSchedule(self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale)
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.best_bleu, self.elapsed = -1.0, 0.0
+        self.epoch_checkpoints: list[str] = []
+        if state is not None:
+            self._restore(state)
+            self.log(f"resumed from {last}: step {self.step}, epoch {self.epoch + 1}")
+        self.log(
+            f"model: {self.model.num_parameters() / 1e6:.1f}M parameters, d_model="
+            f"{self.cfg.d_model}, {self.cfg.encoder_layers}+{self.cfg.decoder_layers} layers, "
+            f"device {self.device}"
+        )
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _state(self) -> dict:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "rng": rng,
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "best_bleu": self.best_bleu,
+            "elapsed": self.elapsed,
+            "epoch_checkpoints": list(self.epoch_checkpoints),
+            "config": self.cfg.to_dict(),
+            "recipe": self.recipe.to_dict(),
+            "tokenizer": self.tokenizer.to_bytes(),
+        }
+
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.batch_in_epoch = state["batch_in_epoch"]
+        self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
+        self.epoch_checkpoints = list(state["epoch_checkpoints"])
+
+    def save(self, name: str) -> Path:
+        return save_checkpoint(self._state(), self.out_dir / name)
+
+    def _save_epoch(self) -> None:
+        name = f"checkpoint_epoch{self.epoch + 1:03d}.pt"
+        self.save(name)
+        self.epoch_checkpoints.append(name)
+        while len(self.epoch_checkpoints) > self.recipe.keep_last:
+            (self.out_dir / self.epoch_checkpoints.pop(0)).unlink(missing_ok=True)
+
+    # -- validation -----------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss and perplexity on the validation set, and BLEU of its translations."""
+        self.model.eval()
+        loss_sum = nll_sum = 0.0
+        n_tokens = 0
+        for batch in self.valid_data.batches(self.recipe.max_tokens, seed=0, epoch=0):
+            batch = batch.to(self.device)
+            logits = self.model(batch.src, batch.tgt_in)
+            loss, nll, n = label_smoothed_cross_entropy(
+                logits, batch.tgt_out, self.recipe.label_smoothing, self.cfg.pad_id
+            )
+            loss_sum, nll_sum, n_tokens = loss_sum + loss.item(), nll_sum + nll.item(), n_tokens + n
+        translator = Translator(self.model, self.tokenizer)
+        hyps = translator.translate(self.valid_src, beam=self.recipe.valid_beam, batch_size=128)
+        bleu = corpus_bleu([h[0] for h in hyps], self.valid_ref)
+        self.model.train()
+        return {
+            "loss": loss_sum / max(n_tokens, 1),
+            "ppl": math.exp(min(nll_sum / max(n_tokens, 1), 50.0)),
+            "bleu": bleu.score,
+        }
+
+    def _validate_and_keep_best(self, metrics: MetricsLog) -> None:
+        v = self.validate()
+        metrics.write("valid", self.step, epoch=self.epoch + 1, **v)
+        improved = v["bleu"] > self.best_bleu
+        if improved:
+            self.best_bleu = v["bleu"]
+        self.log(
+            f"valid epoch {self.epoch + 1} step {self.step}: loss {v['loss']:.3f} "
+            f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
+        )
+        if improved:
+            self.save("checkpoint_best.pt")
+
+    # -- the loop -------------------------------------------------------------------------
+    def train(self, progress: bool = True) -> TrainResult:
+        r = self.recipe
+        metrics = MetricsLog(self.out_dir)
+        start = time.perf_counter() - self.elapsed
+        stopped_by = "max_epochs"
+        self.model.train()
+        try:
+            while self.epoch < r.max_epochs:
+                batches = list(self.train_data.batches(r.max_tokens, seed=r.seed, epoch=self.epoch))
+                n_updates = math.ceil(len(batches) / r.update_freq)
+                done_updates = self.batch_in_epoch // r.update_freq
+                bar = tqdm(
+                    total=n_updates,
+                    initial=done_updates,
+                    desc=f"epoch {self.epoch + 1}",
+                    disable=not progress,
+                    unit="upd",
+                    dynamic_ncols=True,
+                )
+                tick, tick_tokens = time.perf_counter(), 0
+                while self.batch_in_epoch < len(batches):
+                    group = batches[self.batch_in_epoch : self.batch_in_epoch + r.update_freq]
+                    loss, nll, n_tokens = self._update(group)
+                    self.batch_in_epoch += len(group)
+                    self.step += 1
+                    tick_tokens += n_tokens
+                    self.elapsed = time.perf_counter() - start
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    metrics.write(
+                        "train", self.step, loss=loss, nll=nll, tokens=n_tokens, lr=lr,
+                        epoch=self.epoch + 1,
+                    )  # fmt: skip
+                    bar.update(1)
+                    if self.step % r.log_every == 0:
+                        now = time.perf_counter()
+                        rate = tick_tokens / max(now - tick, 1e-9)
+                        tick, tick_tokens = now, 0
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
+                        metrics.write("speed", self.step, tokens_per_s=rate)
+                    if r.save_every_steps and self.step % r.save_every_steps == 0:
+                        self.save("checkpoint_last.pt")
+                    if r.valid_every_steps and self.step % r.valid_every_steps == 0:
+                        self._validate_and_keep_best(metrics)
+                    if r.max_steps and self.step >= r.max_steps:
+                        stopped_by = "max_steps"
+                        break
+                    if r.time_limit_minutes and self.elapsed >= r.time_limit_minutes * 60:
+                        stopped_by = "time_limit"
+                        break
+                bar.close()
+                epoch_done = self.batch_in_epoch >= len(batches)
+                if epoch_done or stopped_by != "max_epochs":
+                    if not r.valid_every_steps or stopped_by != "max_epochs":
+                        self._validate_and_keep_best(metrics)
+                    self._save_epoch()
+                if epoch_done:
+                    self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                self.save("checkpoint_last.pt")
+                if stopped_by != "max_epochs":
+                    break
+        finally:
+            metrics.close()
+        self.log(
+            f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
+            f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
+        )
+        return TrainResult(self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by)
+
+    def _update(self, group) -> tuple[float, float, int]:
+        """One optimizer update over ``group`` batches (gradient accumulation); returns
+        the per-token loss, per-token NLL and the number of target tokens."""
+        r = self.recipe
+        use_bf16 = r.precision == "bf16" and self.device.type == "cuda"
+        n_total = sum(b.n_tgt_tokens for b in group)
+        loss_sum = nll_sum = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for batch in group:
+            batch = batch.to(self.device)
+            keep = batch.tgt_out != self.cfg.pad_id
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                hidden = self.model(batch.src, batch.tgt_in, project=False)  # [B, T, d]
+                # Project only real positions: pads would cost a [d_model x V] product each.
+                logits = self.model.project(hidden[keep])  # [N, V]
+            loss, nll, _ = label_smoothed_cross_entropy(
+                logits, batch.tgt_out[keep], r.label_smoothing, self.cfg.pad_id
+            )
+            (loss / n_total).backward()  # gradient of the mean over all tokens of the update
+            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        if r.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.clip_norm)
+        self.optimizer.step()
+        self.schedule.step()
+        return loss_sum / n_total, nll_sum / n_total, n_total

@@ -1,0 +1,104 @@
+"""Atomic checkpoints, clear errors for bad ones, averaging, and recipes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from aiayn.train.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    check_vocab,
+    load_checkpoint,
+    save_checkpoint,
+)
+from aiayn.train.recipe import Recipe, RecipeError
+
+
+def state(value: float, step: int = 1) -> dict:
+    return {
+        "model": {"w": torch.full((2, 3), value), "steps": torch.tensor(step)},
+        "config": {"src_vocab_size": 10, "tgt_vocab_size": 10},
+        "step": step,
+        "optimizer": {"state": {}},
+    }
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = save_checkpoint(state(1.5), tmp_path / "c.pt")
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded["model"]["w"], torch.full((2, 3), 1.5))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temp file left behind
+
+
+def test_crash_mid_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    path = save_checkpoint(state(1.0), tmp_path / "c.pt")
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(state(2.0), path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["model"]["w"][0, 0].item() == 1.0
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_truncated_corrupt_missing_and_foreign_files_give_clear_errors(tmp_path):
+    path = save_checkpoint(state(1.0), tmp_path / "c.pt")
+    data = path.read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"trunc\.pt: cannot read checkpoint"):
+        load_checkpoint(tmp_path / "trunc.pt")
+    (tmp_path / "junk.pt").write_bytes(os.urandom(2000))
+    with pytest.raises(CheckpointError, match=r"junk\.pt: cannot read"):
+        load_checkpoint(tmp_path / "junk.pt")
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"weights": torch.ones(1)}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="not an aiayn checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+
+
+def test_vocabulary_mismatch_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match=r"vocabulary size \[10\].*8000"):
+        check_vocab(state(1.0), 8000, tmp_path / "c.pt", "the tokenizer")
+
+
+def test_average_is_the_elementwise_mean(tmp_path):
+    paths = [
+        save_checkpoint(state(v, step=i), tmp_path / f"e{i}.pt")
+        for i, v in enumerate([1.0, 2.0, 6.0])
+    ]
+    avg = average_checkpoints(paths)
+    assert torch.allclose(avg["model"]["w"], torch.full((2, 3), 3.0))
+    assert avg["model"]["steps"].item() == 0  # integer buffers are copied, not averaged
+    assert avg["step"] == 2 and "optimizer" not in avg
+    other = state(1.0)
+    other["config"] = {"src_vocab_size": 12, "tgt_vocab_size": 12}
+    save_checkpoint(other, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="config differs"):
+        average_checkpoints([paths[0], tmp_path / "other.pt"])
+
+
+def test_recipe_yaml_overrides_and_errors(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train_src: data/a.de\nmax_tokens: 2000\nmodel:\n  d_model: 128\n")
+    recipe = Recipe.from_yaml(path, ["max_tokens=1234", "model.n_heads=2", "clip_norm=1"])
+    assert recipe.max_tokens == 1234 and recipe.clip_norm == 1.0
+    assert recipe.model["d_model"] == 128 and recipe.model["n_heads"] == 2
+    assert recipe.model["d_ff"] == 2048  # untouched defaults stay
+    assert recipe.train_src == str((tmp_path / "data/a.de").resolve())  # relative to the file
+    path.write_text("max_tokns: 5\n")
+    with pytest.raises(RecipeError, match=r"unknown field.*max_tokns"):
+        Recipe.from_yaml(path)
+    path.write_text("max_tokens: lots\n")
+    with pytest.raises(RecipeError, match="'max_tokens' must be int"):
+        Recipe.from_yaml(path)
+    with pytest.raises(RecipeError, match="no such recipe"):
+        Recipe.from_yaml(tmp_path / "nope.yaml")
+    with pytest.raises(RecipeError, match="expected key=value"):
+        Recipe().override(["max_tokens"])

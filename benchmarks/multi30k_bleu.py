@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import sacrebleu
+import torch
 
 from aiayn.data.corpus import read_lines
 from aiayn.data.sample import multi30k_dir
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--skip-train", action="store_true", help="evaluate an existing run")
     parser.add_argument("--alphas", default="0.6,1.0", help="length penalties tried on val")
     args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
 
     data = multi30k_dir()
     if data is None:
@@ -67,7 +69,7 @@ def main() -> None:
     val_src, val_ref = read_lines(data / f"val.{src}.gz"), read_lines(data / f"val.{tgt}.gz")
     choices = []
     for name in ("averaged", "best", "last"):
-        model, tok = load_model(out / f"checkpoint_{name}.pt")
+        model, tok = load_model(out / f"checkpoint_{name}.pt", device)
         n_params = n_params or model.num_parameters()
         translator = Translator(model, tok)
         for alpha in [float(a) for a in args.alphas.split(",")]:
@@ -81,7 +83,7 @@ def main() -> None:
         read_lines(data / f"test2016.{src}.gz"),
         read_lines(data / f"test2016.{tgt}.gz"),
     )
-    translator = Translator(*load_model(out / f"checkpoint_{name}.pt"))
+    translator = Translator(*load_model(out / f"checkpoint_{name}.pt", device))
     t1 = time.perf_counter()
     hyps = [h[0] for h in translator.translate(test_src, beam=4, alpha=alpha)]
     decode_s = time.perf_counter() - t1

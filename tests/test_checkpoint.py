@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import random
 
 import pytest
 import torch
@@ -53,9 +53,16 @@ def test_truncated_corrupt_missing_and_foreign_files_give_clear_errors(tmp_path)
     (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"trunc\.pt: cannot read checkpoint"):
         load_checkpoint(tmp_path / "trunc.pt")
-    (tmp_path / "junk.pt").write_bytes(os.urandom(2000))
-    with pytest.raises(CheckpointError, match=r"junk\.pt: cannot read"):
-        load_checkpoint(tmp_path / "junk.pt")
+    # Random bytes break torch's unpickler in many different ways: every one must be named.
+    for seed in range(200):
+        junk = random.Random(seed).randbytes(2000)
+        (tmp_path / "junk.pt").write_bytes(junk if seed % 2 else b"\x80\x02" + junk)
+        with pytest.raises(CheckpointError, match=r"junk\.pt: cannot read"):
+            load_checkpoint(tmp_path / "junk.pt")
+    for cut in (1, 100, len(data) - 1):
+        (tmp_path / "cut.pt").write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match=r"cut\.pt: cannot read"):
+            load_checkpoint(tmp_path / "cut.pt")
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "missing.pt")
     torch.save({"weights": torch.ones(1)}, tmp_path / "foreign.pt")

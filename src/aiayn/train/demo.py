@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from aiayn.config import TransformerConfig
+from aiayn.data.batching import pad
 from aiayn.data.demo import DemoVocab, as_pair, make_splits
 from aiayn.decode import greedy
 from aiayn.model.transformer import Transformer
@@ -29,20 +30,13 @@ class DemoResult:
     examples: list[tuple[str, str, str]]  # (source, reference, output)
 
 
-def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
-    out = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row)
-    return out
-
-
 def _encode(vocab: DemoVocab, numbers: list[int], cfg: TransformerConfig):
     """src [B, S], tgt_in = BOS + words [B, T], tgt_out = words + EOS [B, T]."""
     pairs = [as_pair(n) for n in numbers]
-    src = _pad([vocab.encode(s) for s, _ in pairs], cfg.pad_id)
+    src = pad([vocab.encode(s) for s, _ in pairs], cfg.pad_id)
     tgt = [vocab.encode(t) for _, t in pairs]
-    tgt_in = _pad([[cfg.bos_id, *t] for t in tgt], cfg.pad_id)
-    tgt_out = _pad([[*t, cfg.eos_id] for t in tgt], cfg.pad_id)
+    tgt_in = pad([[cfg.bos_id, *t] for t in tgt], cfg.pad_id)
+    tgt_out = pad([[*t, cfg.eos_id] for t in tgt], cfg.pad_id)
     return src, tgt_in, tgt_out
 
 

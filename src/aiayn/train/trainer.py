@@ -58,6 +58,8 @@ class MetricsLog:
 
     def write(self, kind: str, step: int, **values: float) -> None:
         self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        if kind != "train":  # keep the file current for `tail -f` without a flush per update
+            self.file.flush()
         if self.tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):
@@ -182,6 +184,10 @@ class Trainer:
     def _save_epoch(self) -> None:
         name = f"checkpoint_epoch{self.epoch + 1:03d}.pt"
         self.save(name)
+        # A time-limited run saves its partial epoch; finishing that epoch after --resume
+        # rewrites the same file, which must not count twice (or be pruned as "old").
+        if name in self.epoch_checkpoints:
+            self.epoch_checkpoints.remove(name)
         self.epoch_checkpoints.append(name)
         while len(self.epoch_checkpoints) > self.recipe.keep_last:
             (self.out_dir / self.epoch_checkpoints.pop(0)).unlink(missing_ok=True)

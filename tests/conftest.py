@@ -40,3 +40,26 @@ def random_batch(cfg: TransformerConfig, lengths_src, lengths_tgt, seed: int = 0
         tgt[i, :t] = torch.randint(3, cfg.tgt_vocab_size, (t,), generator=g)
         tgt[i, 0] = cfg.bos_id
     return src, tgt
+
+
+def small_corpus(directory, n_train: int = 300, n_valid: int = 40) -> dict:
+    """Real Multi30k lines (the first ``n_train`` train and ``n_valid`` val pairs, written
+    gzipped like the originals) when ../shared/data/multi30k exists, else the built-in
+    sample. Returns paths keyed "train.de", "train.en", "val.de", "val.en"."""
+    import gzip
+
+    from aiayn.data.corpus import read_lines
+    from aiayn.data.sample import multi30k_dir, write_sample
+
+    data = multi30k_dir()
+    if data is None:
+        return write_sample(directory)
+    paths = {}
+    for split, n in (("train", n_train), ("val", n_valid)):
+        for lang in ("de", "en"):
+            lines = read_lines(data / f"{split}.{lang}.gz")[:n]
+            path = directory / f"{split}.{lang}.gz"
+            with gzip.open(path, "wt", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+            paths[f"{split}.{lang}"] = path
+    return paths

@@ -118,7 +118,8 @@ def corpus_bleu(
             precisions.append(100.0 / (smooth_factor * totals[n]))
         else:
             precisions.append(100.0 * counts[n] / totals[n])
-    if sys_len == 0 or min(precisions) == 0.0:
+    # No matching unigram at all scores 0, smoothing or not (sacreBLEU's early stop, #141).
+    if sys_len == 0 or not any(counts) or min(precisions) == 0.0:
         score = 0.0
     else:
         log_sum = sum(math.log(p / 100.0) for p in precisions) / MAX_ORDER

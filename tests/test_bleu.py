@@ -1,0 +1,84 @@
+"""Our corpus BLEU, written from the definition, equals sacreBLEU's on real text."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sacrebleu
+
+from aiayn.data.corpus import read_lines
+from aiayn.data.sample import PAIRS, multi30k_dir
+from aiayn.metrics import corpus_bleu
+from aiayn.metrics.bleu import tokenize_13a
+
+
+def references() -> list[str]:
+    """Multi30k val English (1,014 real captions) when present, else the built-in sample."""
+    data = multi30k_dir()
+    if data is None:
+        return [en for _, en in PAIRS]
+    return read_lines(data / "val.en.gz")
+
+
+def noisy(lines: list[str], seed: int, p: float) -> list[str]:
+    """A stand-in system output: words dropped, swapped, duplicated and re-cased."""
+    rng = random.Random(seed)
+    out = []
+    for line in lines:
+        words = line.split()
+        words = [w for w in words if rng.random() > p] or words[:1]
+        for _ in range(int(len(words) * p)):
+            i, j = rng.randrange(len(words)), rng.randrange(len(words))
+            words[i], words[j] = words[j], words[i]
+        if rng.random() < p:
+            words.append(rng.choice(words).upper())
+        out.append(" ".join(words))
+    return out
+
+
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.2, 0.5, 0.8])
+def test_equals_sacrebleu_on_real_captions(p):
+    refs = references()
+    hyps = noisy(refs, seed=int(p * 100), p=p)
+    ours = corpus_bleu(hyps, refs)
+    theirs = sacrebleu.corpus_bleu(hyps, [refs])
+    assert ours.score == pytest.approx(theirs.score, abs=0.01)
+    assert ours.bp == pytest.approx(theirs.bp, abs=1e-4)
+    assert (ours.sys_len, ours.ref_len) == (theirs.sys_len, theirs.ref_len)
+    assert ours.counts == theirs.counts and ours.totals == theirs.totals
+
+
+def test_equals_sacrebleu_with_two_reference_streams_and_short_output():
+    refs = references()
+    other = noisy(refs, seed=7, p=0.1)
+    hyps = [" ".join(r.split()[:3]) for r in refs]  # too short: brevity penalty bites
+    ours = corpus_bleu(hyps, [refs, other])
+    theirs = sacrebleu.corpus_bleu(hyps, [refs, other])
+    assert ours.bp < 0.5
+    assert ours.score == pytest.approx(theirs.score, abs=0.01)
+    assert ours.ref_len == theirs.ref_len
+
+
+def test_lowercase_and_smoothing_edge_cases_match_sacrebleu():
+    refs = ["A man rides a bike.", "Two dogs play in the snow."]
+    for hyps in (["a MAN rides", "two"], ["x y z w", "q"], ["A man rides a bike.", ""]):
+        for lowercase in (False, True):
+            ours = corpus_bleu(hyps, refs, lowercase=lowercase)
+            theirs = sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase)
+            assert ours.score == pytest.approx(theirs.score, abs=0.01), (hyps, lowercase)
+
+
+def test_perfect_and_empty_output():
+    refs = references()[:50]
+    assert corpus_bleu(refs, refs).score == pytest.approx(100.0)
+    assert corpus_bleu([""] * len(refs), refs).score == 0.0
+    with pytest.raises(ValueError, match="one reference per hypothesis"):
+        corpus_bleu(["a"], ["a", "b"])
+
+
+def test_13a_tokenization_equals_sacrebleus():
+    tok = sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()
+    lines = [*references()[:300], "Price: $3.50, 2-3 items (approx.) &amp; more!", "e.g. U.S.A"]
+    for line in lines:
+        assert tokenize_13a(line) == tok(line)

@@ -6,7 +6,6 @@ import gzip
 
 import pytest
 import torch
-from conftest import small_corpus
 
 from aiayn.data import (
     BOS_ID,
@@ -22,6 +21,7 @@ from aiayn.data import (
     token_batches,
 )
 from aiayn.data.sample import PAIRS
+from conftest import small_corpus
 
 
 def write(path, text: str | bytes, gz: bool = False):

@@ -55,6 +55,7 @@ def small_corpus(directory, n_train: int = 300, n_valid: int = 40) -> dict:
     if data is None:
         return write_sample(directory)
     paths = {}
+    directory.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("val", n_valid)):
         for lang in ("de", "en"):
             lines = read_lines(data / f"{split}.{lang}.gz")[:n]

@@ -76,7 +76,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.n_best == 1:
         text = "".join(candidates[0] + "\n" for candidates in outputs)
     else:  # still one line per input line: the n-best joined by " ||| "
-        text = "".join(" ||| ".join(candidates) + "\n" for candidates in outputs)
+        text = "".join(" ||| ".join(c) + "\n" if any(c) else "\n" for c in outputs)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     else:

@@ -83,6 +83,8 @@ class Trainer:
             torch.set_num_threads(r.threads)
         self.device = pick_device(r.device)
         last = self.out_dir / "checkpoint_last.pt"
+        for stale in self.out_dir.glob(".checkpoint_*.tmp"):  # a save cut short by a kill
+            stale.unlink(missing_ok=True)
         state = None
         if resume:
             if not last.is_file():
@@ -139,7 +141,7 @@ class Trainer:
             self._restore(state)
             self.log(f"resumed from {last}: step {self.step}, epoch {self.epoch + 1}")
         self.log(
-            f"model: {self.model.num_parameters() / 1e6:.1f}M parameters, d_model="
+            f"model: {self.model.num_parameters() / 1e6:.2f}M parameters, d_model="
             f"{self.cfg.d_model}, {self.cfg.encoder_layers}+{self.cfg.decoder_layers} layers, "
             f"device {self.device}"
         )

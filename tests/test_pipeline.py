@@ -1,0 +1,215 @@
+"""End to end on small real data: train, resume (also after SIGKILL), translate, evaluate,
+average, and the command line's errors for bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.train.checkpoint import load_checkpoint
+from conftest import small_corpus
+
+# A model small enough to train a few dozen updates in seconds on one core.
+TINY = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.d_ff=64",
+    "model.max_len=160",
+    "vocab_size=400",
+    "max_tokens=600",
+    "warmup=10",
+    "lr_scale=2.0",
+    "save_every_steps=4",
+    "log_every=5",
+    "keep_last=3",
+    "threads=1",
+]
+
+
+def train_argv(paths: dict, out: Path, *overrides: str, resume: bool = False) -> list[str]:
+    argv = ["train", "--out", str(out), "--no-progress"]
+    argv += ["--train-src", str(paths["train.de"]), "--train-tgt", str(paths["train.en"])]
+    argv += ["--valid-src", str(paths["val.de"]), "--valid-tgt", str(paths["val.en"])]
+    argv += ["--resume"] if resume else []
+    return [*argv, "--set", *TINY, *overrides]
+
+
+def records(out: Path, kind: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    return small_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus) -> Path:
+    """A run of 30 updates (more than one epoch), stopped by max_steps."""
+    out = tmp_path_factory.mktemp("run") / "model"
+    assert main(train_argv(corpus, out, "max_steps=30")) == 0
+    return out
+
+
+def test_training_writes_a_complete_model_directory(trained):
+    names = {p.name for p in trained.iterdir()}
+    assert {"recipe.yaml", "spm.model", "metrics.jsonl", "tensorboard"} <= names
+    assert {"checkpoint_last.pt", "checkpoint_best.pt"} <= names
+    epochs = sorted(n for n in names if n.startswith("checkpoint_epoch"))
+    assert 2 <= len(epochs) <= 3  # keep_last=3
+    train = records(trained, "train")
+    assert [r["step"] for r in train] == list(range(1, 31))
+    assert train[-1]["loss"] < train[0]["loss"]  # it learns
+    assert all(r["lr"] > 0 and r["tokens"] > 0 for r in train)
+    valid = records(trained, "valid")
+    assert valid and all({"loss", "ppl", "bleu"} <= set(r) for r in valid)
+    state = load_checkpoint(trained / "checkpoint_last.pt")
+    assert state["step"] == 30 and state["tokenizer"] and "optimizer" in state
+
+
+def test_resume_continues_exactly_where_it_stopped(tmp_path, corpus):
+    """12 updates + resume to 20 gives the same weights as 20 updates in one go."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(train_argv(corpus, straight, "max_steps=20")) == 0
+    assert main(train_argv(corpus, split, "max_steps=12")) == 0
+    assert main(train_argv(corpus, split, "max_steps=20", resume=True)) == 0
+    a = load_checkpoint(straight / "checkpoint_last.pt")
+    b = load_checkpoint(split / "checkpoint_last.pt")
+    assert a["step"] == b["step"] == 20
+    assert [r["step"] for r in records(split, "train")] == list(range(1, 21))
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_translate_keeps_line_alignment(trained, tmp_path, monkeypatch, capsys):
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n\nZwei Hunde spielen im Schnee.\n   \n")
+    out = tmp_path / "out.en"
+    argv = ["translate", "--model", str(trained), "--quiet", "--beam", "2"]
+    assert main([*argv, str(src), "-o", str(out)]) == 0
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each ended by a newline
+    assert lines[0] and lines[2] and lines[1] == "" and lines[3] == ""
+    assert main([*argv, str(src), "-o", str(out), "--n-best", "2"]) == 0
+    nbest = out.read_text(encoding="utf-8").split("\n")
+    assert len(nbest) == 5 and nbest[1] == "" and " ||| " in nbest[0]
+    # stdin -> stdout, greedy
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Eine Frau liest ein Buch.\n\n"))
+    capsys.readouterr()
+    assert main(["translate", "--model", str(trained), "--quiet", "--beam", "1"]) == 0
+    printed = capsys.readouterr().out.split("\n")
+    assert len(printed) == 3 and printed[0] and printed[1] == ""
+
+
+def test_evaluate_and_average(trained, corpus, capsys):
+    assert main(["average", "--model", str(trained), "--last", "2"]) == 0
+    averaged = load_checkpoint(trained / "checkpoint_averaged.pt")
+    assert len(averaged["averaged_from"]) == 2 and "optimizer" not in averaged
+    capsys.readouterr()
+    argv = ["evaluate", "--model", str(trained), "--quiet", "--beam", "1"]
+    assert main([*argv, "--src", str(corpus["val.de"]), "--ref", str(corpus["val.en"])]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU = " in out and "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in out
+    assert "chrF2" in out
+
+
+def fail(argv: list[str], capsys) -> str:
+    """Run the CLI expecting a user error: exit 2 and one line on stderr, no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_bad_input_gives_one_clear_line_and_exit_2(tmp_path, corpus, trained, capsys):
+    bad = dict(corpus)
+    short = tmp_path / "short.en"
+    short.write_text("one line only\n")
+    bad["train.en"] = short
+    err = fail(train_argv(bad, tmp_path / "a"), capsys)
+    assert "train.de.gz has 300 lines" in err or "train.de has 50 lines" in err
+    assert "short.en has 1;" in err
+    bad["train.en"] = tmp_path / "missing.en"
+    assert "missing.en: no such file" in fail(train_argv(bad, tmp_path / "b"), capsys)
+    broken = tmp_path / "broken.de"
+    broken.write_bytes(b"gut\n\xc3\x28 kaputt\n")
+    two = tmp_path / "two.en"
+    two.write_text("good\nbroken\n")
+    bad.update({"train.de": broken, "train.en": two})
+    assert "broken.de, line 2: invalid UTF-8" in fail(train_argv(bad, tmp_path / "c"), capsys)
+    assert "unknown field 'max_tokns'" in fail(
+        train_argv(corpus, tmp_path / "d", "max_tokns=5"), capsys
+    )
+    assert "nothing to resume" in fail(train_argv(corpus, tmp_path / "e", resume=True), capsys)
+    assert "already holds a training run" in fail(train_argv(corpus, trained), capsys)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(os.urandom(3000))
+    decode = ["--quiet", "--src", str(corpus["val.de"]), "--ref", str(corpus["val.en"])]
+    assert "junk.pt: cannot read checkpoint" in fail(
+        ["evaluate", "--model", str(trained), "--checkpoint", str(junk), *decode], capsys
+    )
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes((trained / "checkpoint_last.pt").read_bytes()[:5000])
+    assert "truncated.pt: cannot read checkpoint" in fail(
+        ["evaluate", "--model", str(trained), "--checkpoint", str(truncated), *decode], capsys
+    )
+    assert "no such model directory" in fail(
+        ["translate", "--model", str(tmp_path / "nowhere"), str(corpus["val.de"])], capsys
+    )
+
+
+def test_sigkill_mid_epoch_then_resume(tmp_path, corpus):
+    """Kill -9 a training run mid-epoch: every checkpoint on disk still loads, and --resume
+    continues from the last saved step with the step count going on from there."""
+    out = tmp_path / "killed"
+    argv = train_argv(corpus, out, "max_steps=100000", "max_tokens=120", "save_every_steps=2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiayn.cli", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    last = out / "checkpoint_last.pt"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # until a mid-epoch save of step >= 6 is on disk
+            if last.exists():
+                state = torch.load(last, weights_only=True)
+                if state["step"] >= 6 and state["batch_in_epoch"] > 0:
+                    break
+            assert proc.poll() is None, "training ended before it could be killed"
+            time.sleep(0.02)
+        else:
+            pytest.fail("no mid-epoch checkpoint within 120 s")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    saved = {p.name: load_checkpoint(p) for p in out.glob("checkpoint_*.pt")}  # none corrupt
+    step = saved["checkpoint_last.pt"]["step"]
+    assert step >= 6 and saved["checkpoint_last.pt"]["batch_in_epoch"] > 0
+    assert (
+        main(train_argv(corpus, out, f"max_steps={step + 5}", "max_tokens=120", resume=True)) == 0
+    )
+    after = load_checkpoint(last)
+    assert after["step"] == step + 5
+    steps = [r["step"] for r in records(out, "train")]
+    assert steps[-5:] == list(range(step + 1, step + 6))  # continues, no restart from 1
+    assert not list(out.glob(".checkpoint_*.tmp"))  # a save cut short leaves no litter
+    for name in saved:
+        if name.startswith("checkpoint_epoch"):
+            assert (out / name).exists() or len(after["epoch_checkpoints"]) == 3

@@ -7,6 +7,7 @@ the file or field and exit with status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `aiayn translate ... | head`: the reader left, not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+        return 0
     except (ValueError, FileNotFoundError) as e:  # our errors name the file or field
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -220,7 +220,7 @@ class Trainer:
 
     def _validate_and_keep_best(self, metrics: MetricsLog) -> None:
         v = self.validate()
-        metrics.write("valid", self.step, epoch=self.epoch + 1, **v)
+        metrics.write("valid", self.step, epoch=self.epoch + 1, seconds=round(self.elapsed, 2), **v)
         improved = v["bleu"] > self.best_bleu
         if improved:
             self.best_bleu = v["bleu"]
@@ -262,7 +262,7 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     metrics.write(
                         "train", self.step, loss=loss, nll=nll, tokens=n_tokens, lr=lr,
-                        epoch=self.epoch + 1,
+                        epoch=self.epoch + 1, seconds=round(self.elapsed, 2),
                     )  # fmt: skip
                     bar.update(1)
                     if self.step % r.log_every == 0:

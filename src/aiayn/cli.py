@@ -61,7 +61,12 @@ def _read_input(path: str | None) -> list[str]:
 def _translator(args: argparse.Namespace):
     from aiayn.translator import Translator
 
-    return Translator.from_dir(args.model, checkpoint=args.checkpoint, device=args.device)
+    return Translator.from_dir(
+        args.model,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        quantize=getattr(args, "quantize", False),
+    )
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -141,6 +146,12 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_quantize_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantize", action="store_true", help="int8 dynamic quantization (CPU only; faster)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The original Transformer: train, translate, score, inspect."
@@ -186,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
     decoding_flags(p)
+    add_quantize_flag(p)
     p.add_argument("input", nargs="?", help="input file (plain or .gz); default stdin")
     p.add_argument("-o", "--output", help="output file; default stdout")
     p.add_argument("--n-best", type=int, default=1, help="candidates per line, ' ||| '-joined")
@@ -193,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="translate --src and print BLEU against --ref")
     decoding_flags(p)
+    add_quantize_flag(p)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("-o", "--output", help="also write the translations here")

@@ -146,6 +146,31 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
+    from aiayn.export import export_ctranslate2
+
+    out = export_ctranslate2(args.model, args.out, args.checkpoint, args.quantization, args.force)
+    print(f"exported {args.model} -> {out} (CTranslate2, {args.quantization})")
+    return 0
+
+
+def add_export_parser(sub) -> None:
+    """`aiayn export FORMAT ...`: one sub-command per target runtime."""
+    from aiayn.export import CT2_QUANTIZATIONS
+
+    p = sub.add_parser("export", help="convert a trained model for another inference runtime")
+    formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    p = formats.add_parser("ctranslate2", help="a CTranslate2 model folder (needs ctranslate2)")
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+    p.add_argument("--out", required=True, help="output folder (model.bin, vocabulary, spm.model)")
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument(
+        "--quantization", default="float32", choices=CT2_QUANTIZATIONS, help="weight type"
+    )
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.set_defaults(func=cmd_export_ctranslate2)
+
+
 def add_quantize_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantize", action="store_true", help="int8 dynamic quantization (CPU only; faster)"
@@ -223,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=int, default=5)
     p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
     p.set_defaults(func=cmd_average)
+
+    add_export_parser(sub)
     return parser
 
 

@@ -64,3 +64,69 @@ def small_corpus(directory, n_train: int = 300, n_valid: int = 40) -> dict:
                 f.write("".join(line + "\n" for line in lines))
             paths[f"{split}.{lang}"] = path
     return paths
+
+
+def train_sample_model(out_dir, norm_first: bool = False, steps: int = 100, seed: int = 0):
+    """A real model directory: a SentencePiece tokenizer and a small model trained briefly
+    on the first 60 built-in German-English pairs, saved as ``checkpoint_best.pt`` in the
+    trainer's format. Its translations of the pairs are varied and partly right."""
+    from aiayn.data.batching import collate
+    from aiayn.data.sample import PAIRS
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.train.checkpoint import save_checkpoint
+    from aiayn.train.loss import label_smoothed_cross_entropy
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer.train(
+        [s for pair in PAIRS for s in pair], out_dir / "spm", vocab_size=160, num_threads=1
+    )
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(
+        src_vocab_size=tokenizer.vocab_size,
+        tgt_vocab_size=tokenizer.vocab_size,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        d_ff=128,
+        dropout=0.0,
+        max_len=64,
+        share_embeddings=True,
+        norm_first=norm_first,
+    )
+    model = Transformer(cfg)
+    batch = collate(
+        [tokenizer.encode(s) for s, _ in PAIRS[:60]], [tokenizer.encode(t) for _, t in PAIRS[:60]]
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
+    for _ in range(steps):
+        loss, _, n = label_smoothed_cross_entropy(
+            model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.0
+        )
+        optimizer.zero_grad()
+        (loss / n).backward()
+        optimizer.step()
+    state = {
+        "model": model.state_dict(),
+        "config": cfg.to_dict(),
+        "tokenizer": tokenizer.to_bytes(),
+        "step": steps,
+        "epoch": 0,
+    }
+    save_checkpoint(state, out_dir / "checkpoint_best.pt")
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def sample_model_dir(tmp_path_factory):
+    """``sample_model_dir(norm_first)`` -> a trained model directory, built once a session."""
+    built = {}
+
+    def get(norm_first: bool = False):
+        if norm_first not in built:
+            name = "pre_ln" if norm_first else "post_ln"
+            built[norm_first] = train_sample_model(
+                tmp_path_factory.mktemp(name), norm_first=norm_first
+            )
+        return built[norm_first]
+
+    return get

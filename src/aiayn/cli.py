@@ -62,7 +62,12 @@ def _read_input(path: str | None) -> list[str]:
 def _translator(args: argparse.Namespace):
     from aiayn.translator import Translator
 
-    return Translator.from_dir(args.model, checkpoint=args.checkpoint, device=args.device)
+    return Translator.from_dir(
+        args.model,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        quantize=getattr(args, "quantize", False),
+    )
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -142,6 +147,37 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
+    from aiayn.export import export_ctranslate2
+
+    out = export_ctranslate2(args.model, args.out, args.checkpoint, args.quantization, args.force)
+    print(f"exported {args.model} -> {out} (CTranslate2, {args.quantization})")
+    return 0
+
+
+def add_export_parser(sub) -> None:
+    """`aiayn export FORMAT ...`: one sub-command per target runtime."""
+    from aiayn.export import CT2_QUANTIZATIONS
+
+    p = sub.add_parser("export", help="convert a trained model for another inference runtime")
+    formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    p = formats.add_parser("ctranslate2", help="a CTranslate2 model folder (needs ctranslate2)")
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+    p.add_argument("--out", required=True, help="output folder (model.bin, vocabulary, spm.model)")
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument(
+        "--quantization", default="float32", choices=CT2_QUANTIZATIONS, help="weight type"
+    )
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.set_defaults(func=cmd_export_ctranslate2)
+
+
+def add_quantize_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantize", action="store_true", help="int8 dynamic quantization (CPU only; faster)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The original Transformer: train, translate, score, inspect."
@@ -187,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
     decoding_flags(p)
+    add_quantize_flag(p)
     p.add_argument("input", nargs="?", help="input file (plain or .gz); default stdin")
     p.add_argument("-o", "--output", help="output file; default stdout")
     p.add_argument("--n-best", type=int, default=1, help="candidates per line, ' ||| '-joined")
@@ -194,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="translate --src and print BLEU against --ref")
     decoding_flags(p)
+    add_quantize_flag(p)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("-o", "--output", help="also write the translations here")
@@ -211,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=int, default=5)
     p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
     p.set_defaults(func=cmd_average)
+
+    add_export_parser(sub)
     return parser
 
 

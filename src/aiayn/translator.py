@@ -37,9 +37,15 @@ def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
 
 
 def load_model(
-    path: str | Path, device: str | torch.device = "cpu"
+    path: str | Path, device: str | torch.device = "cpu", quantize: bool = False
 ) -> tuple[Transformer, Tokenizer]:
-    """Model (in eval mode) and tokenizer from one checkpoint file, with clear errors."""
+    """Model (in eval mode) and tokenizer from one checkpoint file, with clear errors.
+
+    ``quantize`` gives an int8 dynamically quantized model for CPU inference
+    (:func:`aiayn.quantize.quantize_dynamic_int8`); it needs ``device="cpu"``.
+    """
+    if quantize and torch.device(device).type != "cpu":
+        raise ValueError(f"--quantize (int8) runs on the CPU only, not on {device}; use cpu")
     state = load_checkpoint(path, map_location=device)
     if "tokenizer" not in state:
         raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
@@ -52,7 +58,12 @@ def load_model(
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
         raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if quantize:
+        from aiayn.quantize import quantize_dynamic_int8
+
+        model = quantize_dynamic_int8(model)
+    return model, tokenizer
 
 
 class Translator:
@@ -68,9 +79,14 @@ class Translator:
 
     @classmethod
     def from_dir(
-        cls, model_dir: str | Path, checkpoint: str = "auto", device: str = "cpu"
+        cls,
+        model_dir: str | Path,
+        checkpoint: str = "auto",
+        device: str = "cpu",
+        quantize: bool = False,
     ) -> Translator:
-        return cls(*load_model(resolve_checkpoint(model_dir, checkpoint), device))
+        """``quantize``: int8 dynamic quantization, CPU only (see :func:`load_model`)."""
+        return cls(*load_model(resolve_checkpoint(model_dir, checkpoint), device, quantize))
 
     def translate(
         self,

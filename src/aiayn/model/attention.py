@@ -61,6 +61,36 @@ class MultiHeadAttention(nn.Module):
         nn.init.zeros_(self.in_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
+        # Set only by split_in_proj (int8 quantization): W^Q and [W^K; W^V] as two layers.
+        self.q_proj: nn.Module | None = None
+        self.kv_proj: nn.Module | None = None
+
+    def split_in_proj(self) -> None:
+        """Replace the fused ``in_proj`` by ``q_proj`` (rows W^Q) and ``kv_proj`` (rows W^K,
+        W^V) holding the same weights, so encoder-decoder attention can project queries and
+        memory through whole modules (a quantized ``in_proj`` cannot be sliced). Results are
+        unchanged; the state_dict keys change, so only do this to a model for inference."""
+        d = self.d_model
+        w, b = self.in_proj.weight.detach(), self.in_proj.bias.detach()
+        q_proj, kv_proj = nn.Linear(d, d), nn.Linear(d, 2 * d)
+        with torch.no_grad():
+            q_proj.weight.copy_(w[:d])
+            q_proj.bias.copy_(b[:d])
+            kv_proj.weight.copy_(w[d:])
+            kv_proj.bias.copy_(b[d:])
+        self.q_proj, self.kv_proj = q_proj.to(w.device), kv_proj.to(w.device)
+        del self.in_proj
+
+    def _project_q(self, x: Tensor) -> Tensor:  # x W^Q + b^Q
+        if self.q_proj is not None:
+            return self.q_proj(x)
+        return F.linear(x, self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model])
+
+    def _project_kv(self, memory: Tensor) -> Tensor:  # [memory W^K + b^K, memory W^V + b^V]
+        if self.kv_proj is not None:
+            return self.kv_proj(memory)
+        d = self.d_model
+        return F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:])
 
     def _split_heads(self, x: Tensor) -> Tensor:
         # [B, T, d_model] -> [B, T, h, d_k] -> [B, h, T, d_k]; the transpose is what keeps
@@ -83,20 +113,23 @@ class MultiHeadAttention(nn.Module):
         encoder-decoder attention K and V are projected from ``memory`` once and reused.
         """
         d = self.d_model
-        w, b = self.in_proj.weight, self.in_proj.bias
         if memory is None:
-            q, k, v = map(self._split_heads, F.linear(x, w, b).chunk(3, dim=-1))
+            if self.q_proj is None:
+                qkv = self.in_proj(x)
+            else:
+                qkv = torch.cat([self.q_proj(x), self.kv_proj(x)], dim=-1)
+            q, k, v = map(self._split_heads, qkv.chunk(3, dim=-1))
             if cache is not None:
                 if "k" in cache:
                     k = torch.cat([cache["k"], k], dim=2)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         else:
-            q = self._split_heads(F.linear(x, w[:d], b[:d]))
+            q = self._split_heads(self._project_q(x))
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
-                k, v = map(self._split_heads, F.linear(memory, w[d:], b[d:]).chunk(2, dim=-1))
+                k, v = map(self._split_heads, self._project_kv(memory).chunk(2, dim=-1))
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
         dropout_p = self.attention_dropout if self.training else 0.0

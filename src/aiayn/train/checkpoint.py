@@ -13,6 +13,9 @@ import torch
 FORMAT = "aiayn-checkpoint-1"
 
 
+TMP_SUFFIX = ".tmp"  # save_checkpoint's temp files: ".<name>.<random>.tmp"
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupt or does not fit; names the file."""
 
@@ -22,7 +25,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     disk, then renamed over the old one. A crash mid-save leaves the old file intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **state}, f)
@@ -33,6 +36,13 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def remove_stale_temp_files(directory: str | Path) -> None:
+    """Delete temp files that a save cut short (a kill mid-save) left in ``directory``;
+    the checkpoints themselves are untouched."""
+    for stale in Path(directory).glob(f".*.pt.*{TMP_SUFFIX}"):
+        stale.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

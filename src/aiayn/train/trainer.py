@@ -17,7 +17,13 @@ from aiayn.config import TransformerConfig
 from aiayn.data import ParallelDataset, Tokenizer, read_parallel
 from aiayn.metrics import corpus_bleu
 from aiayn.model.transformer import Transformer
-from aiayn.train.checkpoint import CheckpointError, check_vocab, load_checkpoint, save_checkpoint
+from aiayn.train.checkpoint import (
+    CheckpointError,
+    check_vocab,
+    load_checkpoint,
+    remove_stale_temp_files,
+    save_checkpoint,
+)
 from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.train.recipe import Recipe
 from aiayn.train.schedule import NoamSchedule
@@ -83,8 +89,7 @@ class Trainer:
             torch.set_num_threads(r.threads)
         self.device = pick_device(r.device)
         last = self.out_dir / "checkpoint_last.pt"
-        for stale in self.out_dir.glob(".checkpoint_*.tmp"):  # a save cut short by a kill
-            stale.unlink(missing_ok=True)
+        remove_stale_temp_files(self.out_dir)
         state = None
         if resume:
             if not last.is_file():

@@ -58,31 +58,35 @@ def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
     cfg = model.cfg
     device = src.device
     B = src.size(0)
-    src_len = (src != cfg.pad_id).sum(dim=1)  # [B]
-    limit = (src_len + max_len_b).clamp(max=cfg.max_len)  # max output tokens incl. EOS
+    # Per-sentence bookkeeping lives on the host, so that a GPU is synchronised only for
+    # the few small tensors each step must look at (EOS hits, best active scores).
+    limit = ((src != cfg.pad_id).sum(dim=1) + max_len_b).clamp(max=cfg.max_len).tolist()
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     # The largest length penalty a sentence can reach; with log-probs <= 0 an active beam's
     # final score can never exceed its current log-prob divided by it.
-    lp_bound = ((5.0 + limit.double()) / 6.0) ** alpha
+    lp_bound = [length_penalty(n, alpha) for n in limit]
 
     memory = model.encode(src).repeat_interleave(K, dim=0)  # [B*K, S, d_model]
     src = src.repeat_interleave(K, dim=0)  # [B*K, S]
-    sent = torch.arange(B, device=device)  # original sentence of each active group
+    sent = list(range(B))  # original sentence of each active group
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     prefix = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
     state = DecoderState() if use_cache else None
+    banned = torch.tensor([cfg.pad_id, cfg.bos_id], device=device)  # never valid outputs
+    arange_2k = torch.arange(2 * K, device=device)
 
-    for t in range(int(limit.max())):
-        n = sent.numel()
+    for t in range(max(limit)):
+        n = len(sent)
         if state is not None:
             logits = model.decode(prefix[:, -1:], memory, src, state)[:, -1]
         else:
             logits = model.decode(prefix, memory, src)[:, -1]
         logp = torch.log_softmax(logits.float(), dim=-1)  # [n*K, V]
-        logp[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")  # never valid outputs
-        at_limit = (t + 1 >= limit[sent]).repeat_interleave(K)  # must end now
-        if bool(at_limit.any()):
+        logp.index_fill_(1, banned, float("-inf"))
+        ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
+        if any(ending):
+            at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
             forced = torch.full_like(logp[0], float("-inf"))
             forced[cfg.eos_id] = 0.0
             logp[at_limit] = forced + logp[at_limit, cfg.eos_id : cfg.eos_id + 1]
@@ -93,17 +97,17 @@ def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
         is_eos = token == cfg.eos_id
 
         # EOS among the best K candidates ends a hypothesis (as fairseq does).
-        eos_hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero().tolist()
-        for g, j in eos_hits:
-            row = g * K + int(beam[g, j])
-            log_prob = float(top_scores[g, j])
-            tokens = prefix[row, 1:].tolist()
-            finished[int(sent[g])].append(
-                Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha), log_prob)
-            )
+        hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
+        if hits.numel():
+            g, j = hits[:, 0], hits[:, 1]
+            rows = g * K + beam[g, j]
+            hit_tokens = prefix.index_select(0, rows)[:, 1:].tolist()
+            for group, log_prob, tokens in zip(g.tolist(), top_scores[g, j].tolist(), hit_tokens):
+                lp = length_penalty(len(tokens) + 1, alpha)
+                finished[sent[group]].append(Hypothesis(tokens, log_prob / lp, log_prob))
 
         # The best K non-EOS candidates continue.
-        rank = torch.where(is_eos, 2 * K, torch.arange(2 * K, device=device))
+        rank = torch.where(is_eos, 2 * K, arange_2k)
         pick = rank.argsort(dim=1, stable=True)[:, :K]  # [n, K]
         scores = top_scores.gather(1, pick)
         parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
@@ -112,23 +116,17 @@ def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
         if state is not None:
             state.reorder(parent)
 
-        done = torch.tensor(
-            [
-                _is_done(finished[s], float(best), float(bound), K)
-                for s, best, bound in zip(
-                    sent.tolist(), scores.max(dim=1).values, lp_bound[sent].tolist()
-                )
-            ],
-            dtype=torch.bool,
-            device=device,
-        )
-        done |= t + 1 >= limit[sent]
-        if bool(done.all()):
+        best = scores.max(dim=1).values.tolist()
+        done = [
+            end or _is_done(finished[s], b, lp_bound[s], K) for s, b, end in zip(sent, best, ending)
+        ]
+        if all(done):
             break
-        if bool(done.any()):
-            keep_groups = (~done).nonzero().squeeze(1)
+        if any(done):
+            keep = [i for i, d in enumerate(done) if not d]
+            keep_groups = torch.tensor(keep, device=device)
             rows = (keep_groups[:, None] * K + torch.arange(K, device=device)).view(-1)
-            sent, scores = sent[keep_groups], scores[keep_groups]
+            sent, scores = [sent[i] for i in keep], scores[keep_groups]
             prefix, memory, src = prefix[rows], memory[rows], src[rows]
             if state is not None:
                 state.reorder(rows)

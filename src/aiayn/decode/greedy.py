@@ -45,13 +45,14 @@ def _greedy(model: Transformer, src: Tensor, steps: int, use_cache: bool) -> Ten
     alive = torch.arange(B, device=src.device)  # original row of each decoding row
     prefix = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=src.device)
     state = DecoderState() if use_cache else None
+    banned = torch.tensor([cfg.pad_id, cfg.bos_id], device=src.device)  # never valid outputs
     length = 0
     for t in range(steps):
         if state is not None:
             logits = model.decode(prefix[:, -1:], memory, src, state)[:, -1]  # [B', V]
         else:
             logits = model.decode(prefix, memory, src)[:, -1]
-        logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")  # never valid outputs
+        logits.index_fill_(1, banned, float("-inf"))
         token = logits.argmax(dim=-1)  # [B']
         out[alive, t] = token
         length = t + 1

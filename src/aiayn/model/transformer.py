@@ -35,8 +35,10 @@ class DecoderState:
                     cache[name] = tensor.index_select(0, index)
 
 
-def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int) -> None:
-    """Raise ValueError naming ``name`` unless ids is a LongTensor [B, T] of valid ids."""
+def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int, values: bool = True) -> None:
+    """Raise ValueError naming ``name`` unless ids is a LongTensor [B, T] of valid ids
+    (``values=False``: the shape and dtype only, not the ids' range, which costs a device
+    synchronisation on a GPU)."""
     if not isinstance(ids, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype != torch.long:
@@ -45,7 +47,7 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int) -> None:
         raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
     if ids.size(1) > max_len:
         raise ValueError(f"{name} has length {ids.size(1)}, longer than max_len={max_len}")
-    if ids.numel():
+    if values and ids.numel():
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
@@ -154,10 +156,13 @@ class Transformer(nn.Module):
         ``[B, T, d_model]``, so a trainer can project only the non-pad positions).
 
         With a :class:`DecoderState`, ``tgt_in`` holds only the new steps (usually one)
-        and the state is extended; the logits equal those of a full recomputation.
+        and the state is extended; the logits equal those of a full recomputation. Token
+        ids are range-checked on a state's first step only: later steps feed the decoder's
+        own outputs, and checking them would synchronise a GPU at every step.
         """
         offset = state.offset if state is not None else 0
-        _check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, self.cfg.max_len - offset)
+        vocab, room = self.cfg.tgt_vocab_size, self.cfg.max_len - offset
+        _check_ids("tgt_in", tgt_in, vocab, room, values=offset == 0)
         if memory.dim() != 3 or memory.size(0) != tgt_in.size(0) or src.size(0) != tgt_in.size(0):
             raise ValueError(
                 f"batch sizes differ: tgt_in {tuple(tgt_in.shape)}, memory "

@@ -58,7 +58,7 @@ class Recipe:
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "fp32"  # fp32 | bf16 (autocast on GPU)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; GPUs, CPUs with AVX512-BF16/AMX)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:

@@ -309,7 +309,7 @@ class Trainer:
         """One optimizer update over ``group`` batches (gradient accumulation); returns
         the per-token loss, per-token NLL and the number of target tokens."""
         r = self.recipe
-        use_bf16 = r.precision == "bf16" and self.device.type == "cuda"
+        use_bf16 = r.precision == "bf16"
         n_total = sum(b.n_tgt_tokens for b in group)
         loss_sum = nll_sum = 0.0
         self.optimizer.zero_grad(set_to_none=True)

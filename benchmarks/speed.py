@@ -121,11 +121,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+BF16 = {"on": False}  # --precision (bf16 is the default on a GPU)
+
+
 def autocast(device: torch.device):
-    """bf16 autocast on a GPU (as the trainer's precision=bf16), nothing on the CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """bf16 autocast for training (as the trainer's precision=bf16) under --precision bf16."""
+    if BF16["on"]:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def inference_dtype() -> torch.dtype:
+    """Weights for translation: bf16 under --precision bf16 (as ``aiayn translate
+    --precision bf16``), for ours and Marian alike."""
+    return torch.bfloat16 if BF16["on"] else torch.float32
 
 
 def peak_rss_mib() -> float:
@@ -360,6 +369,7 @@ class Setup:
     test_set: str  # name of the translated set
     checkpoint: Path  # our model for translation (trained, or an untrained one saved here)
     trained: bool
+    train_cfg: TransformerConfig | None = None  # sizes for phase 1 if not cfg's (--train-model)
 
 
 def make_setup(args, plan: Plan, work: Path, log) -> Setup:
@@ -425,7 +435,7 @@ def bench_train(setup: Setup, plan: Plan, device: torch.device, out: Path, log) 
     warm, timed = batches[: plan.warmup_steps], batches[plan.warmup_steps :]
     peers, params = {}, {}
     for name in names:
-        peer, opt = build_peer(name, setup.cfg, device)
+        peer, opt = build_peer(name, setup.train_cfg or setup.cfg, device)
         peers[name] = (peer, opt)
         params[name] = sum(p.numel() for p in peer.parameters() if p.requires_grad)
         for batch in warm:
@@ -563,10 +573,9 @@ def translate_ours(model: Transformer, tokenizer: Tokenizer, lines, beam: int, d
 
     model.decode = counting_decode  # instance attribute, removed below; ~1 us per step
     try:
-        with autocast(device):
-            hyps = Translator(model, tokenizer).translate(
-                lines, beam=beam, alpha=ALPHA, batch_size=BATCH_SIZE, on_batch=on_batch
-            )
+        hyps = Translator(model, tokenizer).translate(
+            lines, beam=beam, alpha=ALPHA, batch_size=BATCH_SIZE, on_batch=on_batch
+        )
     finally:
         del model.decode
     return [h[0] for h in hyps], steps
@@ -580,7 +589,7 @@ def translate_marian(mt, tokenizer: Tokenizer, cfg, lines, beam: int, steps, dev
         raise ValueError(f"{len(batches)} batches but {len(steps)} step counts")
     hyps, done_steps = [""] * len(lines), []
     beam_args = {"num_beams": beam, "length_penalty": ALPHA} if beam > 1 else {}
-    with torch.inference_mode(), autocast(device):
+    with torch.inference_mode():
         for chunk, n_steps in zip(batches, steps):
             src = pad_rows([ids[i] for i in chunk], cfg.pad_id, device)
             out = mt.generate(
@@ -675,24 +684,29 @@ def ct2_compute_type(name: str, device: torch.device) -> str:
 def bench_translate(setup: Setup, plan: Plan, device, threads: int, work: Path, log) -> dict:
     cfg, tok, lines, refs = setup.cfg, setup.tokenizer, setup.test_src, setup.test_ref
     model, _ = load_model(setup.checkpoint, device)
+    model.to(inference_dtype())
     torch.manual_seed(2)
-    mt = build_marian(cfg, device).eval()
+    mt = build_marian(cfg, device).eval().to(inference_dtype())
     exported = export_ct2(setup, work, log)
-    ct2 = {}
+    ct2, ct2_errors = {}, {}
     if exported:
         import ctranslate2
 
         for name, path in exported.items():
-            ct2[name] = (
-                ctranslate2.Translator(
+            try:
+                translator = ctranslate2.Translator(
                     str(path),
                     device=device.type,
                     compute_type=ct2_compute_type(name, device),
                     intra_threads=threads,
                     inter_threads=1,
-                ),
-                ct2_vocabulary(path, tok),
-            )
+                )
+                translate_ct2(translator, ct2_vocabulary(path, tok), tok, cfg, lines[:2], 1)
+            except Exception as e:  # e.g. a CUDA build that finds no matching cuBLAS
+                log(f"CTranslate2 {name} on {device.type} failed: {type(e).__name__}: {e}")
+                ct2_errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            ct2[name] = (translator, ct2_vocabulary(path, tok))
 
     def bleu(hyps: list[str]) -> float:
         return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
@@ -774,7 +788,8 @@ def bench_translate(setup: Setup, plan: Plan, device, threads: int, work: Path, 
         "alpha": ALPHA,
         "trained": setup.trained,
         "ct2": sorted(exported) if exported else "CTranslate2 export not available",
-        "ct2_dirs": {k: str(v) for k, v in exported.items()},
+        "ct2_dirs": {k: str(v) for k, v in exported.items() if k in ct2},
+        "ct2_errors": ct2_errors,
         "rows": rows,
     }
 
@@ -800,11 +815,12 @@ def fixed_steps(model: Transformer, src: Tensor, steps: int, use_cache: bool) ->
 def bench_growth(setup: Setup, plan: Plan, device: torch.device, out: Path, log) -> dict:
     cfg = setup.cfg
     model, _ = load_model(setup.checkpoint, device)
+    model.to(inference_dtype())
     ids = [setup.tokenizer.encode(line)[: cfg.max_len - 1] for line in setup.test_src]
     src = pad_rows([i for i in ids if i][: plan.growth_batch], cfg.pad_id, device)
     lengths = [n for n in plan.growth_lengths if n < cfg.max_len]
     times = {"kv_cache": {}, "recompute": {}}
-    with torch.inference_mode(), autocast(device):
+    with torch.inference_mode():
         fixed_steps(model, src, 5, True)  # warm-up
         fixed_steps(model, src, 5, False)
         for L in lengths:
@@ -1021,7 +1037,14 @@ def markdown(report: dict) -> str:
     lines = [
         "## Speed against peers (`benchmarks/speed.py`)",
         "",
-        f"{m['cpu']}, {m['threads']} thread(s), device {m['device']}; torch {m['torch']}, "
+        f"{m['cpu']}, {m['threads']} thread(s), device {m['device']}"
+        + (f" ({m['gpu']})" if m.get("gpu") else "")
+        + (
+            f", cuDNN attention {m['cudnn_attention']} (ours never uses it)"
+            if m["device"] == "cuda"
+            else ""
+        )
+        + f"; torch {m['torch']}, "
         f"transformers {m['transformers']}, ctranslate2 {m['ctranslate2'] or 'not installed'}. "
         f"Model: d_model {m['model']['d_model']}, {m['model']['n_heads']} heads, "
         f"{m['model']['layers']} layers, d_ff {m['model']['d_ff']}, "
@@ -1032,10 +1055,19 @@ def markdown(report: dict) -> str:
     ]
     if "train" in report:
         t = report["train"]
+        tm = m.get("train_model")
+        sizes = (
+            f" Model for this phase: Table 3 {tm['table3']} (d_model {tm['d_model']}, "
+            f"{tm['n_heads']} heads, {tm['layers']} layers, d_ff {tm['d_ff']}, dropout "
+            f"{tm['dropout']}, vocabulary {tm['vocab']}, {tm['parameters'] / 1e6:.1f}M)."
+            if tm
+            else ""
+        )
+        precision = " bf16 autocast, every system." if m.get("precision") == "bf16" else ""
         lines += [
             "### Training throughput",
             "",
-            f"{t['protocol']}. Median over rounds.",
+            f"{t['protocol']}. Median over rounds.{precision}{sizes}",
             "",
             "| system | parameters | target tokens/s | ms/step | ours / system (paired) |",
             "|---|---:|---:|---:|---:|",
@@ -1058,7 +1090,8 @@ def markdown(report: dict) -> str:
         t = report["translate"]
         lines += [
             f"### Translation of {t['test_set']} ({t['sentences']} sentences, "
-            f"batch {t['batch_size']})",
+            f"batch {t['batch_size']}"
+            + (", bf16 weights for ours and Marian)" if m.get("precision") == "bf16" else ")"),
             "",
             "| system | decoding | sentences/s | ours / system | BLEU | output lengths |",
             "|---|---|---:|---:|---:|---|",
@@ -1088,6 +1121,8 @@ def markdown(report: dict) -> str:
                 "CTranslate2 runs our exported weights with its own length penalty "
                 f"(length^{t['alpha']}, ours GNMT's ((5+|Y|)/6)^{t['alpha']})."
             )
+        for name, error in (t.get("ct2_errors") or {}).items():
+            notes.append(f"CTranslate2 {name} could not run here: {error}")
         lines += ["", *notes, ""]
     if "growth" in report:
         g = report["growth"]
@@ -1140,6 +1175,25 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--direction", choices=["de-en", "en-de"], default="de-en")
     parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        help="every system alike: bf16 autocast in training, bf16 weights in translation "
+        "(default: bf16 on a GPU, fp32 on the CPU); CTranslate2 keeps its own compute types",
+    )
+    parser.add_argument(
+        "--no-cudnn-attention",
+        action="store_true",
+        help="GPU: switch cuDNN's fused attention off for every system (ours never uses it: "
+        "it builds a plan per new shape); without this the peers use torch's default",
+    )
+    parser.add_argument(
+        "--train-model",
+        choices=["recipe", "base", "big"],
+        default="recipe",
+        help="sizes for the training phase: the recipe's (or the checkpoint's) model, or "
+        "Table 3 base / big with the same vocabulary (random weights; for GPUs)",
+    )
+    parser.add_argument(
         "--phases", default="train,translate,growth,memory", help="comma-separated subset"
     )
     sizes = parser.add_argument_group("override the sizes of --quick or of the full run")
@@ -1161,6 +1215,9 @@ def main() -> None:
     plan = dataclasses.replace(plan, **overrides)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    BF16["on"] = (args.precision or ("bf16" if device.type == "cuda" else "fp32")) == "bf16"
     out = Path(args.out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -1171,11 +1228,17 @@ def main() -> None:
 
     setup = make_setup(args, plan, work, log)
     cfg = setup.cfg
+    if args.train_model != "recipe":
+        table3 = getattr(TransformerConfig, args.train_model)
+        setup.train_cfg = table3(cfg.tgt_vocab_size, max_len=cfg.max_len)
+        log(f"training phase: Table 3 {args.train_model}, {setup.train_cfg}")
     report: dict = {
         "meta": {
             "cpu": cpu_name(),
             "threads": args.threads,
             "device": args.device,
+            "precision": "bf16" if BF16["on"] else "fp32",
+            "cudnn_attention": "off for every system" if args.no_cudnn_attention else "default",
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
             "torch": torch.__version__,
             "transformers": version("transformers"),
@@ -1195,6 +1258,18 @@ def main() -> None:
             },
         }
     }
+    if setup.train_cfg is not None:
+        tc = setup.train_cfg
+        report["meta"]["train_model"] = {
+            "table3": args.train_model,
+            "d_model": tc.d_model,
+            "n_heads": tc.n_heads,
+            "layers": f"{tc.encoder_layers}+{tc.decoder_layers}",
+            "d_ff": tc.d_ff,
+            "dropout": tc.dropout,
+            "vocab": tc.tgt_vocab_size,
+            "parameters": Transformer(tc).num_parameters(),
+        }
     if "train" in phases:
         report["train"] = bench_train(setup, plan, device, out, log)
     if "translate" in phases:

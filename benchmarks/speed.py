@@ -58,7 +58,7 @@ from aiayn.model.transformer import DecoderState, Transformer
 from aiayn.train.checkpoint import save_checkpoint
 from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.train.recipe import Recipe
-from aiayn.translator import Translator, load_model
+from aiayn.translator import PRECISIONS, Translator, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS, TORCH_NN, MARIAN = "ours (aiayn)", "torch.nn.Transformer", "Marian (transformers)"
@@ -131,10 +131,10 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def inference_dtype() -> torch.dtype:
+def inference_precision() -> str:
     """Weights for translation: bf16 under --precision bf16 (as ``aiayn translate
     --precision bf16``), for ours and Marian alike."""
-    return torch.bfloat16 if BF16["on"] else torch.float32
+    return "bf16" if BF16["on"] else "fp32"
 
 
 def peak_rss_mib() -> float:
@@ -683,10 +683,9 @@ def ct2_compute_type(name: str, device: torch.device) -> str:
 
 def bench_translate(setup: Setup, plan: Plan, device, threads: int, work: Path, log) -> dict:
     cfg, tok, lines, refs = setup.cfg, setup.tokenizer, setup.test_src, setup.test_ref
-    model, _ = load_model(setup.checkpoint, device)
-    model.to(inference_dtype())
+    model, _ = load_model(setup.checkpoint, device, precision=inference_precision())
     torch.manual_seed(2)
-    mt = build_marian(cfg, device).eval().to(inference_dtype())
+    mt = build_marian(cfg, device).eval().to(PRECISIONS[inference_precision()])
     exported = export_ct2(setup, work, log)
     ct2, ct2_errors = {}, {}
     if exported:
@@ -814,8 +813,7 @@ def fixed_steps(model: Transformer, src: Tensor, steps: int, use_cache: bool) ->
 
 def bench_growth(setup: Setup, plan: Plan, device: torch.device, out: Path, log) -> dict:
     cfg = setup.cfg
-    model, _ = load_model(setup.checkpoint, device)
-    model.to(inference_dtype())
+    model, _ = load_model(setup.checkpoint, device, precision=inference_precision())
     ids = [setup.tokenizer.encode(line)[: cfg.max_len - 1] for line in setup.test_src]
     src = pad_rows([i for i in ids if i][: plan.growth_batch], cfg.pad_id, device)
     lengths = [n for n in plan.growth_lengths if n < cfg.max_len]

@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from aiayn.errors import ConfigError
+
+# The special token ids, fixed for every vocabulary aiayn builds (SentencePiece models and
+# the demo's word list alike); TransformerConfig's defaults.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
 
 @dataclass
 class TransformerConfig:
@@ -28,9 +34,9 @@ class TransformerConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     max_len: int = 1024
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
     share_embeddings: bool = False
     tie_output: bool = True
     # Extensions beyond the paper, off by default.
@@ -42,8 +48,8 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        def bad(field: str, why: str) -> ValueError:
-            return ValueError(f"TransformerConfig.{field}: {why}")
+        def bad(field: str, why: str) -> ConfigError:
+            return ConfigError(f"TransformerConfig.{field}: {why}")
 
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
             value = getattr(self, name)
@@ -126,5 +132,5 @@ class TransformerConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"TransformerConfig: unknown field(s) {', '.join(unknown)}")
+            raise ConfigError(f"TransformerConfig: unknown field(s) {', '.join(unknown)}")
         return cls(**data)

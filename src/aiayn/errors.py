@@ -1,0 +1,40 @@
+"""The errors aiayn raises for input a user can fix: one family, one base class.
+
+Every message names what is wrong (the file and line, the field, the checkpoint) and never
+a command-line flag: the library is used without the CLI too. The CLI prints an
+:class:`AiaynError` as one line and exits with status 2; any other exception is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class AiaynError(ValueError):
+    """Base class: input or settings that cannot be used, with a message saying why.
+
+    A ``ValueError`` subclass, so code that caught ValueError before keeps working.
+    """
+
+
+class ConfigError(AiaynError):
+    """A model configuration field out of range or inconsistent; names the field."""
+
+
+class CorpusError(AiaynError):
+    """Unusable input text; the message names the file and, where it applies, the line."""
+
+
+class TokenizerError(AiaynError):
+    """A SentencePiece model that is missing, corrupt or has other special ids."""
+
+
+class CheckpointError(AiaynError):
+    """A checkpoint that is missing, truncated, corrupt or does not fit; names the file."""
+
+
+class RecipeError(AiaynError):
+    """A recipe file or override that cannot be used; names the file or field."""
+
+
+class DecodeError(AiaynError):
+    """Decoding settings out of range (beam size, n-best, length penalty, length limits)."""

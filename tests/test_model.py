@@ -57,16 +57,16 @@ def copy_into_torch_transformer(model: Transformer) -> nn.Transformer:
             attn(r.self_attn, o.self_attn)
             copy(r.linear1, o.ffn.w_1)
             copy(r.linear2, o.ffn.w_2)
-            copy(r.norm1, o.attn_block.norm)
-            copy(r.norm2, o.ffn_block.norm)
+            copy(r.norm1, o.self_attn_norm)
+            copy(r.norm2, o.ffn_norm)
         for r, o in zip(ref.decoder.layers, model.decoder.layers, strict=True):
             attn(r.self_attn, o.self_attn)
             attn(r.multihead_attn, o.cross_attn)
             copy(r.linear1, o.ffn.w_1)
             copy(r.linear2, o.ffn.w_2)
-            copy(r.norm1, o.self_block.norm)
-            copy(r.norm2, o.cross_block.norm)
-            copy(r.norm3, o.ffn_block.norm)
+            copy(r.norm1, o.self_attn_norm)
+            copy(r.norm2, o.cross_attn_norm)
+            copy(r.norm3, o.ffn_norm)
         if cfg.norm_first:
             copy(ref.encoder.norm, model.encoder.norm)
             copy(ref.decoder.norm, model.decoder.norm)
@@ -186,8 +186,42 @@ def test_every_layer_norm_is_a_registered_trained_parameter(tiny_model):
     src, tgt = random_batch(cfg, [5], [4])
     with torch.no_grad():
         before = tiny_model(src, tgt)
-        tiny_model.decoder.layers[-1].ffn_block.norm.weight.mul_(2.0)
+        tiny_model.decoder.layers[-1].ffn_norm.weight.mul_(2.0)
         assert not torch.allclose(tiny_model(src, tgt), before)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_checkpoints_with_the_old_norm_names_still_load(norm_first):
+    """Before the sub-layers were spelled out, each LayerNorm sat in a Residual wrapper:
+    encoder attn_block.norm / ffn_block.norm, decoder self_block / cross_block / ffn_block."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(norm_first=norm_first)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_()  # no norm at its default init: a key loaded into the wrong place shows
+    old_names = {
+        "encoder": {"self_attn_norm": "attn_block.norm", "ffn_norm": "ffn_block.norm"},
+        "decoder": {
+            "self_attn_norm": "self_block.norm",
+            "cross_attn_norm": "cross_block.norm",
+            "ffn_norm": "ffn_block.norm",
+        },
+    }
+    legacy = {}
+    for key, value in model.state_dict().items():
+        stack, _, index, sub, rest = [*key.split(".", 4), "", "", "", ""][:5]
+        if stack in old_names and sub in old_names[stack]:
+            key = f"{stack}.layers.{index}.{old_names[stack][sub]}.{rest}"
+        legacy[key] = value
+    assert any(".attn_block.norm." in k for k in legacy) and any(
+        ".cross_block." in k for k in legacy
+    )
+    fresh = Transformer(tiny_config(norm_first=norm_first)).eval()
+    fresh.load_state_dict(legacy)  # strict: every old key found its new home
+    src, tgt = random_batch(model.cfg, [5, 3], [4, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(src, tgt), model(src, tgt), rtol=0, atol=0)
 
 
 def test_dropout_is_active_only_in_training():

@@ -7,31 +7,35 @@ import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
+from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
-from aiayn.data.sample import PAIRS
 from aiayn.model import MultiHeadAttention
-from aiayn.quantize import is_quantized, quantize_dynamic_int8
-from aiayn.translator import Translator, load_model, resolve_checkpoint
+from aiayn.quantize import SplitCrossAttention, is_quantized, quantize_dynamic_int8
+from aiayn.translator import Translator
+from sample_data import PAIRS
 
 SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen
 REFERENCES = [t for _, t in PAIRS]
 
 
-def test_split_in_proj_changes_no_result():
+def test_split_cross_attention_changes_no_result():
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4).eval()
     with torch.no_grad():
         mha.in_proj.bias.normal_()
     x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    split = SplitCrossAttention(mha).eval()
     with torch.no_grad():
-        before = mha(x)[0], mha(x, memory)[0]
-        mha.split_in_proj()
-        after = mha(x)[0], mha(x, memory)[0]
-    assert not hasattr(mha, "in_proj")
-    assert {"q_proj.weight", "kv_proj.weight"} <= set(mha.state_dict())
-    for a, b in zip(before, after):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+        before, after = mha(x, memory)[0], split(x, memory)[0]
+        cached = split(x[:, :1], memory, cache={})[0]
+    assert not hasattr(split, "in_proj") and hasattr(mha, "in_proj")  # the original is kept
+    assert {"q_proj.weight", "kv_proj.weight"} <= set(split.state_dict())
+    assert set(mha.state_dict()) == {
+        f"{p}_proj.{w}" for p in ("in", "out") for w in ("weight", "bias")
+    }
+    torch.testing.assert_close(before, after, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cached, before[:, :1], atol=1e-6, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")

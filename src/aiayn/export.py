@@ -40,6 +40,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.errors import AiaynError
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -62,8 +65,12 @@ MATCH_AIAYN: dict[str, Any] = {"suppress_sequences": [["<pad>"], ["<s>"]], "min_
 INSTALL_HINT = "pip install ctranslate2 (or pip install 'aiayn[export]')"
 
 
-class ExportError(ValueError):
+class ExportError(AiaynError):
     """An export that cannot be done as asked (missing package, output folder in the way)."""
+
+
+class ExportExistsError(ExportError):
+    """The output folder holds an earlier export, which is replaced only when forced."""
 
 
 def _ctranslate2():
@@ -137,12 +144,12 @@ def build_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     enc.position_encodings.encodings = _positions(model.src_pos)
     dec.position_encodings.encodings = _positions(model.tgt_pos)
     for layer_spec, layer in zip(enc.layer, model.encoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, False, layer.attn_block.norm)
-        _ffn(layer_spec.ffn, layer.ffn, layer.ffn_block.norm)
+        _attention(layer_spec.self_attention, layer.self_attn, False, layer.self_attn_norm)
+        _ffn(layer_spec.ffn, layer.ffn, layer.ffn_norm)
     for layer_spec, layer in zip(dec.layer, model.decoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, False, layer.self_block.norm)
-        _attention(layer_spec.attention, layer.cross_attn, True, layer.cross_block.norm)
-        _ffn(layer_spec.ffn, layer.ffn, layer.ffn_block.norm)
+        _attention(layer_spec.self_attention, layer.self_attn, False, layer.self_attn_norm)
+        _attention(layer_spec.attention, layer.cross_attn, True, layer.cross_attn_norm)
+        _ffn(layer_spec.ffn, layer.ffn, layer.ffn_norm)
     if cfg.norm_first:  # pre-LN stacks end with a LayerNorm
         _layer_norm(enc.layer_norm, model.encoder.norm)
         _layer_norm(dec.layer_norm, model.decoder.norm)
@@ -172,17 +179,17 @@ def export_ctranslate2(
     ``model_dir`` into a CTranslate2 model directory ``out_dir``, weights stored as
     ``quantization``. ``force`` replaces an earlier export there (a folder holding
     ``model.bin``); any other non-empty folder is never overwritten. Returns ``out_dir``."""
-    from aiayn.translator import load_model, resolve_checkpoint
-
     ct2 = _ctranslate2()
     if quantization not in CT2_QUANTIZATIONS:
         raise ExportError(f"quantization {quantization!r}: choose one of {CT2_QUANTIZATIONS}")
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not (out_dir / "model.bin").is_file():
-            raise ExportError(f"{out_dir}: exists and is not an earlier export; choose a new --out")
+            raise ExportError(
+                f"{out_dir}: exists and is not an earlier export; choose another folder"
+            )
         if not force:
-            raise ExportError(f"{out_dir}: already holds an export; give --force to replace it")
+            raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
     model, tokenizer = load_model(resolve_checkpoint(model_dir, checkpoint), "cpu")
 
     class AiaynConverter(ct2.converters.Converter):

@@ -13,11 +13,41 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from aiayn.errors import AiaynError
+from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.transformer import Transformer
+
+
+class SplitCrossAttention(MultiHeadAttention):
+    """Encoder-decoder attention whose W^Q and [W^K; W^V] are two ``nn.Linear`` layers.
+
+    The fused ``in_proj`` projects queries and memory through different row blocks, and a
+    quantized Linear cannot be sliced; two whole layers can each be quantized. Same results
+    as the fused module it was built from; its state_dict keys differ, so it is for
+    inference only.
+    """
+
+    def __init__(self, fused: MultiHeadAttention):
+        super().__init__(fused.d_model, fused.n_heads, fused.attention_dropout)
+        d = self.d_model
+        w, b = fused.in_proj.weight.detach(), fused.in_proj.bias.detach()
+        del self.in_proj
+        self.q_proj, self.kv_proj = nn.Linear(d, d), nn.Linear(d, 2 * d)
+        with torch.no_grad():
+            self.q_proj.weight.copy_(w[:d])
+            self.q_proj.bias.copy_(b[:d])
+            self.kv_proj.weight.copy_(w[d:])
+            self.kv_proj.bias.copy_(b[d:])
+        self.out_proj = fused.out_proj
+        self.to(w.device)
+
+    def _cross_projections(self) -> tuple[Callable, Callable]:
+        return self.q_proj, self.kv_proj
 
 
 def quantize_dynamic_int8(model: Transformer) -> Transformer:
@@ -31,16 +61,14 @@ def quantize_dynamic_int8(model: Transformer) -> Transformer:
     try:
         from torch.ao.quantization import quantize_dynamic
     except ImportError:  # pragma: no cover - a future torch without it
-        raise ValueError(
+        raise AiaynError(
             "int8 quantization needs torch.ao.quantization, which this torch lacks"
         ) from None
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ValueError("int8 dynamic quantization runs on the CPU only; load with device=cpu")
+        raise AiaynError("int8 dynamic quantization runs on the CPU only; load on the cpu")
     model = copy.deepcopy(model).eval()
     for layer in model.decoder.layers:
-        # Encoder-decoder attention projects queries and memory through different row blocks
-        # of in_proj; give each block its own Linear so both can be quantized.
-        layer.cross_attn.split_in_proj()
+        layer.cross_attn = SplitCrossAttention(layer.cross_attn)
     if model.out_proj is None:  # tied: logits = x E^T, through an int8 copy of E
         out_proj = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=False)
         with torch.no_grad():

@@ -77,30 +77,12 @@ class MultiHeadAttention(nn.Module):
         nn.init.zeros_(self.in_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
-        # Set only by split_in_proj (int8 quantization): W^Q and [W^K; W^V] as two layers.
-        self.q_proj: nn.Module | None = None
-        self.kv_proj: nn.Module | None = None
-
-    def split_in_proj(self) -> None:
-        """Replace the fused ``in_proj`` by ``q_proj`` (rows W^Q) and ``kv_proj`` (rows W^K,
-        W^V) holding the same weights, so encoder-decoder attention can project queries and
-        memory through whole modules (a quantized ``in_proj`` cannot be sliced). Results are
-        unchanged; the state_dict keys change, so only do this to a model for inference."""
-        d = self.d_model
-        w, b = self.in_proj.weight.detach(), self.in_proj.bias.detach()
-        q_proj, kv_proj = nn.Linear(d, d), nn.Linear(d, 2 * d)
-        with torch.no_grad():
-            q_proj.weight.copy_(w[:d])
-            q_proj.bias.copy_(b[:d])
-            kv_proj.weight.copy_(w[d:])
-            kv_proj.bias.copy_(b[d:])
-        self.q_proj, self.kv_proj = q_proj.to(w.device), kv_proj.to(w.device)
-        del self.in_proj
 
     def _cross_projections(self) -> tuple[Callable, Callable]:
-        """x -> x W^Q + b^Q and memory -> [memory W^K + b^K, memory W^V + b^V]."""
-        if self.q_proj is not None:
-            return self.q_proj, self.kv_proj
+        """x -> x W^Q + b^Q and memory -> [memory W^K + b^K, memory W^V + b^V].
+
+        Overridden by :class:`aiayn.quantize.SplitCrossAttention`, whose two blocks are
+        separate (quantizable) layers."""
         # One split of the fused weight: its backward concatenates the two gradients, where
         # two slices would each zero-fill a [3 d_model, d_model] gradient and add them up.
         d = self.d_model
@@ -130,11 +112,7 @@ class MultiHeadAttention(nn.Module):
         """
         d = self.d_model
         if memory is None:
-            if self.q_proj is None:
-                qkv = self.in_proj(x)
-            else:
-                qkv = torch.cat([self.q_proj(x), self.kv_proj(x)], dim=-1)
-            q, k, v = map(self._split_heads, qkv.chunk(3, dim=-1))
+            q, k, v = map(self._split_heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
                 if "k" in cache:
                     k = torch.cat([cache["k"], k], dim=2)

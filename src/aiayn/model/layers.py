@@ -25,60 +25,79 @@ class FeedForward(nn.Module):
         return self.w_2(F.relu(self.w_1(x)))
 
 
-class Residual(nn.Module):
-    """Residual connection with LayerNorm around one sub-layer (Section 3.1, 5.4).
+# Checkpoints written before the sub-layer blocks were spelled out kept each LayerNorm in a
+# Residual wrapper; their keys load into today's names.
+_LEGACY_NORM_KEYS = {
+    "attn_block.norm.": "self_attn_norm.",  # encoder layer
+    "self_block.norm.": "self_attn_norm.",  # decoder layer
+    "cross_block.norm.": "cross_attn_norm.",
+    "ffn_block.norm.": "ffn_norm.",
+}
 
-    Post-LN (the paper): LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-LN (option):     x + Dropout(Sublayer(LayerNorm(x))).
-    """
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
-        super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
-        self.norm_first = norm_first
-
-    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, Tensor | None]:
-        """``sublayer(x) -> (y, extra)``; returns the new x and ``extra`` untouched."""
-        if self.norm_first:
-            y, extra = sublayer(self.norm(x))
-            return x + self.dropout(y), extra
-        y, extra = sublayer(x)
-        return self.norm(x + self.dropout(y)), extra
+def _rename_legacy_keys(state_dict: dict, prefix: str) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        rest = key[len(prefix) :]
+        for old, new in _LEGACY_NORM_KEYS.items():
+            if rest.startswith(old):
+                state_dict[prefix + new + rest[len(old) :]] = state_dict.pop(key)
+                break
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each wrapped in :class:`Residual`."""
+    """Self-attention then feed-forward, each with a residual connection and LayerNorm
+    (Section 3.1): post-LN ``LayerNorm(x + Dropout(Sublayer(x)))`` as in the paper, or
+    pre-LN ``x + Dropout(Sublayer(LayerNorm(x)))`` with ``norm_first``."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
-        args = (cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
-        self.attn_block, self.ffn_block = Residual(*args), Residual(*args)
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)  # Section 5.4: on each sub-layer's output
+        self.norm_first = cfg.norm_first
 
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """x ``[B, S, d_model]``, src_mask ``[B, 1, 1, S]`` -> (x, self-attention weights)."""
-        x, weights = self.attn_block(
-            x, lambda h: self.self_attn(h, mask=src_mask, need_weights=need_weights)
-        )
-        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+        if self.norm_first:
+            y, weights = self._sa_block(self.self_attn_norm(x), src_mask, need_weights)
+            x = x + y
+            x = x + self._ff_block(self.ffn_norm(x))
+        else:
+            y, weights = self._sa_block(x, src_mask, need_weights)
+            x = self.self_attn_norm(x + y)
+            x = self.ffn_norm(x + self._ff_block(x))
         return x, weights
+
+    def _sa_block(self, x: Tensor, mask: Tensor | None, need_weights: bool):
+        y, weights = self.self_attn(x, mask=mask, need_weights=need_weights)
+        return self.dropout(y), weights
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout(self.ffn(x))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _rename_legacy_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, encoder-decoder attention, feed-forward (Section 3.1)."""
+    """Masked self-attention, encoder-decoder attention, feed-forward, each with a residual
+    connection and LayerNorm placed as in :class:`EncoderLayer` (Section 3.1)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
-        args = (cfg.d_model, cfg.dropout, cfg.norm_first, cfg.layer_norm_eps)
-        self.self_block, self.cross_block = Residual(*args), Residual(*args)
-        self.ffn_block = Residual(*args)
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
 
     def forward(
         self,
@@ -96,11 +115,33 @@ class DecoderLayer(nn.Module):
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
-        x, self_w = self.self_block(
-            x, lambda h: self.self_attn(h, None, self_mask, self_cache, need_weights)
-        )
-        x, cross_w = self.cross_block(
-            x, lambda h: self.cross_attn(h, memory, cross_mask, cross_cache, need_weights)
-        )
-        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+        if self.norm_first:
+            y, self_w = self._sa_block(self.self_attn_norm(x), self_mask, self_cache, need_weights)
+            x = x + y
+            y, cross_w = self._mha_block(
+                self.cross_attn_norm(x), memory, cross_mask, cross_cache, need_weights
+            )
+            x = x + y
+            x = x + self._ff_block(self.ffn_norm(x))
+        else:
+            y, self_w = self._sa_block(x, self_mask, self_cache, need_weights)
+            x = self.self_attn_norm(x + y)
+            y, cross_w = self._mha_block(x, memory, cross_mask, cross_cache, need_weights)
+            x = self.cross_attn_norm(x + y)
+            x = self.ffn_norm(x + self._ff_block(x))
         return x, self_w, cross_w
+
+    def _sa_block(self, x: Tensor, mask: Tensor | None, cache, need_weights: bool):
+        y, weights = self.self_attn(x, None, mask, cache, need_weights)
+        return self.dropout(y), weights
+
+    def _mha_block(self, x: Tensor, memory: Tensor, mask: Tensor | None, cache, need_weights):
+        y, weights = self.cross_attn(x, memory, mask, cache, need_weights)
+        return self.dropout(y), weights
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout(self.ffn(x))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _rename_legacy_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

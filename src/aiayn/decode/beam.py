@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from aiayn.model.transformer import DecoderState, Transformer
+from aiayn.decode.core import DecodeStep, ban, banned_ids, inference, length_limits
+from aiayn.errors import DecodeError
+from aiayn.model.transformer import Transformer
 
 
 @dataclass
@@ -24,6 +27,18 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def check_beam_settings(beam_size: int, alpha: float, n_best: int) -> None:
+    """DecodeError unless 1 <= n_best <= beam_size and alpha is a finite number >= 0."""
+    if beam_size < 1 or not 1 <= n_best <= beam_size:
+        raise DecodeError(
+            f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size}, {n_best}"
+        )
+    # NaN compares false with everything: every hypothesis would look unbeaten and the
+    # search would run to the length limit. A negative alpha breaks the stopping bound.
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+        raise DecodeError(f"length penalty alpha must be a finite number >= 0, got {alpha}")
+
+
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -32,58 +47,49 @@ def beam_search(
     max_len_b: int = 50,
     n_best: int = 1,
     use_cache: bool = True,
+    *,
+    max_len_a: float = 1.0,
+    max_new_tokens: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate every sentence of ``src [B, S]`` together, keeping ``beam_size`` beams each.
 
-    Returns, per sentence, its ``n_best`` hypotheses best first. Each sentence may produce
-    at most (its real source length + ``max_len_b``) tokens, EOS included, and never more
-    than the model's ``max_len``; a sentence is done once it has ``beam_size`` finished
-    hypotheses that no active beam can beat any more, and then leaves the batch. The
-    decoder cache is reordered whenever beams are reselected.
+    Returns, per sentence, its ``n_best`` hypotheses best first. Sentence i may produce at
+    most ``max_len_a * src_len_i + max_len_b`` tokens, EOS included (default: its real
+    length + 50), at most ``max_new_tokens`` when given, and never more than the model's
+    ``max_len``; a sentence is done once it has ``beam_size`` finished hypotheses that no
+    active beam can beat any more, and then leaves the batch. The decoder cache is
+    reordered whenever beams are reselected.
     """
-    if beam_size < 1 or not 1 <= n_best <= beam_size:
-        raise ValueError(
-            f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size}, {n_best}"
-        )
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            return _beam_search(model, src, beam_size, alpha, max_len_b, n_best, use_cache)
-    finally:
-        model.train(was_training)
+    check_beam_settings(beam_size, alpha, n_best)
+    limits = length_limits(model.cfg, src, max_new_tokens, max_len_a, max_len_b).tolist()
+    with inference(model):
+        return _beam_search(model, src, beam_size, alpha, n_best, limits, use_cache)
 
 
-def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
+def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
     cfg = model.cfg
     device = src.device
     B = src.size(0)
     # Per-sentence bookkeeping lives on the host, so that a GPU is synchronised only for
     # the few small tensors each step must look at (EOS hits, best active scores).
-    limit = ((src != cfg.pad_id).sum(dim=1) + max_len_b).clamp(max=cfg.max_len).tolist()
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     # The largest length penalty a sentence can reach; with log-probs <= 0 an active beam's
     # final score can never exceed its current log-prob divided by it.
     lp_bound = [length_penalty(n, alpha) for n in limit]
 
-    memory = model.encode(src).repeat_interleave(K, dim=0)  # [B*K, S, d_model]
-    src = src.repeat_interleave(K, dim=0)  # [B*K, S]
+    step = DecodeStep(model, src, use_cache, expand=K)  # rows: sentence-major, K beams each
     sent = list(range(B))  # original sentence of each active group
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     prefix = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
-    state = DecoderState() if use_cache else None
-    banned = torch.tensor([cfg.pad_id, cfg.bos_id], device=device)  # never valid outputs
+    banned = banned_ids(cfg, device)
     arange_2k = torch.arange(2 * K, device=device)
 
-    for t in range(max(limit)):
+    for t in range(max(limit, default=0)):
         n = len(sent)
-        if state is not None:
-            logits = model.decode(prefix[:, -1:], memory, src, state)[:, -1]
-        else:
-            logits = model.decode(prefix, memory, src)[:, -1]
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [n*K, V]
-        logp.index_fill_(1, banned, float("-inf"))
+        # Log-probabilities over the whole vocabulary first, then the ban: banning before
+        # the softmax would renormalise over fewer tokens and change the scores.
+        logp = ban(torch.log_softmax(step.logits(prefix).float(), dim=-1), banned)  # [n*K, V]
         ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
         if any(ending):
             at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
@@ -113,8 +119,7 @@ def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
         parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
         token = token.gather(1, pick).view(-1, 1)
         prefix = torch.cat([prefix.index_select(0, parent), token], dim=1)
-        if state is not None:
-            state.reorder(parent)
+        step.reorder(parent)  # parents share their sentence's memory: only the cache moves
 
         best = scores.max(dim=1).values.tolist()
         done = [
@@ -126,10 +131,8 @@ def _beam_search(model, src, K, alpha, max_len_b, n_best, use_cache):
             keep = [i for i, d in enumerate(done) if not d]
             keep_groups = torch.tensor(keep, device=device)
             rows = (keep_groups[:, None] * K + torch.arange(K, device=device)).view(-1)
-            sent, scores = [sent[i] for i in keep], scores[keep_groups]
-            prefix, memory, src = prefix[rows], memory[rows], src[rows]
-            if state is not None:
-                state.reorder(rows)
+            sent, scores, prefix = [sent[i] for i in keep], scores[keep_groups], prefix[rows]
+            step.keep(rows)
 
     return [sorted(h, key=lambda h: h.score, reverse=True)[:n_best] for h in finished]
 

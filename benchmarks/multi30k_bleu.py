@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import sacrebleu
 import torch
 
+from aiayn.checkpoint import average_checkpoints, load_model, save_checkpoint
 from aiayn.data.corpus import read_lines
-from aiayn.data.sample import multi30k_dir
 from aiayn.metrics import corpus_bleu
-from aiayn.train.checkpoint import average_checkpoints, save_checkpoint
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
-from aiayn.translator import Translator, load_model
+from aiayn.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the data locator is test support, shared here
+from sample_data import multi30k_dir  # noqa: E402
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def small_corpus(directory, n_train: int = 300, n_valid: int = 40) -> dict:
     import gzip
 
     from aiayn.data.corpus import read_lines
-    from aiayn.data.sample import multi30k_dir, write_sample
+    from sample_data import multi30k_dir, write_sample
 
     data = multi30k_dir()
     if data is None:
@@ -70,11 +70,11 @@ def train_sample_model(out_dir, norm_first: bool = False, steps: int = 100, seed
     """A real model directory: a SentencePiece tokenizer and a small model trained briefly
     on the first 60 built-in German-English pairs, saved as ``checkpoint_best.pt`` in the
     trainer's format. Its translations of the pairs are varied and partly right."""
+    from aiayn.checkpoint import save_checkpoint
     from aiayn.data.batching import collate
-    from aiayn.data.sample import PAIRS
     from aiayn.data.tokenizer import Tokenizer
-    from aiayn.train.checkpoint import save_checkpoint
     from aiayn.train.loss import label_smoothed_cross_entropy
+    from sample_data import PAIRS
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.train(

@@ -1,12 +1,13 @@
-"""Where the test data lives: the real Multi30k beside the project, or a tiny built-in
-German-English sample written on demand (so tests run on any fresh clone)."""
+"""Where the test and benchmark data lives: the real Multi30k beside the project, or a
+tiny built-in German-English sample written on demand (so tests and benchmarks run on any
+fresh clone). Test support, not part of the library: benchmarks import it from here."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]  # src/aiayn/data/sample.py -> project root
+ROOT = Path(__file__).resolve().parents[1]  # tests/sample_data.py -> project root
 
 PAIRS = [
     ("Ein Mann fährt Fahrrad.", "A man rides a bike."),

@@ -8,9 +8,9 @@ import pytest
 import sacrebleu
 
 from aiayn.data.corpus import read_lines
-from aiayn.data.sample import PAIRS, multi30k_dir
 from aiayn.metrics import corpus_bleu
 from aiayn.metrics.bleu import tokenize_13a
+from sample_data import PAIRS, multi30k_dir
 
 
 def references() -> list[str]:

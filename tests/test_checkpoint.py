@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from aiayn.train.checkpoint import (
+from aiayn.checkpoint import (
     CheckpointError,
     average_checkpoints,
     check_vocab,

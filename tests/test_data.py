@@ -20,8 +20,9 @@ from aiayn.data import (
     read_parallel,
     token_batches,
 )
-from aiayn.data.sample import PAIRS
+from aiayn.errors import TokenizerError
 from conftest import small_corpus
+from sample_data import PAIRS
 
 
 def write(path, text: str | bytes, gz: bool = False):
@@ -116,7 +117,7 @@ def test_tokenizer_survives_bytes_and_rejects_garbage(tokenizer, tmp_path):
     assert again.encode("Zwei Hunde spielen.") == tokenizer.encode("Zwei Hunde spielen.")
     with pytest.raises(ValueError, match="not a valid SentencePiece model"):
         Tokenizer.from_bytes(b"definitely not a model")
-    with pytest.raises(FileNotFoundError, match="no such SentencePiece model"):
+    with pytest.raises(TokenizerError, match=r"missing\.model: no such SentencePiece model"):
         Tokenizer.load(tmp_path / "missing.model")
 
 

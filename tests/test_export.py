@@ -19,14 +19,13 @@ import pytest
 import torch
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.checkpoint import load_model, resolve_checkpoint, save_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
-from aiayn.data.sample import PAIRS
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import beam_search, greedy
 from aiayn.export import MATCH_AIAYN, ExportError, export_ctranslate2
-from aiayn.train.checkpoint import save_checkpoint
-from aiayn.translator import load_model, resolve_checkpoint
+from sample_data import PAIRS
 
 SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen
 REFERENCES = [t for _, t in PAIRS]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
-from aiayn.train.checkpoint import load_checkpoint
 from conftest import small_corpus
 
 # A model small enough to train a few dozen updates in seconds on one core.
@@ -106,11 +106,16 @@ def test_translate_keeps_line_alignment(trained, tmp_path, monkeypatch, capsys):
     nbest = out.read_text(encoding="utf-8").split("\n")
     assert len(nbest) == 5 and nbest[1] == "" and " ||| " in nbest[0]
     # stdin -> stdout, greedy
-    monkeypatch.setattr(sys, "stdin", io.StringIO("Eine Frau liest ein Buch.\n\n"))
+    stdin = io.TextIOWrapper(io.BytesIO(b"Eine Frau liest ein Buch.\n\n"))
+    monkeypatch.setattr(sys, "stdin", stdin)
     capsys.readouterr()
     assert main(["translate", "--model", str(trained), "--quiet", "--beam", "1"]) == 0
     printed = capsys.readouterr().out.split("\n")
     assert len(printed) == 3 and printed[0] and printed[1] == ""
+    # invalid UTF-8 on stdin stops with the line, as it does in a file
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"gut\n\xc3\x28 kaputt\n")))
+    assert main(["translate", "--model", str(trained), "--quiet"]) == 2
+    assert "<stdin>, line 2: invalid UTF-8 (byte 0xc3" in capsys.readouterr().err
 
 
 def test_evaluate_and_average(trained, corpus, capsys):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aiayn.checkpoint import load_checkpoint, load_model, resolve_checkpoint
 from aiayn.cli import main
-from aiayn.data.sample import PAIRS
-from aiayn.train.checkpoint import load_checkpoint
-from aiayn.translator import Translator, load_model, resolve_checkpoint
+from aiayn.translator import Translator
 from conftest import small_corpus
+from sample_data import PAIRS
 from test_pipeline import records, train_argv
 
 SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen

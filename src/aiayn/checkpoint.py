@@ -1,4 +1,11 @@
-"""Checkpoints: atomic save, load with clear errors, and averaging (Section 6.1)."""
+"""Checkpoints, used alike by training and by inference (fairseq's checkpoint_utils):
+atomic save, load with clear errors, averaging (Section 6.1), the file names of a model
+directory, and loading a ready model and its tokenizer from one file.
+
+A checkpoint is a dict saved by torch: ``model`` (state_dict), ``config``
+(TransformerConfig as a dict), ``tokenizer`` (the SentencePiece model's bytes), and for
+resuming ``optimizer``, ``schedule``, ``rng``, ``step``, ``epoch`` and the like.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,29 @@ from typing import Any
 
 import torch
 
+from aiayn.config import TransformerConfig
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import AiaynError, CheckpointError, TokenizerError
+from aiayn.model.transformer import Transformer
+from aiayn.quantize import quantize_dynamic_int8
+
 FORMAT = "aiayn-checkpoint-1"
-
-
 TMP_SUFFIX = ".tmp"  # save_checkpoint's temp files: ".<name>.<random>.tmp"
 
+# The files of a model directory.
+LAST, BEST, AVERAGED = "checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_averaged.pt"
+CHECKPOINT_NAMES = {"best": BEST, "last": LAST, "averaged": AVERAGED}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, corrupt or does not fit; names the file."""
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    """The file name of the checkpoint saved at the end of ``epoch`` (counted from 1)."""
+    return f"checkpoint_epoch{epoch:03d}.pt"
+
+
+def epoch_checkpoints(model_dir: str | Path) -> list[Path]:
+    """The epoch checkpoints of ``model_dir``, oldest first."""
+    return sorted(Path(model_dir).glob("checkpoint_epoch*.pt"))
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
@@ -104,3 +126,79 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     out["model"] = averaged
     out["averaged_from"] = [str(p) for p in paths]
     return out
+
+
+def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
+    """The checkpoint file of a model directory: ``which`` is best, last, averaged, a file
+    path, or auto (averaged if present, else best, else last)."""
+    model_dir = Path(model_dir)
+    if which not in CHECKPOINT_NAMES and which != "auto":
+        return Path(which)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: no such model directory")
+    order = [which] if which != "auto" else ["averaged", "best", "last"]
+    for name in order:
+        path = model_dir / CHECKPOINT_NAMES[name]
+        if path.is_file():
+            return path
+    raise CheckpointError(f"{model_dir}: no {' / '.join(CHECKPOINT_NAMES[n] for n in order)} found")
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """``auto`` (a GPU if torch sees one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``;
+    AiaynError for a device this machine does not have, before anything is loaded."""
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise AiaynError(f"device {name!r}: not a device name (cpu, cuda, cuda:N, auto)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise AiaynError(f"device {name}: this machine has no CUDA GPU that torch can use")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise AiaynError(f"device {name}: only {torch.cuda.device_count()} GPU(s) here")
+    elif device.type != "cpu" and device.type != "mps":
+        raise AiaynError(f"device {name}: aiayn runs on cpu or cuda")
+    return device
+
+
+def load_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    quantize: bool = False,
+    precision: str = "fp32",
+) -> tuple[Transformer, Tokenizer]:
+    """Model (in eval mode) and tokenizer from one checkpoint file, with clear errors.
+
+    ``quantize`` gives an int8 dynamically quantized model for CPU inference
+    (:func:`aiayn.quantize.quantize_dynamic_int8`); it needs the CPU.
+    ``precision="bf16"`` casts the weights to bfloat16, for inference: faster on GPUs and
+    on CPUs with bf16 instructions (AVX512-BF16, AMX), slower on others.
+    """
+    if precision not in PRECISIONS:
+        raise AiaynError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if quantize and str(device) not in ("cpu", "auto"):
+        raise AiaynError(f"int8 quantization runs on the CPU only, not on {device}")
+    device = resolve_device("cpu" if quantize else device)
+    if quantize and precision != "fp32":
+        raise AiaynError("int8 quantization and bf16 precision exclude each other; pick one")
+    state = load_checkpoint(path, map_location=device)
+    if "tokenizer" not in state:
+        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
+    try:
+        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    check_vocab(state, tokenizer.vocab_size, path, "its tokenizer")
+    cfg = TransformerConfig.from_dict(state["config"])
+    model = Transformer(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+    model = model.to(device=device, dtype=PRECISIONS[precision]).eval()
+    if quantize:
+        model = quantize_dynamic_int8(model)
+    return model, tokenizer

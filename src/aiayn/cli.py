@@ -1,7 +1,8 @@
 """The `aiayn` command line: each subcommand is a thin layer over the library.
 
-Errors the user can fix (bad files, bad recipes, bad checkpoints) print one line naming
-the file or field and exit with status 2, never a traceback.
+Errors the user can fix (bad files, bad recipes, bad checkpoints: every
+:class:`~aiayn.errors.AiaynError`) print one line naming the file or field and exit with
+status 2. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from aiayn.config import TransformerConfig
+from aiayn.errors import AiaynError
 
 EXIT_USER_ERROR = 2
 
@@ -45,18 +47,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     for flag in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
         if not getattr(recipe, flag):
-            raise ValueError(f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')}")
+            raise AiaynError(f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')}")
     trainer = Trainer(recipe, args.out, resume=args.resume)
     trainer.train(progress=not args.no_progress)
     return 0
 
 
 def _read_input(path: str | None) -> list[str]:
-    from aiayn.data.corpus import read_lines
+    from aiayn.data.corpus import decode_lines, read_lines
 
-    if path is None or path == "-":
-        return [line.rstrip("\n") for line in sys.stdin]
+    if path is None or path == "-":  # bytes, so invalid UTF-8 is an error as in a file
+        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
     return read_lines(path)
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
 
 
 def _translator(args: argparse.Namespace):
@@ -72,11 +81,11 @@ def _translator(args: argparse.Namespace):
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from aiayn.progress import progress
 
     lines = _read_input(args.input)
     translator = _translator(args)
-    with tqdm(total=len(lines), desc="translate", unit="sent", disable=args.quiet) as bar:
+    with progress(total=len(lines), desc="translate", unit="sent", disable=args.quiet) as bar:
         outputs = translator.translate(
             lines, beam=args.beam, alpha=args.alpha, n_best=args.n_best, on_batch=bar.update
         )
@@ -85,7 +94,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     else:  # still one line per input line: the n-best joined by " ||| "
         text = "".join(" ||| ".join(c) + "\n" if any(c) else "\n" for c in outputs)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        _write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0
@@ -93,16 +102,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import sacrebleu
-    from tqdm import tqdm
-
     from aiayn.data.corpus import read_lines
     from aiayn.metrics import corpus_bleu
+    from aiayn.progress import progress
 
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
-        raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+        raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
     translator = _translator(args)
-    with tqdm(total=len(src), desc="translate", unit="sent", disable=args.quiet) as bar:
+    with progress(total=len(src), desc="translate", unit="sent", disable=args.quiet) as bar:
         hyps = [
             h[0]
             for h in translator.translate(
@@ -110,7 +118,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             )
         ]
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        _write_text(args.output, "".join(h + "\n" for h in hyps))
     bleu = corpus_bleu(hyps, ref)
     print(f"{bleu}  [{bleu.signature}]")
     chrf = sacrebleu.corpus_chrf(hyps, [ref])
@@ -119,13 +127,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.train.checkpoint import average_checkpoints, save_checkpoint
+    from aiayn.checkpoint import AVERAGED, average_checkpoints, epoch_checkpoints, save_checkpoint
 
     model_dir = Path(args.model)
-    paths = sorted(model_dir.glob("checkpoint_epoch*.pt"))[-args.last :]
+    if args.last < 1:
+        raise AiaynError(f"--last must be >= 1, got {args.last}")
+    paths = epoch_checkpoints(model_dir)[-args.last :]
     if len(paths) < args.last:
         print(f"note: averaging the {len(paths)} epoch checkpoints found (asked {args.last})")
-    out = Path(args.out) if args.out else model_dir / "checkpoint_averaged.pt"
+    out = Path(args.out) if args.out else model_dir / AVERAGED
     save_checkpoint(average_checkpoints(paths), out)
     print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
     return 0
@@ -149,9 +159,14 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
-    from aiayn.export import export_ctranslate2
+    from aiayn.export import ExportExistsError, export_ctranslate2
 
-    out = export_ctranslate2(args.model, args.out, args.checkpoint, args.quantization, args.force)
+    try:
+        out = export_ctranslate2(
+            args.model, args.out, args.checkpoint, args.quantization, args.force
+        )
+    except ExportExistsError as e:
+        raise AiaynError(f"{e}; give --force to replace it") from None
     print(f"exported {args.model} -> {out} (CTranslate2, {args.quantization})")
     return 0
 
@@ -271,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `aiayn translate ... | head`: the reader left, not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
         return 0
-    except (ValueError, FileNotFoundError) as e:  # our errors name the file or field
+    except AiaynError as e:  # names the file or field; anything else is a bug: traceback
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
 

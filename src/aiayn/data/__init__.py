@@ -1,8 +1,18 @@
 """Data: parallel text in, token-budget batches of ids out (and the built-in demo task)."""
 
-from aiayn.data.batching import Batch, ParallelDataset, collate, pad, token_batches
-from aiayn.data.corpus import CorpusError, ParallelCorpus, normalize, read_lines, read_parallel
-from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from aiayn.data.batching import (
+    Batch,
+    ParallelDataset,
+    collate,
+    pad,
+    shift_target,
+    sorted_batches,
+    token_batches,
+)
+from aiayn.data.corpus import ParallelCorpus, decode_lines, normalize, read_lines, read_parallel
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import CorpusError
 
 __all__ = [
     "BOS_ID",
@@ -15,9 +25,12 @@ __all__ = [
     "ParallelDataset",
     "Tokenizer",
     "collate",
+    "decode_lines",
     "normalize",
     "pad",
     "read_lines",
     "read_parallel",
+    "shift_target",
+    "sorted_batches",
     "token_batches",
 ]

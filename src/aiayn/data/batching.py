@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID
+from aiayn.data.tokenizer import Tokenizer
 
 
 @dataclass
@@ -38,11 +39,32 @@ class Batch:
 
 
 def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
-    """Right-pad lists of ids into a LongTensor ``[len(rows), longest]``."""
+    """Right-pad lists of ids into a LongTensor ``[len(rows), longest]``: the one padding
+    helper of the package (fairseq's ``collate_tokens``)."""
     out = torch.full((len(rows), max(map(len, rows), default=0)), pad_id, dtype=torch.long)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
     return out
+
+
+def shift_target(
+    tgt_ids: Sequence[Sequence[int]], bos_id: int = BOS_ID, eos_id: int = EOS_ID
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Teacher forcing (Section 3.1): decoder inputs BOS + y and labels y + EOS, so position
+    t is trained to predict token t+1 from the tokens before it."""
+    return [[bos_id, *t] for t in tgt_ids], [[*t, eos_id] for t in tgt_ids]
+
+
+def sorted_batches(
+    rows: Sequence[Sequence[int]], batch_size: int, pad_id: int = PAD_ID
+) -> Iterator[tuple[list[int], Tensor]]:
+    """Non-empty ``rows`` in batches of up to ``batch_size``, sorted by length so a batch
+    holds little padding: yields (row indices, right-padded ``[n, longest]`` ids). Empty
+    rows are skipped; the caller maps results back through the indices."""
+    order = sorted((i for i in range(len(rows)) if rows[i]), key=lambda i: len(rows[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        yield chunk, pad([rows[i] for i in chunk], pad_id)
 
 
 def collate(
@@ -52,9 +74,10 @@ def collate(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> Batch:
+    """A :class:`Batch` of source and target id lists (no BOS/EOS in either)."""
     src = pad(src_ids, pad_id)
-    tgt_in = pad([[bos_id, *t] for t in tgt_ids], pad_id)
-    tgt_out = pad([[*t, eos_id] for t in tgt_ids], pad_id)
+    dec_in, labels = shift_target(tgt_ids, bos_id, eos_id)
+    tgt_in, tgt_out = pad(dec_in, pad_id), pad(labels, pad_id)
     n_src = sum(map(len, src_ids))
     return Batch(src, tgt_in, tgt_out, n_src, sum(map(len, tgt_ids)) + len(tgt_ids))
 

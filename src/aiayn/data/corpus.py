@@ -8,10 +8,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class CorpusError(ValueError):
-    """Unusable input text; the message names the file and, where it applies, the line."""
-
+from aiayn.errors import CorpusError
 
 _SPACES = re.compile(r"\s+")  # \s covers tabs and the no-break spaces U+00A0, U+202F, U+2007
 
@@ -36,6 +33,15 @@ def read_lines(path: str | Path) -> list[str]:
             raw = gzip.decompress(raw)
     except (OSError, EOFError) as e:
         raise CorpusError(f"{path}: cannot read ({e})") from None
+    return decode_lines(raw, str(path))
+
+
+def decode_lines(raw: bytes, name: str) -> list[str]:
+    """Split ``raw`` into lines (no newline, no trailing CR) and decode them as UTF-8.
+
+    Raises CorpusError naming ``name`` (a path, or "<stdin>") and the line of the first
+    invalid byte: input is never decoded with replacement characters behind the user's back.
+    """
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start a new one
@@ -45,7 +51,7 @@ def read_lines(path: str | Path) -> list[str]:
             out.append(line.decode("utf-8").rstrip("\r"))
         except UnicodeDecodeError as e:
             raise CorpusError(
-                f"{path}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
+                f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
                 f"{e.start + 1})"
             ) from None
     return out

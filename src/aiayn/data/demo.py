@@ -12,7 +12,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, the model's defaults
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+# The special tokens at their fixed ids (0..3), as in every aiayn vocabulary.
+_SPECIAL_PIECES = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>", UNK_ID: "<unk>"}
+SPECIALS = [_SPECIAL_PIECES[i] for i in range(len(_SPECIAL_PIECES))]
 ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 TEENS = ["ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen"]
 TEENS += ["sixteen", "seventeen", "eighteen", "nineteen"]
@@ -65,12 +69,12 @@ class DemoVocab:
         return len(self.tokens)
 
     def encode(self, text: str) -> list[int]:
-        return [self.index.get(t, 3) for t in text.split()]
+        return [self.index.get(t, UNK_ID) for t in text.split()]
 
     def decode(self, ids: list[int]) -> str:
         words = []
         for i in ids:
-            if i == 2:  # EOS ends the sentence
+            if i == EOS_ID:  # EOS ends the sentence
                 break
             if i >= len(SPECIALS):
                 words.append(self.tokens[i])

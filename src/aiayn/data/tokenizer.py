@@ -9,7 +9,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from aiayn.errors import TokenizerError
 
 
 class Tokenizer:
@@ -20,7 +21,7 @@ class Tokenizer:
         self.sp = processor
         ids = (processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
         if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
-            raise ValueError(
+            raise TokenizerError(
                 f"tokenizer special ids (pad, bos, eos, unk) are {ids}, expected "
                 f"{(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}"
             )
@@ -39,7 +40,7 @@ class Tokenizer:
         save ``<model_prefix>.model``. ``vocab_size`` is a ceiling on a tiny corpus."""
         texts = [t for t in texts if t.strip()]
         if not texts:
-            raise ValueError("tokenizer: no text to train on")
+            raise TokenizerError("tokenizer: no text to train on")
         model = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
@@ -59,7 +60,7 @@ class Tokenizer:
                 minloglevel=2,
             )
         except RuntimeError as e:
-            raise ValueError(f"tokenizer: SentencePiece training failed: {e}") from None
+            raise TokenizerError(f"tokenizer: SentencePiece training failed: {e}") from None
         tokenizer = cls.from_bytes(model.getvalue())
         path = Path(f"{model_prefix}.model")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,11 +71,11 @@ class Tokenizer:
     def load(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such SentencePiece model")
+            raise TokenizerError(f"{path}: no such SentencePiece model")
         try:
             return cls.from_bytes(path.read_bytes())
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
+        except TokenizerError as e:
+            raise TokenizerError(f"{path}: {e}") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Tokenizer:
@@ -82,7 +83,7 @@ class Tokenizer:
         try:
             processor.LoadFromSerializedProto(data)
         except (RuntimeError, OSError, TypeError):
-            raise ValueError("not a valid SentencePiece model (corrupt or truncated)") from None
+            raise TokenizerError("not a valid SentencePiece model (corrupt or truncated)") from None
         return cls(processor)
 
     def to_bytes(self) -> bytes:

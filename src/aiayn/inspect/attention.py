@@ -10,6 +10,7 @@ from torch import Tensor
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import beam_search
+from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 
 
@@ -27,7 +28,7 @@ def attention_map(
     cfg = model.cfg
     ids = tokenizer.encode(sentence)[: cfg.max_len - 1]
     if not ids:
-        raise ValueError("attention: the sentence is empty")
+        raise AiaynError("attention: the sentence is empty")
     src = torch.tensor([ids], device=next(model.parameters()).device)
     best = beam_search(model, src, beam_size=beam)[0][0].tokens
     tgt_in = torch.tensor([[cfg.bos_id, *best]], device=src.device)

@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from aiayn.config import TransformerConfig
-from aiayn.data.batching import pad
+from aiayn.data.batching import Batch, collate
 from aiayn.data.demo import DemoVocab, as_pair, make_splits
 from aiayn.decode import greedy
 from aiayn.model.transformer import Transformer
+from aiayn.progress import progress as progress_bar
 from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.train.schedule import NoamSchedule
 
@@ -30,14 +30,10 @@ class DemoResult:
     examples: list[tuple[str, str, str]]  # (source, reference, output)
 
 
-def _encode(vocab: DemoVocab, numbers: list[int], cfg: TransformerConfig):
+def _encode(vocab: DemoVocab, numbers: list[int]) -> Batch:
     """src [B, S], tgt_in = BOS + words [B, T], tgt_out = words + EOS [B, T]."""
     pairs = [as_pair(n) for n in numbers]
-    src = pad([vocab.encode(s) for s, _ in pairs], cfg.pad_id)
-    tgt = [vocab.encode(t) for _, t in pairs]
-    tgt_in = pad([[cfg.bos_id, *t] for t in tgt], cfg.pad_id)
-    tgt_out = pad([[*t, cfg.eos_id] for t in tgt], cfg.pad_id)
-    return src, tgt_in, tgt_out
+    return collate([vocab.encode(s) for s, _ in pairs], [vocab.encode(t) for _, t in pairs])
 
 
 def demo_config(vocab_size: int) -> TransformerConfig:
@@ -81,10 +77,11 @@ def run_demo(
     )
 
     model.train()
-    bar = tqdm(range(steps), desc="train", disable=not progress, unit="step")
+    bar = progress_bar(range(steps), desc="train", unit="step", disable=not progress)
     for _ in bar:
-        src, tgt_in, tgt_out = _encode(vocab, rng.sample(train_numbers, batch_size), cfg)
-        loss, _nll, n_tokens = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, 0.1)
+        batch = _encode(vocab, rng.sample(train_numbers, batch_size))
+        logits = model(batch.src, batch.tgt_in)
+        loss, _nll, n_tokens = label_smoothed_cross_entropy(logits, batch.tgt_out, 0.1)
         optimizer.zero_grad(set_to_none=True)
         (loss / n_tokens).backward()
         optimizer.step()
@@ -96,8 +93,7 @@ def run_demo(
     correct, examples = 0, []
     for i in range(0, len(test_numbers), 250):
         chunk = test_numbers[i : i + 250]
-        src, _, _ = _encode(vocab, chunk, cfg)
-        out = greedy(model, src, max_new_tokens=16)
+        out = greedy(model, _encode(vocab, chunk).src, max_new_tokens=16)
         for n, ids in zip(chunk, out.tolist()):
             source, reference = as_pair(n)
             hypothesis = vocab.decode(ids)

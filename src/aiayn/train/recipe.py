@@ -9,9 +9,7 @@ from typing import Any
 
 import yaml
 
-
-class RecipeError(ValueError):
-    """A recipe file or override that cannot be used; names the file or field."""
+from aiayn.errors import RecipeError
 
 
 @dataclass
@@ -94,7 +92,10 @@ class Recipe:
             if "=" not in item:
                 raise RecipeError(f"override {item!r}: expected key=value")
             key, raw = item.split("=", 1)
-            value = yaml.safe_load(raw) if raw else ""
+            try:
+                value = yaml.safe_load(raw) if raw else ""
+            except yaml.YAMLError:
+                raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
             if key.startswith("model."):
                 self.model = {**self.model, key[len("model.") :]: value}
             else:
@@ -110,7 +111,10 @@ class Recipe:
                 raise RecipeError(f"{source}: 'model' must be a mapping")
             value = {**default, **value}
         elif key == "adam_betas":
-            value = tuple(float(v) for v in value)
+            try:
+                value = tuple(float(v) for v in value)
+            except (TypeError, ValueError):
+                raise RecipeError(f"{source}: 'adam_betas' must be two numbers") from None
         elif isinstance(default, bool) or default is None:
             pass
         elif isinstance(default, (int, float, str)):

@@ -11,23 +11,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from aiayn.config import TransformerConfig
-from aiayn.data import ParallelDataset, Tokenizer, read_parallel
-from aiayn.metrics import corpus_bleu
-from aiayn.model.transformer import Transformer
-from aiayn.train.checkpoint import (
-    CheckpointError,
+from aiayn.checkpoint import (
+    BEST,
+    LAST,
     check_vocab,
+    epoch_checkpoint_name,
     load_checkpoint,
     remove_stale_temp_files,
+    resolve_device,
     save_checkpoint,
 )
+from aiayn.config import TransformerConfig
+from aiayn.data import ParallelDataset, Tokenizer, read_parallel, sorted_batches
+from aiayn.decode import generate
+from aiayn.errors import CheckpointError
+from aiayn.metrics import corpus_bleu
+from aiayn.model.transformer import Transformer
+from aiayn.progress import progress as progress_bar
 from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.train.recipe import Recipe
 from aiayn.train.schedule import NoamSchedule
-from aiayn.translator import Translator
 
 
 @dataclass
@@ -37,14 +41,6 @@ class TrainResult:
     best_bleu: float
     seconds: float
     stopped_by: str  # "max_epochs" | "max_steps" | "time_limit"
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device: cuda requested but torch sees no GPU")
-    return torch.device(name)
 
 
 class MetricsLog:
@@ -87,18 +83,18 @@ class Trainer:
         r = recipe
         if r.threads > 0:
             torch.set_num_threads(r.threads)
-        self.device = pick_device(r.device)
-        last = self.out_dir / "checkpoint_last.pt"
+        self.device = resolve_device(r.device)
+        last = self.out_dir / LAST
         remove_stale_temp_files(self.out_dir)
         state = None
         if resume:
             if not last.is_file():
-                raise CheckpointError(f"--resume: {last} does not exist; nothing to resume")
+                raise CheckpointError(f"nothing to resume: {last} does not exist")
             state = load_checkpoint(last, map_location="cpu")
         elif last.exists():
             raise CheckpointError(
-                f"{self.out_dir} already holds a training run; pass --resume to continue it "
-                "or choose another --out"
+                f"{self.out_dir} already holds a training run ({LAST}); resume it or train "
+                "into another directory"
             )
 
         train = read_parallel(r.train_src, r.train_tgt, r.max_len_words)
@@ -189,7 +185,7 @@ class Trainer:
         return save_checkpoint(self._state(), self.out_dir / name)
 
     def _save_epoch(self) -> None:
-        name = f"checkpoint_epoch{self.epoch + 1:03d}.pt"
+        name = epoch_checkpoint_name(self.epoch + 1)
         self.save(name)
         # A time-limited run saves its partial epoch; finishing that epoch after --resume
         # rewrites the same file, which must not count twice (or be pruned as "old").
@@ -213,15 +209,24 @@ class Trainer:
                 logits, batch.tgt_out, self.recipe.label_smoothing, self.cfg.pad_id
             )
             loss_sum, nll_sum, n_tokens = loss_sum + loss.item(), nll_sum + nll.item(), n_tokens + n
-        translator = Translator(self.model, self.tokenizer)
-        hyps = translator.translate(self.valid_src, beam=self.recipe.valid_beam, batch_size=128)
-        bleu = corpus_bleu([h[0] for h in hyps], self.valid_ref)
+        bleu = corpus_bleu(self.translate_valid(), self.valid_ref)
         self.model.train()
         return {
             "loss": loss_sum / max(n_tokens, 1),
             "ppl": math.exp(min(nll_sum / max(n_tokens, 1), 50.0)),
             "bleu": bleu.score,
         }
+
+    def translate_valid(self, batch_size: int = 128) -> list[str]:
+        """The validation sources translated with the recipe's ``valid_beam``, in order."""
+        limit = self.cfg.max_len - 1
+        ids = [self.tokenizer.encode(s)[:limit] for s in self.valid_src]
+        hyps = [""] * len(ids)
+        for index, src in sorted_batches(ids, batch_size, self.cfg.pad_id):
+            nbest = generate(self.model, src.to(self.device), self.recipe.valid_beam)
+            for i, outputs in zip(index, nbest):
+                hyps[i] = self.tokenizer.decode(outputs[0]) if outputs else ""
+        return hyps
 
     def _validate_and_keep_best(self, metrics: MetricsLog) -> None:
         v = self.validate()
@@ -234,7 +239,7 @@ class Trainer:
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
         )
         if improved:
-            self.save("checkpoint_best.pt")
+            self.save(BEST)
 
     # -- the loop -------------------------------------------------------------------------
     def train(self, progress: bool = True) -> TrainResult:
@@ -248,13 +253,12 @@ class Trainer:
                 batches = list(self.train_data.batches(r.max_tokens, seed=r.seed, epoch=self.epoch))
                 n_updates = math.ceil(len(batches) / r.update_freq)
                 done_updates = self.batch_in_epoch // r.update_freq
-                bar = tqdm(
+                bar = progress_bar(
                     total=n_updates,
                     initial=done_updates,
                     desc=f"epoch {self.epoch + 1}",
-                    disable=not progress,
                     unit="upd",
-                    dynamic_ncols=True,
+                    disable=not progress,
                 )
                 tick, tick_tokens = time.perf_counter(), 0
                 while self.batch_in_epoch < len(batches):
@@ -277,7 +281,7 @@ class Trainer:
                         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
                         metrics.write("speed", self.step, tokens_per_s=rate)
                     if r.save_every_steps and self.step % r.save_every_steps == 0:
-                        self.save("checkpoint_last.pt")
+                        self.save(LAST)
                     if r.valid_every_steps and self.step % r.valid_every_steps == 0:
                         self._validate_and_keep_best(metrics)
                     if r.max_steps and self.step >= r.max_steps:
@@ -294,7 +298,7 @@ class Trainer:
                     self._save_epoch()
                 if epoch_done:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-                self.save("checkpoint_last.pt")
+                self.save(LAST)
                 if stopped_by != "max_epochs":
                     break
         finally:

@@ -159,7 +159,10 @@ def run(ctx: RunContext) -> Report:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
-        args = report_parser().parse_args(argv[1:])
+        parser = report_parser()
+        args = parser.parse_args(argv[1:])
+        if not (Path(args.out) / "speed.json").is_file():
+            parser.error(f"no speed.json in {args.out}")
         path = regenerate(Path(args.out))
         print(f"wrote {path}")
         return

@@ -31,7 +31,7 @@ test: setup
 CKPT = runs/bench-de-en/checkpoint_averaged.pt
 bench: setup
 	$(BIN)/pip install -q -e ".[bench]"
-	$(BIN)/python benchmarks/speed.py --out bench_out $(if $(wildcard $(CKPT)),--checkpoint $(CKPT))
+	$(BIN)/python -m benchmarks.speed --out bench_out $(if $(wildcard $(CKPT)),--checkpoint $(CKPT))
 
 # Multi30k de-en: one hour of training on 2 CPU cores, then test2016 BLEU (BENCHMARKS.md).
 bleu: setup

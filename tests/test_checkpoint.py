@@ -120,3 +120,27 @@ def test_stale_temp_files_of_a_killed_save_are_removed(tmp_path):
     keep.write_text("not ours")
     remove_stale_temp_files(tmp_path)
     assert not stale.exists() and keep.exists() and load_checkpoint(path)["step"] == 1
+
+
+def test_a_checkpoint_with_the_old_norm_names_loads_as_a_model(sample_model_dir, tmp_path):
+    """Checkpoints written before the sub-layer rename (LayerNorms under attn_block /
+    self_block / cross_block / ffn_block) translate exactly as before."""
+    from aiayn.checkpoint import load_model, resolve_checkpoint
+    from aiayn.translator import Translator
+
+    path = resolve_checkpoint(sample_model_dir(False))
+    old = load_checkpoint(path)
+    renames = {"self_attn_norm": "self_block.norm", "cross_attn_norm": "cross_block.norm"}
+    renames["ffn_norm"] = "ffn_block.norm"
+    legacy = {}
+    for key, value in old["model"].items():
+        for new, was in renames.items():
+            if f".{new}." in key:
+                was = "attn_block.norm" if key.startswith("encoder.") and new[0] == "s" else was
+                key = key.replace(f".{new}.", f".{was}.")
+        legacy[key] = value
+    assert any("attn_block.norm" in k for k in legacy) and not any("_norm." in k for k in legacy)
+    old_path = save_checkpoint({**old, "model": legacy}, tmp_path / "old.pt")
+    lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    now, before = Translator(*load_model(path)), Translator(*load_model(old_path))
+    assert before.translate(lines, beam=2) == now.translate(lines, beam=2)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.decode import beam_search, greedy, length_penalty
+from aiayn.decode import beam_search, generate, greedy, inference, length_limits, length_penalty
+from aiayn.errors import AiaynError, DecodeError
 from aiayn.model import DecoderState
 from aiayn.train.loss import label_smoothed_cross_entropy
 from conftest import random_batch, tiny_config
@@ -150,6 +151,64 @@ def test_bad_beam_arguments():
     src = torch.ones(1, 3, dtype=torch.long) * 5
     with pytest.raises(ValueError, match="n_best"):
         beam_search(model, src, beam_size=2, n_best=3)
+    # NaN compares false with every score: unchecked, the search ran to the length limit.
+    for alpha in (float("nan"), float("inf"), -0.5):
+        with pytest.raises(DecodeError, match="alpha must be a finite number >= 0"):
+            beam_search(model, src, beam_size=2, alpha=alpha)
+        with pytest.raises(DecodeError, match="alpha"):
+            generate(model, src, beam_size=1, alpha=alpha)  # greedy too: the setting is wrong
+    with pytest.raises(DecodeError, match="max_len_a"):
+        greedy(model, src, max_len_a=-1.0)
+    with pytest.raises(DecodeError, match="max_new_tokens"):
+        beam_search(model, src, max_new_tokens=-1)
+    assert issubclass(DecodeError, AiaynError) and issubclass(DecodeError, ValueError)
+
+
+def test_one_length_rule_for_both_searches(tiny_model):
+    """min(max_len_a * real source length + max_len_b, max_new_tokens, max_len), EOS
+    included, per sentence: the same for greedy and beam search."""
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [6, 2], [1, 1], seed=3)
+    assert length_limits(cfg, src).tolist() == [56, 52]
+    assert length_limits(cfg, src, max_len_a=1.5, max_len_b=2).tolist() == [11, 5]
+    assert length_limits(cfg, src, max_new_tokens=10).tolist() == [10, 10]
+    assert length_limits(cfg, src, max_new_tokens=1000).tolist() == [56, 52]
+    assert length_limits(cfg, src, max_len_b=500).tolist() == [cfg.max_len] * 2
+    with torch.no_grad():  # never EOS: every sentence runs to its limit
+        tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0
+    out = greedy(tiny_model, src, max_len_a=0.5, max_len_b=1)
+    assert [int((row != cfg.pad_id).sum()) for row in out] == [4, 2]
+    hyps = beam_search(tiny_model, src, beam_size=2, max_len_a=0.5, max_len_b=1)
+    assert [len(h[0].tokens) + 1 for h in hyps] == [4, 2]  # forced EOS at the limit
+    # greedy is cut at the limit (no EOS reached), beam search ends with a forced EOS
+    assert [len(h[0]) for h in generate(tiny_model, src, 1, max_len_a=0.5, max_len_b=1)] == [4, 2]
+
+
+def test_an_output_does_not_depend_on_the_other_sentences_of_its_batch(tiny_model):
+    """The limit follows each sentence's own length, not the padded batch width."""
+    cfg = tiny_model.cfg
+    with torch.no_grad():
+        tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0
+    src, _ = random_batch(cfg, [2, 9], [1, 1], seed=5)
+    alone = greedy(tiny_model, src[:1, :2], max_len_b=3)
+    together = greedy(tiny_model, src, max_len_b=3)
+    assert alone.shape == (1, 5) and torch.equal(together[0, :5], alone[0])
+    assert (together[0, 5:] == cfg.pad_id).all()
+    beam_alone = beam_search(tiny_model, src[:1, :2], beam_size=2, max_len_b=3)
+    beam_together = beam_search(tiny_model, src, beam_size=2, max_len_b=3)
+    assert beam_alone[0][0].tokens == beam_together[0][0].tokens
+
+
+def test_inference_context_restores_training_mode_even_on_error(tiny_model):
+    tiny_model.train()
+    with pytest.raises(RuntimeError, match="boom"), inference(tiny_model):
+        assert not tiny_model.training and not torch.is_grad_enabled()
+        raise RuntimeError("boom")
+    assert tiny_model.training and torch.is_grad_enabled()
+    bad = torch.full((1, 3), 10_000, dtype=torch.long)  # ids outside the vocabulary
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        greedy(tiny_model, bad)
+    assert tiny_model.training
 
 
 def test_cache_survives_sentences_finishing_at_different_steps(tiny_model):

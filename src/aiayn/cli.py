@@ -102,6 +102,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import sacrebleu
+
     from aiayn.data.corpus import read_lines
     from aiayn.metrics import corpus_bleu
     from aiayn.progress import progress
@@ -200,12 +201,7 @@ def add_inference_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="aiayn", description="The original Transformer: train, translate, score, inspect."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def add_demo_and_summary_parsers(sub) -> None:
     p = sub.add_parser("demo", help="train on the built-in numbers-to-words task (~2 min, CPU)")
     p.add_argument("--steps", type=int, default=800, help="training updates (default 800)")
     p.add_argument("--seed", type=int, default=0)
@@ -221,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=3, help="module nesting shown")
     p.set_defaults(func=cmd_summary)
 
+
+def add_training_parsers(sub) -> None:
     p = sub.add_parser("train", help="train a translation model on parallel text")
     p.add_argument("--config", help="YAML recipe, e.g. recipes/multi30k.yaml")
     p.add_argument("--out", required=True, help="model directory (checkpoints, logs)")
@@ -235,16 +233,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
-    def decoding_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", required=True, help="model directory from `aiayn train`")
-        p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
-        p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
-        p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p = sub.add_parser("average", help="average the last N epoch checkpoints (Section 6.1)")
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--last", type=int, default=5)
+    p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
+    p.set_defaults(func=cmd_average)
 
+
+def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_decoding_parsers(sub) -> None:
     p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
-    decoding_flags(p)
+    add_decoding_flags(p)
     add_inference_flags(p)
     p.add_argument("input", nargs="?", help="input file (plain or .gz); default stdin")
     p.add_argument("-o", "--output", help="output file; default stdout")
@@ -252,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("evaluate", help="translate --src and print BLEU against --ref")
-    decoding_flags(p)
+    add_decoding_flags(p)
     add_inference_flags(p)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
@@ -260,18 +267,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("attention", help="show encoder-decoder attention for one sentence")
-    decoding_flags(p)
+    add_decoding_flags(p)
     p.add_argument("sentence", help="source sentence")
     p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: last)")
     p.add_argument("--out", help="write a PNG heatmap per head here (needs matplotlib)")
     p.set_defaults(func=cmd_attention)
 
-    p = sub.add_parser("average", help="average the last N epoch checkpoints (Section 6.1)")
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--last", type=int, default=5)
-    p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
-    p.set_defaults(func=cmd_average)
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn", description="The original Transformer: train, translate, score, inspect."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_demo_and_summary_parsers(sub)
+    add_training_parsers(sub)
+    add_decoding_parsers(sub)
     add_export_parser(sub)
     return parser
 

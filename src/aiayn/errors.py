@@ -20,6 +20,11 @@ class ConfigError(AiaynError):
     """A model configuration field out of range or inconsistent; names the field."""
 
 
+class ModelInputError(AiaynError):
+    """Tensors the model cannot take: wrong type, dtype or rank, ids outside the vocabulary,
+    sequences past ``max_len``, batch sizes that disagree."""
+
+
 class CorpusError(AiaynError):
     """Unusable input text; the message names the file and, where it applies, the line."""
 

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import CorpusError
 
 
 @dataclass
@@ -118,7 +119,7 @@ class ParallelDataset:
 
     def __init__(self, src_ids: list[list[int]], tgt_ids: list[list[int]], dropped_long: int = 0):
         if len(src_ids) != len(tgt_ids):
-            raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sentences")
+            raise CorpusError(f"{len(src_ids)} source but {len(tgt_ids)} target sentences")
         self.src_ids, self.tgt_ids, self.dropped_long = src_ids, tgt_ids, dropped_long
 
     @classmethod

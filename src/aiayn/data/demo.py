@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from aiayn.errors import AiaynError
 
 # The special tokens at their fixed ids (0..3), as in every aiayn vocabulary.
 _SPECIAL_PIECES = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>", UNK_ID: "<unk>"}
@@ -27,7 +28,7 @@ MAX_NUMBER = 999_999
 def number_to_words(n: int) -> str:
     """English words for 0 <= n <= 999,999, without "and" ("one hundred five")."""
     if not 0 <= n <= MAX_NUMBER:
-        raise ValueError(f"number_to_words covers 0..{MAX_NUMBER}, got {n}")
+        raise AiaynError(f"number_to_words covers 0..{MAX_NUMBER}, got {n}")
     if n == 0:
         return "zero"
 

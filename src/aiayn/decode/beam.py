@@ -102,15 +102,7 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
         beam, token = top_idx // V, top_idx % V
         is_eos = token == cfg.eos_id
 
-        # EOS among the best K candidates ends a hypothesis (as fairseq does).
-        hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
-        if hits.numel():
-            g, j = hits[:, 0], hits[:, 1]
-            rows = g * K + beam[g, j]
-            hit_tokens = prefix.index_select(0, rows)[:, 1:].tolist()
-            for group, log_prob, tokens in zip(g.tolist(), top_scores[g, j].tolist(), hit_tokens):
-                lp = length_penalty(len(tokens) + 1, alpha)
-                finished[sent[group]].append(Hypothesis(tokens, log_prob / lp, log_prob))
+        _finish_eos_hits(finished, sent, prefix, beam, is_eos, top_scores, alpha)
 
         # The best K non-EOS candidates continue.
         rank = torch.where(is_eos, 2 * K, arange_2k)
@@ -135,6 +127,21 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
             step.keep(rows)
 
     return [sorted(h, key=lambda h: h.score, reverse=True)[:n_best] for h in finished]
+
+
+def _finish_eos_hits(finished, sent, prefix, beam, is_eos, top_scores, alpha) -> None:
+    """EOS among the best K candidates of a group ends that hypothesis (as fairseq does):
+    append it, scored with the length penalty, to its sentence's ``finished`` list."""
+    K = beam.size(1) // 2
+    hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
+    if not hits.numel():
+        return
+    g, j = hits[:, 0], hits[:, 1]
+    rows = g * K + beam[g, j]
+    hit_tokens = prefix.index_select(0, rows)[:, 1:].tolist()  # without BOS
+    for group, log_prob, tokens in zip(g.tolist(), top_scores[g, j].tolist(), hit_tokens):
+        lp = length_penalty(len(tokens) + 1, alpha)
+        finished[sent[group]].append(Hypothesis(tokens, log_prob / lp, log_prob))
 
 
 def _is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from aiayn.errors import AiaynError
+
 MAX_ORDER = 4
 
 _13A_RULES = [  # mteval-v13a, as sacreBLEU's TokenizerRegexp
@@ -60,6 +62,41 @@ class BLEUScore:
         )
 
 
+def _corpus_statistics(hypotheses, streams, prepare) -> tuple[list[int], list[int], int, int]:
+    """Clipped n-gram matches and hypothesis n-grams per order, summed over the corpus, and
+    the hypothesis and (closest, shorter on ties) reference lengths."""
+    counts, totals = [0] * MAX_ORDER, [0] * MAX_ORDER
+    sys_len = ref_len = 0
+    for i, hyp in enumerate(hypotheses):
+        words = prepare(hyp)
+        refs = [prepare(stream[i]) for stream in streams]
+        sys_len += len(words)
+        ref_len += min((abs(len(r) - len(words)), len(r)) for r in refs)[1]
+        max_ref: Counter = Counter()
+        for r in refs:
+            max_ref |= _ngrams(r)  # | keeps the max count of each n-gram (clipping)
+        for gram, count in _ngrams(words).items():
+            counts[len(gram) - 1] += min(count, max_ref[gram])
+        for n in range(1, MAX_ORDER + 1):
+            totals[n - 1] += max(len(words) - n + 1, 0)
+    return counts, totals, sys_len, ref_len
+
+
+def _precisions(counts: list[int], totals: list[int], smooth: str) -> list[float]:
+    """p_n in percent; with "exp" smoothing a zero count becomes 1 / (2^k * total) for the
+    k-th zero, as sacreBLEU's."""
+    precisions, smooth_factor = [], 1.0
+    for n in range(MAX_ORDER):
+        if totals[n] == 0:
+            precisions.append(0.0)
+        elif counts[n] == 0 and smooth == "exp":
+            smooth_factor *= 2
+            precisions.append(100.0 / (smooth_factor * totals[n]))
+        else:
+            precisions.append(100.0 * counts[n] / totals[n])
+    return precisions
+
+
 def corpus_bleu(
     hypotheses: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
@@ -80,50 +117,26 @@ def corpus_bleu(
         streams = [list(s) for s in references]
     for stream in streams:
         if len(stream) != len(hypotheses):
-            raise ValueError(
+            raise AiaynError(
                 f"BLEU needs one reference per hypothesis: {len(hypotheses)} hypotheses, "
                 f"{len(stream)} references"
             )
     if tokenize not in ("13a", "none"):
-        raise ValueError(f"tokenize must be '13a' or 'none', got {tokenize!r}")
+        raise AiaynError(f"tokenize must be '13a' or 'none', got {tokenize!r}")
     if smooth not in ("exp", "none"):
-        raise ValueError(f"smooth must be 'exp' or 'none', got {smooth!r}")
+        raise AiaynError(f"smooth must be 'exp' or 'none', got {smooth!r}")
 
     def prepare(text: str) -> list[str]:
         text = text.lower() if lowercase else text
         return (tokenize_13a(text) if tokenize == "13a" else text).split()
 
-    counts, totals = [0] * MAX_ORDER, [0] * MAX_ORDER
-    sys_len = ref_len = 0
-    for i, hyp in enumerate(hypotheses):
-        words = prepare(hyp)
-        refs = [prepare(stream[i]) for stream in streams]
-        sys_len += len(words)
-        ref_len += min((abs(len(r) - len(words)), len(r)) for r in refs)[1]
-        max_ref: Counter = Counter()
-        for r in refs:
-            max_ref |= _ngrams(r)  # | keeps the max count of each n-gram (clipping)
-        for gram, count in _ngrams(words).items():
-            counts[len(gram) - 1] += min(count, max_ref[gram])
-        for n in range(1, MAX_ORDER + 1):
-            totals[n - 1] += max(len(words) - n + 1, 0)
-
-    precisions, log_sum, smooth_factor = [], 0.0, 1.0
-    for n in range(MAX_ORDER):
-        if totals[n] == 0:
-            precisions.append(0.0)
-            continue
-        if counts[n] == 0 and smooth == "exp":
-            smooth_factor *= 2  # sacreBLEU's "exp": 1 / (2^k * total) for the k-th zero
-            precisions.append(100.0 / (smooth_factor * totals[n]))
-        else:
-            precisions.append(100.0 * counts[n] / totals[n])
+    counts, totals, sys_len, ref_len = _corpus_statistics(hypotheses, streams, prepare)
+    precisions = _precisions(counts, totals, smooth)
     # No matching unigram at all scores 0, smoothing or not (sacreBLEU's early stop, #141).
     if sys_len == 0 or not any(counts) or min(precisions) == 0.0:
         score = 0.0
     else:
-        log_sum = sum(math.log(p / 100.0) for p in precisions) / MAX_ORDER
-        score = 100.0 * math.exp(log_sum)
+        score = 100.0 * math.exp(sum(math.log(p / 100.0) for p in precisions) / MAX_ORDER)
     bp = 1.0 if sys_len > ref_len else (math.exp(1 - ref_len / sys_len) if sys_len else 0.0)
     signature = (
         f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|eff:no|tok:{tokenize}|"

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.errors import ModelInputError
+
 try:  # torch >= 2.3
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -68,7 +70,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, attention_dropout: float = 0.0):
         super().__init__()
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+            raise ModelInputError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
         self.attention_dropout = attention_dropout
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V for all heads

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import ModelInputError
+
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
     """``[max_len, d_model]`` table with PE[pos, 2i] = sin(pos / 10000^(2i/d_model)) and
@@ -41,7 +43,7 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         end = offset + x.size(1)
         if end > self.max_len:
-            raise ValueError(
+            raise ModelInputError(
                 f"sequence reaches position {end}, past max_len={self.max_len}; "
                 "raise TransformerConfig.max_len or shorten the input"
             )

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
+from aiayn.errors import ModelInputError
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import decoder_self_mask, padding_mask
@@ -40,18 +41,22 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int, values: bo
     (``values=False``: the shape and dtype only, not the ids' range, which costs a device
     synchronisation on a GPU)."""
     if not isinstance(ids, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        raise ModelInputError(
+            f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}"
+        )
     if ids.dtype != torch.long:
-        raise ValueError(f"{name} must be torch.long (int64) token ids, got dtype {ids.dtype}")
+        raise ModelInputError(f"{name} must be torch.long (int64) token ids, got dtype {ids.dtype}")
     if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
+        raise ModelInputError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
     if ids.size(1) > max_len:
-        raise ValueError(f"{name} has length {ids.size(1)}, longer than max_len={max_len}")
+        raise ModelInputError(f"{name} has length {ids.size(1)}, longer than max_len={max_len}")
     if values and ids.numel():
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
-            raise ValueError(f"{name} holds id {bad}, outside the vocabulary [0, {vocab_size})")
+            raise ModelInputError(
+                f"{name} holds id {bad}, outside the vocabulary [0, {vocab_size})"
+            )
 
 
 class Encoder(nn.Module):
@@ -164,12 +169,12 @@ class Transformer(nn.Module):
         vocab, room = self.cfg.tgt_vocab_size, self.cfg.max_len - offset
         _check_ids("tgt_in", tgt_in, vocab, room, values=offset == 0)
         if memory.dim() != 3 or memory.size(0) != tgt_in.size(0) or src.size(0) != tgt_in.size(0):
-            raise ValueError(
+            raise ModelInputError(
                 f"batch sizes differ: tgt_in {tuple(tgt_in.shape)}, memory "
                 f"{tuple(memory.shape)}, src {tuple(src.shape)}"
             )
         if memory.size(1) != src.size(1):
-            raise ValueError(
+            raise ModelInputError(
                 f"memory covers {memory.size(1)} source positions but src has {src.size(1)}"
             )
         T = tgt_in.size(1)
@@ -198,7 +203,7 @@ class Transformer(nn.Module):
         (decoder output ``[B, T, d_model]`` with ``project=False``)."""
         both = isinstance(src, Tensor) and isinstance(tgt_in, Tensor)
         if both and src.dim() == tgt_in.dim() and src.size(0) != tgt_in.size(0):
-            raise ValueError(
+            raise ModelInputError(
                 f"batch sizes differ: src has {src.size(0)} rows, tgt_in {tgt_in.size(0)}"
             )
         return self.decode(tgt_in, self.encode(src), src, project=project)

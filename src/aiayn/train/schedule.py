@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch.optim import Optimizer
 
+from aiayn.errors import RecipeError
+
 
 def noam_rate(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
     """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
@@ -24,7 +26,7 @@ class NoamSchedule:
 
     def __init__(self, optimizer: Optimizer, d_model: int, warmup: int = 4000, scale: float = 1.0):
         if warmup < 1:
-            raise ValueError(f"warmup must be >= 1 step, got {warmup}")
+            raise RecipeError(f"warmup must be >= 1 step, got {warmup}")
         self.optimizer, self.d_model, self.warmup, self.scale = optimizer, d_model, warmup, scale
         self.step_count = 0
         self._apply()

@@ -23,7 +23,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
 )
 from aiayn.config import TransformerConfig
-from aiayn.data import ParallelDataset, Tokenizer, read_parallel, sorted_batches
+from aiayn.data import ParallelCorpus, ParallelDataset, Tokenizer, read_parallel, sorted_batches
 from aiayn.decode import generate
 from aiayn.errors import CheckpointError
 from aiayn.metrics import corpus_bleu
@@ -84,42 +84,14 @@ class Trainer:
         if r.threads > 0:
             torch.set_num_threads(r.threads)
         self.device = resolve_device(r.device)
-        last = self.out_dir / LAST
-        remove_stale_temp_files(self.out_dir)
-        state = None
-        if resume:
-            if not last.is_file():
-                raise CheckpointError(f"nothing to resume: {last} does not exist")
-            state = load_checkpoint(last, map_location="cpu")
-        elif last.exists():
-            raise CheckpointError(
-                f"{self.out_dir} already holds a training run ({LAST}); resume it or train "
-                "into another directory"
-            )
-
-        train = read_parallel(r.train_src, r.train_tgt, r.max_len_words)
-        valid = read_parallel(r.valid_src, r.valid_tgt, None)
-        self.log(f"train: {train.summary()}")
-        self.log(f"valid: {valid.summary()}")
-        if state is not None:
-            self.tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-            check_vocab(state, self.tokenizer.vocab_size, last, "its tokenizer")
-        else:
-            self.tokenizer = Tokenizer.train(
-                train.src + train.tgt,
-                self.out_dir / "spm",
-                vocab_size=r.vocab_size,
-                model_type=r.spm_model_type,
-            )
-            r.save(self.out_dir / "recipe.yaml")
-        self.log(f"tokenizer: {r.spm_model_type}, {self.tokenizer.vocab_size} joint tokens")
-
+        state = self._previous_run(resume)
+        train, valid = self._read_corpora()
+        self.tokenizer = self._tokenizer(state, train)
         V = self.tokenizer.vocab_size
-        model_args = {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
-        self.cfg = (
-            TransformerConfig.from_dict(state["config"])
+        self.cfg = TransformerConfig.from_dict(
+            state["config"]
             if state is not None
-            else TransformerConfig.from_dict(model_args)
+            else {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
         )
         self.train_data = ParallelDataset.from_texts(
             self.tokenizer, train.src, train.tgt, max_positions=self.cfg.max_len
@@ -140,12 +112,55 @@ class Trainer:
         self.epoch_checkpoints: list[str] = []
         if state is not None:
             self._restore(state)
-            self.log(f"resumed from {last}: step {self.step}, epoch {self.epoch + 1}")
+            self.log(
+                f"resumed from {self.out_dir / LAST}: step {self.step}, epoch {self.epoch + 1}"
+            )
         self.log(
             f"model: {self.model.num_parameters() / 1e6:.2f}M parameters, d_model="
             f"{self.cfg.d_model}, {self.cfg.encoder_layers}+{self.cfg.decoder_layers} layers, "
             f"device {self.device}"
         )
+
+    def _previous_run(self, resume: bool) -> dict | None:
+        """The state to resume from (None for a new run); refuses to overwrite a run."""
+        last = self.out_dir / LAST
+        remove_stale_temp_files(self.out_dir)
+        if resume:
+            if not last.is_file():
+                raise CheckpointError(f"nothing to resume: {last} does not exist")
+            return load_checkpoint(last, map_location="cpu")
+        if last.exists():
+            raise CheckpointError(
+                f"{self.out_dir} already holds a training run ({LAST}); resume it or train "
+                "into another directory"
+            )
+        return None
+
+    def _read_corpora(self) -> tuple[ParallelCorpus, ParallelCorpus]:
+        r = self.recipe
+        train = read_parallel(r.train_src, r.train_tgt, r.max_len_words)
+        valid = read_parallel(r.valid_src, r.valid_tgt, None)
+        self.log(f"train: {train.summary()}")
+        self.log(f"valid: {valid.summary()}")
+        return train, valid
+
+    def _tokenizer(self, state: dict | None, train: ParallelCorpus) -> Tokenizer:
+        """The run's tokenizer: the checkpoint's when resuming, else trained jointly on both
+        sides of ``train`` (and the recipe saved beside it)."""
+        r = self.recipe
+        if state is not None:
+            tokenizer = Tokenizer.from_bytes(state["tokenizer"])
+            check_vocab(state, tokenizer.vocab_size, self.out_dir / LAST, "its tokenizer")
+        else:
+            tokenizer = Tokenizer.train(
+                train.src + train.tgt,
+                self.out_dir / "spm",
+                vocab_size=r.vocab_size,
+                model_type=r.spm_model_type,
+            )
+            r.save(self.out_dir / "recipe.yaml")
+        self.log(f"tokenizer: {r.spm_model_type}, {tokenizer.vocab_size} joint tokens")
+        return tokenizer
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:
@@ -243,64 +258,16 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
     def train(self, progress: bool = True) -> TrainResult:
-        r = self.recipe
+        """Train until the recipe's max_epochs, max_steps or time limit; validation and an
+        epoch checkpoint at the end of every epoch (or at a stop), checkpoint_last.pt every
+        ``save_every_steps`` updates."""
         metrics = MetricsLog(self.out_dir)
-        start = time.perf_counter() - self.elapsed
+        self._start = time.perf_counter() - self.elapsed
         stopped_by = "max_epochs"
         self.model.train()
         try:
-            while self.epoch < r.max_epochs:
-                batches = list(self.train_data.batches(r.max_tokens, seed=r.seed, epoch=self.epoch))
-                n_updates = math.ceil(len(batches) / r.update_freq)
-                done_updates = self.batch_in_epoch // r.update_freq
-                bar = progress_bar(
-                    total=n_updates,
-                    initial=done_updates,
-                    desc=f"epoch {self.epoch + 1}",
-                    unit="upd",
-                    disable=not progress,
-                )
-                tick, tick_tokens = time.perf_counter(), 0
-                while self.batch_in_epoch < len(batches):
-                    group = batches[self.batch_in_epoch : self.batch_in_epoch + r.update_freq]
-                    loss, nll, n_tokens = self._update(group)
-                    self.batch_in_epoch += len(group)
-                    self.step += 1
-                    tick_tokens += n_tokens
-                    self.elapsed = time.perf_counter() - start
-                    lr = self.optimizer.param_groups[0]["lr"]
-                    metrics.write(
-                        "train", self.step, loss=loss, nll=nll, tokens=n_tokens, lr=lr,
-                        epoch=self.epoch + 1, seconds=round(self.elapsed, 2),
-                    )  # fmt: skip
-                    bar.update(1)
-                    if self.step % r.log_every == 0:
-                        now = time.perf_counter()
-                        rate = tick_tokens / max(now - tick, 1e-9)
-                        tick, tick_tokens = now, 0
-                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
-                        metrics.write("speed", self.step, tokens_per_s=rate)
-                    if r.save_every_steps and self.step % r.save_every_steps == 0:
-                        self.save(LAST)
-                    if r.valid_every_steps and self.step % r.valid_every_steps == 0:
-                        self._validate_and_keep_best(metrics)
-                    if r.max_steps and self.step >= r.max_steps:
-                        stopped_by = "max_steps"
-                        break
-                    if r.time_limit_minutes and self.elapsed >= r.time_limit_minutes * 60:
-                        stopped_by = "time_limit"
-                        break
-                bar.close()
-                epoch_done = self.batch_in_epoch >= len(batches)
-                if epoch_done or stopped_by != "max_epochs":
-                    if not r.valid_every_steps or stopped_by != "max_epochs":
-                        self._validate_and_keep_best(metrics)
-                    self._save_epoch()
-                if epoch_done:
-                    self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-                self.save(LAST)
-                if stopped_by != "max_epochs":
-                    break
+            while self.epoch < self.recipe.max_epochs and stopped_by == "max_epochs":
+                stopped_by = self._run_epoch(metrics, progress)
         finally:
             metrics.close()
         self.log(
@@ -308,6 +275,66 @@ class Trainer:
             f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
         )
         return TrainResult(self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by)
+
+    def _run_epoch(self, metrics: MetricsLog, progress: bool) -> str:
+        """The rest of the current epoch (from ``batch_in_epoch``, after a resume); returns
+        why it stopped: "max_epochs" when the epoch ran out, else "max_steps"/"time_limit"."""
+        r = self.recipe
+        batches = list(self.train_data.batches(r.max_tokens, seed=r.seed, epoch=self.epoch))
+        bar = progress_bar(
+            total=math.ceil(len(batches) / r.update_freq),
+            initial=self.batch_in_epoch // r.update_freq,
+            desc=f"epoch {self.epoch + 1}",
+            unit="upd",
+            disable=not progress,
+        )
+        stopped_by = "max_epochs"
+        tick, tick_tokens = time.perf_counter(), 0
+        while self.batch_in_epoch < len(batches):
+            group = batches[self.batch_in_epoch : self.batch_in_epoch + r.update_freq]
+            loss, nll, n_tokens = self._update(group)
+            self.batch_in_epoch += len(group)
+            self.step += 1
+            tick_tokens += n_tokens
+            self.elapsed = time.perf_counter() - self._start
+            lr = self.optimizer.param_groups[0]["lr"]
+            metrics.write(
+                "train", self.step, loss=loss, nll=nll, tokens=n_tokens, lr=lr,
+                epoch=self.epoch + 1, seconds=round(self.elapsed, 2),
+            )  # fmt: skip
+            bar.update(1)
+            if self.step % r.log_every == 0:
+                now = time.perf_counter()
+                rate = tick_tokens / max(now - tick, 1e-9)
+                tick, tick_tokens = now, 0
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
+                metrics.write("speed", self.step, tokens_per_s=rate)
+            stopped_by = self._save_validate_or_stop(metrics)
+            if stopped_by != "max_epochs":
+                break
+        bar.close()
+        epoch_done = self.batch_in_epoch >= len(batches)
+        if epoch_done or stopped_by != "max_epochs":
+            if not r.valid_every_steps or stopped_by != "max_epochs":
+                self._validate_and_keep_best(metrics)
+            self._save_epoch()
+        if epoch_done:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.save(LAST)
+        return stopped_by
+
+    def _save_validate_or_stop(self, metrics: MetricsLog) -> str:
+        """The recipe's per-update duties; "max_steps"/"time_limit" when training must stop."""
+        r = self.recipe
+        if r.save_every_steps and self.step % r.save_every_steps == 0:
+            self.save(LAST)
+        if r.valid_every_steps and self.step % r.valid_every_steps == 0:
+            self._validate_and_keep_best(metrics)
+        if r.max_steps and self.step >= r.max_steps:
+            return "max_steps"
+        if r.time_limit_minutes and self.elapsed >= r.time_limit_minutes * 60:
+            return "time_limit"
+        return "max_epochs"
 
     def _update(self, group) -> tuple[float, float, int]:
         """One optimizer update over ``group`` batches (gradient accumulation); returns

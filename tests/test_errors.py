@@ -1,0 +1,98 @@
+"""One error family: what the library raises, what the CLI shows, and three inputs that
+used to get the wrong answer (alpha nan, invalid UTF-8 on stdin, cuda without CUDA)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import errors
+from aiayn.checkpoint import load_model, resolve_checkpoint, resolve_device
+from aiayn.cli import main
+from aiayn.errors import AiaynError
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "aiayn"
+FLAG = re.compile(r"(?<![\w-])--[a-z]")
+
+
+def test_every_error_class_derives_from_aiayn_error():
+    classes = [c for c in vars(errors).values() if isinstance(c, type)]
+    assert len(classes) >= 6 and AiaynError in classes
+    for cls in classes:
+        assert issubclass(cls, AiaynError) and issubclass(cls, ValueError), cls
+
+
+def _raised_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal inside a ``raise`` statement."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            for part in ast.walk(node.exc):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    found.append((node.lineno, part.value))
+    return found
+
+
+def test_library_messages_name_no_command_line_flags():
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "cli.py"  # the CLI may name its own flags
+        for line, text in _raised_strings(path)
+        if FLAG.search(text)
+    ]
+    assert offenders == []
+    assert FLAG.search("give --force") and not FLAG.search("x-->y, a --")  # the check bites
+
+
+def test_alpha_nan_is_refused_with_a_clear_line(sample_model_dir, tmp_path, capsys):
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
+    model = str(sample_model_dir(False))
+    for alpha in ("nan", "-1"):
+        assert main(["translate", "--model", model, "--quiet", "--alpha", alpha, str(src)]) == 2
+        err = capsys.readouterr().err
+        assert "alpha must be a finite number >= 0" in err and "Traceback" not in err
+
+
+def test_cuda_on_a_machine_without_cuda_says_so(sample_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = resolve_checkpoint(sample_model_dir(False))
+    with pytest.raises(AiaynError, match="device cuda: this machine has no CUDA GPU"):
+        load_model(path, device="cuda")
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
+    model = str(sample_model_dir(False))
+    assert main(["translate", "--model", model, "--quiet", "--device", "cuda", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "corrupt" not in err
+    with pytest.raises(AiaynError, match="not a device name"):
+        resolve_device("gpu0")
+    assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_a_bug_keeps_its_traceback(sample_model_dir, tmp_path, monkeypatch):
+    """Only AiaynError becomes a one-line message; anything else propagates."""
+    from aiayn import translator
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug, not a user error")
+
+    monkeypatch.setattr(translator.Translator, "translate", broken)
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["translate", "--model", str(sample_model_dir(False)), "--quiet", str(src)])
+
+
+def test_output_that_cannot_be_written_is_a_clear_error(sample_model_dir, tmp_path, capsys):
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
+    out = tmp_path / "no" / "such" / "dir" / "out.en"
+    model = str(sample_model_dir(False))
+    assert main(["translate", "--model", model, "--quiet", str(src), "-o", str(out)]) == 2
+    assert "out.en: cannot write" in capsys.readouterr().err

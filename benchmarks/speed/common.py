@@ -1,9 +1,5 @@
-"""Shared constants and small helpers of the speed benchmark.
-
-Every import of library names that are due to move (``aiayn.train.checkpoint``,
-``aiayn.translator``'s ``load_model`` / ``PRECISIONS``, ``aiayn.data.sample``) lives here and is
-re-exported, so that a rename touches this module only.
-"""
+"""Shared constants and small helpers of the speed benchmark, and the data locator it
+shares with the tests (``tests/sample_data.py``: Multi30k, else the built-in sample)."""
 
 from __future__ import annotations
 
@@ -15,9 +11,11 @@ from pathlib import Path
 
 import torch
 
-from aiayn.data.sample import multi30k_dir, write_sample
-from aiayn.train.checkpoint import save_checkpoint
-from aiayn.translator import PRECISIONS, load_model
+from aiayn.checkpoint import PRECISIONS, load_model, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # test support, shared with the benchmarks
+from sample_data import multi30k_dir, write_sample  # noqa: E402
 
 __all__ = [
     "ALPHA",
@@ -42,7 +40,6 @@ __all__ = [
     "write_sample",
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 OURS, TORCH_NN, MARIAN = "ours (aiayn)", "torch.nn.Transformer", "Marian (transformers)"
 LABEL_SMOOTHING, ALPHA, MAX_LEN_B, BATCH_SIZE = 0.1, 0.6, 50, 64
 GROWTH_BUDGET_S = 15.0  # no further repeats of one decode-growth point past this many seconds

@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.model.transformer import DecoderState, Transformer
+from aiayn.decode import DecodeStep
+from aiayn.decode.core import ban, banned_ids
+from aiayn.model.transformer import Transformer
 
 from .common import GROWTH_BUDGET_S, load_model, sync
 from .context import RunContext
@@ -23,16 +25,12 @@ def fixed_steps(model: Transformer, src: Tensor, steps: int, use_cache: bool) ->
     """Exactly ``steps`` greedy steps (EOS does not stop it), with the KV cache or
     recomputing the whole prefix each step."""
     cfg = model.cfg
-    memory = model.encode(src)
+    step = DecodeStep(model, src, use_cache)  # the decoders' own step
+    banned = banned_ids(cfg, src.device)
     prefix = torch.full((src.size(0), 1), cfg.bos_id, dtype=torch.long, device=src.device)
-    state = DecoderState() if use_cache else None
     for _ in range(steps):
-        if state is not None:
-            logits = model.decode(prefix[:, -1:], memory, src, state)[:, -1]
-        else:
-            logits = model.decode(prefix, memory, src)[:, -1]
-        logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
-        prefix = torch.cat([prefix, logits.argmax(dim=-1, keepdim=True)], dim=1)
+        token = ban(step.logits(prefix), banned).argmax(dim=-1, keepdim=True)
+        prefix = torch.cat([prefix, token], dim=1)
     return prefix
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import TransformerConfig
-from aiayn.data import Tokenizer
+from aiayn.data import Tokenizer, pad, sorted_batches
 from aiayn.model.transformer import Transformer
 from aiayn.translator import Translator
 
@@ -29,15 +29,11 @@ def translator_batches(tokenizer: Tokenizer, lines: Sequence[str], cfg: Transfor
     length, BATCH_SIZE sentences each), so peers decode the very same batches."""
     limit = cfg.max_len - 1
     ids = [tokenizer.encode(line)[:limit] if line.strip() else [] for line in lines]
-    order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
-    return ids, [order[s : s + BATCH_SIZE] for s in range(0, len(order), BATCH_SIZE)]
+    return ids, [index for index, _ in sorted_batches(ids, BATCH_SIZE, cfg.pad_id)]
 
 
 def pad_rows(rows: list[list[int]], pad_id: int, device: torch.device) -> Tensor:
-    src = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
-    for r, row in enumerate(rows):
-        src[r, : len(row)] = torch.tensor(row)
-    return src.to(device)
+    return pad(rows, pad_id).to(device)
 
 
 def translate_ours(model: Transformer, tokenizer: Tokenizer, lines, beam: int, device):

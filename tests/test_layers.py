@@ -1,6 +1,6 @@
 """The package's dependency contract: layers import only from layers to their left.
 
-    errors -> {config, metrics, progress} -> model -> {decode, quantize} -> data
+    errors -> {config, metrics, progress, distributed} -> model -> {decode, quantize} -> data
     -> checkpoint -> translator -> train -> {inspect, export, serve} -> cli
 
 Checked on the source (every import statement, also those inside functions), so a change
@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "aiayn"
 LAYERS = [
     {"errors"},
-    {"config", "metrics", "progress"},
+    {"config", "metrics", "progress", "distributed"},
     {"model"},
     {"decode", "quantize"},
     {"data"},

@@ -68,27 +68,45 @@ def _write_text(path: str, text: str) -> None:
         raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
 
 
-def _translator(args: argparse.Namespace):
+def _translator(args: argparse.Namespace, device: str | None = None):
     from aiayn.translator import Translator
 
     return Translator.from_dir(
         args.model,
         checkpoint=args.checkpoint,
-        device=args.device,
+        device=device or args.device,
         quantize=getattr(args, "quantize", False),
         precision=getattr(args, "precision", "fp32"),
     )
 
 
-def cmd_translate(args: argparse.Namespace) -> int:
+def _translate_lines(args: argparse.Namespace, lines: list[str], n_best: int = 1):
+    """``n_best`` translations per line. Under torchrun every process decodes its share of
+    the lines and rank 0 gets them all, in input order (the other ranks get None)."""
+    from aiayn.distributed import init_from_env
     from aiayn.progress import progress
 
-    lines = _read_input(args.input)
-    translator = _translator(args)
-    with progress(total=len(lines), desc="translate", unit="sent", disable=args.quiet) as bar:
+    world = init_from_env(args.device)
+    translator = _translator(args, world.device(args.device))
+    share = world.shard(len(lines))
+    mine = lines[share.start : share.stop]
+    quiet = args.quiet or not world.is_main
+    with progress(total=len(mine), desc="translate", unit="sent", disable=quiet) as bar:
         outputs = translator.translate(
-            lines, beam=args.beam, alpha=args.alpha, n_best=args.n_best, on_batch=bar.update
+            mine, beam=args.beam, alpha=args.alpha, n_best=n_best, on_batch=bar.update
         )
+    return world.gather(outputs)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from aiayn.distributed import init_from_env
+
+    if (args.input is None or args.input == "-") and init_from_env(args.device).size > 1:
+        raise AiaynError("several processes read an input file, not stdin: give the file")
+    lines = _read_input(args.input)
+    outputs = _translate_lines(args, lines, args.n_best)
+    if outputs is None:  # not rank 0: rank 0 writes everything
+        return 0
     if args.n_best == 1:
         text = "".join(candidates[0] + "\n" for candidates in outputs)
     else:  # still one line per input line: the n-best joined by " ||| "
@@ -105,19 +123,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from aiayn.data.corpus import read_lines
     from aiayn.metrics import corpus_bleu
-    from aiayn.progress import progress
 
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    translator = _translator(args)
-    with progress(total=len(src), desc="translate", unit="sent", disable=args.quiet) as bar:
-        hyps = [
-            h[0]
-            for h in translator.translate(
-                src, beam=args.beam, alpha=args.alpha, on_batch=bar.update
-            )
-        ]
+    outputs = _translate_lines(args, src)
+    if outputs is None:  # not rank 0
+        return 0
+    hyps = [h[0] for h in outputs]
     if args.output:
         _write_text(args.output, "".join(h + "\n" for h in hyps))
     bleu = corpus_bleu(hyps, ref)
@@ -287,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from aiayn.distributed import shutdown
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -299,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     except AiaynError as e:  # names the file or field; anything else is a bug: traceback
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    finally:
+        shutdown()  # leaves a torchrun process group, if one was joined
 
 
 if __name__ == "__main__":

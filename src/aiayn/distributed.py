@@ -1,0 +1,79 @@
+"""Several processes on torch.distributed, as ``torchrun`` starts them.
+
+torchrun gives every process RANK, WORLD_SIZE and LOCAL_RANK in its environment; a plain
+``aiayn ...`` run has none and is a world of one, where nothing here talks to anything.
+Backends: NCCL between GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from aiayn.errors import AiaynError
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the processes of one job."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0  # rank among the processes of this machine: which GPU to use
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that prints, writes files and saves checkpoints."""
+        return self.rank == 0
+
+    def shard(self, n: int) -> range:
+        """This rank's contiguous share of ``n`` items; shares differ in size by at most
+        one, and rank order is item order (so gathering them restores the order)."""
+        base, extra = divmod(n, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        return range(start, start + base + (self.rank < extra))
+
+    def gather(self, items: list[Any]) -> list[Any] | None:
+        """Every rank's ``items`` (picklable), concatenated in rank order, on rank 0;
+        None on the other ranks."""
+        if self.size == 1:
+            return list(items)
+        parts: list[Any] = [None] * self.size if self.is_main else None
+        dist.gather_object(items, parts, dst=0)
+        return [item for part in parts for item in part] if self.is_main else None
+
+    def device(self, name: str) -> str:
+        """``cuda`` becomes this process's own GPU, ``cuda:<local_rank>``."""
+        return f"cuda:{self.local_rank}" if name == "cuda" and self.size > 1 else name
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise AiaynError(f"environment variable {name}={value!r} is not a number") from None
+
+
+def init_from_env(device: str = "cpu") -> World:
+    """Join the process group that torchrun's environment describes (gloo on the CPU, NCCL
+    for ``cuda``); a world of one when there is none. Safe to call twice."""
+    world = World(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
+    if world.size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(world.local_rank)
+        dist.init_process_group(backend=backend)
+    return world
+
+
+def shutdown() -> None:
+    """Leave the process group, if this process joined one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

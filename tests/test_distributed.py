@@ -1,0 +1,65 @@
+"""Translation split across processes with torchrun (gloo on the CPU): each rank decodes
+its share of the lines and rank 0 writes one output, identical to a single process's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from aiayn.distributed import World
+from sample_data import PAIRS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("n", "size"), [(10, 3), (2, 4), (0, 2), (7, 1)])
+def test_shards_cover_every_item_once_in_order(n, size):
+    shards = [World(rank, size).shard(n) for rank in range(size)]
+    assert [i for s in shards for i in s] == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", str(nproc), "-m", "aiayn", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_torchrun_translate_and_evaluate_equal_one_process(sample_model_dir, tmp_path, capsys):
+    model = str(sample_model_dir(False))
+    lines = [s for s, _ in PAIRS[:23]]
+    lines[5] = ""  # an empty line stays an empty line, in its place
+    src = tmp_path / "in.de"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    one, two = tmp_path / "one.en", tmp_path / "two.en"
+    common = ["--model", model, "--quiet", "--beam", "2"]
+    assert main(["translate", *common, str(src), "-o", str(one)]) == 0
+    done = torchrun("translate", *common, str(src), "-o", str(two))
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = one.read_text(encoding="utf-8")
+    assert two.read_text(encoding="utf-8") == expected
+    assert len(expected.splitlines()) == 23 and expected.splitlines()[5] == ""
+
+    ref = tmp_path / "ref.en"
+    ref.write_text("".join(t + "\n" for _, t in PAIRS[:23]), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", *common, "--src", str(src), "--ref", str(ref)]) == 0
+    single = capsys.readouterr().out
+    done = torchrun("evaluate", *common, "--src", str(src), "--ref", str(ref))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("BLEU") == 1  # rank 0 alone prints
+    assert single.splitlines()[0] in done.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_torchrun_refuses_stdin(sample_model_dir):
+    done = torchrun("translate", "--model", str(sample_model_dir(False)), "--quiet")
+    assert done.returncode != 0
+    assert "several processes read an input file, not stdin" in done.stderr

@@ -65,7 +65,7 @@ def plot_attention(
         panels = [*heads, heads.mean(0)]
         titles = [f"head {i + 1}" for i in range(len(heads))] + ["mean of heads"]
     rows_labels, col_labels = amap.axes(kind)
-    cols = min(4, len(panels))
+    cols = min(5, len(panels))  # 4 heads + their mean in one row
     rows = (len(panels) + cols - 1) // cols
     size = 0.3 * max(len(rows_labels), len(col_labels)) + 1.6  # inches per panel
     fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size + 0.6), squeeze=False)

@@ -54,7 +54,7 @@ def _browser(tmp_path):
         "--disable-component-update",
         "--disable-sync",
         "--disable-dev-shm-usage",
-        "--window-size=1200,1400",
+        "--window-size=1000,860",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         options.add_argument(arg)

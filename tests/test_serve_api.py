@@ -239,3 +239,22 @@ def test_a_failing_model_answers_every_waiting_request(sample_model_dir):
         assert ok.status_code == 200 and ok.json()["translations"][0]
         assert httpx.get(f"{base}/ready").status_code == 200
         assert "aiayn_batch_errors_total 2" in httpx.get(f"{base}/metrics").text
+
+
+def test_ready_fails_with_the_reason_when_the_first_translation_fails(sample_model_dir):
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    translator.fail = True
+    with TestClient(create_app(translator)) as c:
+        deadline = time.monotonic() + 30
+        while "warming up" in c.get("/ready").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = c.get("/ready")
+        assert r.status_code == 503 and r.json()["ready"] is False
+        assert "warm-up translation failed: the model fell over" in r.json()["reason"]
+        assert c.get("/health").status_code == 200  # the process still answers
+
+
+def test_alpha_takes_an_integer_but_no_boolean(client):
+    assert client.post("/translate", json={"src": ["Ein Hund."], "alpha": 1}).status_code == 200
+    r = client.post("/translate", json={"src": ["Ein Hund."], "alpha": True})
+    assert r.status_code == 422 and "alpha" in r.json()["error"]["message"]

@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 # Pinned: a looser requirement makes pip fetch GBs of CUDA wheels on a CPU machine.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench bleu clean
+.PHONY: setup demo test lint bench bleu clean browser
 
 setup: $(VENV)/.installed
 
@@ -21,7 +21,19 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/aiayn demo
 
-test: setup
+# The browser test of the web page drives Debian's chromium through chromium-driver; as
+# root (CI) they are installed here, else the test is skipped with a loud notice.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver \
+	      || echo "WARNING: apt-get could not install chromium: the browser test will be SKIPPED"; \
+	  else \
+	    echo "WARNING: no chromium/chromedriver and not root: the browser test will be SKIPPED"; \
+	  fi; \
+	fi
+
+test: setup browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest -q

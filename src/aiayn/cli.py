@@ -27,10 +27,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_summary(args: argparse.Namespace) -> int:
     from aiayn.inspect import summary
-    from aiayn.model.transformer import Transformer
 
-    preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
-    print(summary(Transformer(preset(args.vocab)), depth=args.depth))
+    if args.model:  # a trained model: its own config and weights
+        from aiayn.checkpoint import load_model, resolve_checkpoint
+
+        model, _ = load_model(resolve_checkpoint(args.model, args.checkpoint))
+    else:
+        from aiayn.model.transformer import Transformer
+
+        preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
+        model = Transformer(preset(args.vocab))
+    print(summary(model, depth=args.depth))
     return 0
 
 
@@ -156,19 +163,57 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from aiayn.inspect.attention import attention_map, plot_cross_attention, text_heatmap
+    from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
 
     translator = _translator(args)
-    amap = attention_map(translator.model, translator.tokenizer, args.sentence, beam=args.beam)
-    print(
-        "translation: "
-        + translator.tokenizer.decode(
-            [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
-        )
+    amap = translator.attention(args.sentence, beam=args.beam, alpha=args.alpha)
+    pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
+    print("translation: " + translator.tokenizer.decode(pieces))
+    layer = -1 if args.layer is None else args.layer  # the last layer unless one is chosen
+    print(text_heatmap(amap, layer=layer if args.kind in (None, "cross") else -1))
+    if not args.out:
+        return 0
+    if args.out.lower().endswith(".png"):  # one picture: a head, or the grid of a layer
+        kind = args.kind or "cross"
+        print(f"wrote {plot_attention(amap, args.out, kind, layer, args.head)}")
+    else:  # a folder: every layer (or the chosen one) of every kind (or the chosen one)
+        kinds = [args.kind] if args.kind else list(ATTENTION_KINDS)
+        written = plot_all(amap, args.out, kinds, args.layer, args.head)
+        print(f"wrote {len(written)} PNGs to {args.out}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from aiayn.inspect.curves import plot_curves
+
+    for path in plot_curves(args.run, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from aiayn.serve import ServeConfig, serve
+    except ImportError as e:
+        raise AiaynError(
+            f"serving needs the serve extra: pip install 'aiayn[serve]' ({e})"
+        ) from None
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise AiaynError(f"the environment variable {args.api_key_env} holds no API key")
+    cfg = ServeConfig(
+        max_batch_tokens=args.max_batch_tokens,
+        batch_wait_ms=args.batch_wait_ms,
+        max_queue=args.max_queue,
+        max_sentences=args.max_sentences,
+        api_key=api_key,
     )
-    print(text_heatmap(amap, layer=args.layer))
-    if args.out:
-        print(f"wrote {plot_cross_attention(amap, args.out, layer=args.layer)}")
+    if args.threads is not None and args.threads < 1:
+        raise AiaynError(f"threads must be >= 1, got {args.threads}")
+    translator = _translator(args)  # loaded once, before the port opens
+    serve(translator, cfg, args.host, args.port, args.threads)
     return 0
 
 
@@ -224,11 +269,18 @@ def add_demo_and_summary_parsers(sub) -> None:
     )
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("summary", help="print a layer table of a preset model (paper Table 3)")
+    p = sub.add_parser("summary", help="print the layer table of a preset or trained model")
     p.add_argument("--preset", choices=["base", "big"], default="base")
     p.add_argument("--vocab", type=int, default=37000, help="joint vocabulary size")
+    p.add_argument("--model", help="a trained model directory instead of a preset")
+    p.add_argument("--checkpoint", default="auto", help="with --model: auto|averaged|best|last")
     p.add_argument("--depth", type=int, default=3, help="module nesting shown")
     p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser("plot", help="draw loss, BLEU, learning rate and tokens/s of a run")
+    p.add_argument("--run", required=True, help="model directory (its metrics.jsonl)")
+    p.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
+    p.set_defaults(func=cmd_plot)
 
 
 def add_training_parsers(sub) -> None:
@@ -279,12 +331,31 @@ def add_decoding_parsers(sub) -> None:
     p.add_argument("-o", "--output", help="also write the translations here")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("attention", help="show encoder-decoder attention for one sentence")
+    p = sub.add_parser("attention", help="attention heatmaps of one sentence's translation")
     add_decoding_flags(p)
     p.add_argument("sentence", help="source sentence")
-    p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: last)")
-    p.add_argument("--out", help="write a PNG heatmap per head here (needs matplotlib)")
+    p.add_argument(
+        "--kind", choices=["encoder", "decoder_self", "cross"], help="default: cross for a PNG"
+    )
+    p.add_argument("--layer", type=int, help="layer, from 1; -1 is the last (default)")
+    p.add_argument("--head", type=int, default=0, help="one head, from 1 (default: all)")
+    p.add_argument("--out", help="a .png file, or a folder for every kind and layer")
     p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser("serve", help="an HTTP translation server with batching and a web page")
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    add_inference_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-tokens", type=int, default=4096, help="padded source tokens")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="wait for more requests")
+    p.add_argument("--max-queue", type=int, default=1024, help="sentences waiting; more: 429")
+    p.add_argument("--max-sentences", type=int, default=64, help="per request")
+    p.add_argument("--api-key-env", help="require the API key held in this variable")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Looking inside a model: layer table and attention heatmaps."""
+"""Looking inside a model: layer table, attention heatmaps, training curves."""
 
 from aiayn.inspect.summary import summary
 

@@ -1,83 +1,123 @@
-"""Attention heatmaps: which source pieces each output piece attended to (Section 3.2)."""
+"""Attention heatmaps (Section 3.2): for one translation, any layer and head of the three
+kinds of attention (encoder self-attention, masked decoder self-attention and
+encoder-decoder attention), or a compact grid of every head of a layer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import Tensor
-
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decode import beam_search
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
+from aiayn.translator import ATTENTION_KINDS, AttentionMap, Translator
 
+TITLES = {
+    "encoder": "encoder self-attention",
+    "decoder_self": "decoder self-attention",
+    "cross": "encoder-decoder attention",
+}
 
-@dataclass
-class AttentionMap:
-    source: list[str]  # source pieces (columns)
-    target: list[str]  # generated pieces, EOS last (rows)
-    weights: dict[str, list[Tensor]]  # per layer [h, rows, cols] for "encoder", "cross", ...
+__all__ = ["ATTENTION_KINDS", "AttentionMap", "attention_map", "plot_attention", "text_heatmap"]
 
 
 def attention_map(
     model: Transformer, tokenizer: Tokenizer, sentence: str, beam: int = 4
 ) -> AttentionMap:
     """Translate ``sentence`` and return every layer's attention weights for the result."""
-    cfg = model.cfg
-    ids = tokenizer.encode(sentence)[: cfg.max_len - 1]
-    if not ids:
-        raise AiaynError("attention: the sentence is empty")
-    src = torch.tensor([ids], device=next(model.parameters()).device)
-    best = beam_search(model, src, beam_size=beam)[0][0].tokens
-    tgt_in = torch.tensor([[cfg.bos_id, *best]], device=src.device)
-    model.eval()
-    with torch.no_grad():
-        _, weights = model.forward_with_attention(src, tgt_in)
-    pieces = tokenizer.id_to_piece
-    return AttentionMap(
-        source=[pieces(i) for i in ids],
-        target=[pieces(i) for i in best] + ["</s>"],
-        weights={k: [w[0].float().cpu() for w in v] for k, v in weights.items()},
-    )
+    return Translator(model, tokenizer).attention(sentence, beam=beam)
 
 
-def plot_cross_attention(amap: AttentionMap, path: str | Path, layer: int = -1) -> Path:
-    """Save a PNG with one heatmap per head of encoder-decoder attention in ``layer``
-    plus their mean; rows are output pieces, columns source pieces."""
+def layer_index(amap: AttentionMap, kind: str, layer: int) -> int:
+    """0-based index of ``layer``, counted from 1 (negative: from the last, -1 = last)."""
+    if kind not in ATTENTION_KINDS:
+        raise AiaynError(f"attention kind must be one of {', '.join(ATTENTION_KINDS)}")
+    n = len(amap.weights[kind])
+    if not (1 <= layer <= n or -n <= layer <= -1):
+        raise AiaynError(f"layer {layer}: the model has {n} layers (1..{n}, or -1 for the last)")
+    return layer - 1 if layer > 0 else n + layer
+
+
+def head_index(amap: AttentionMap, kind: str, head: int) -> int:
+    """0-based index of ``head``, counted from 1."""
+    h = amap.weights[kind][0].size(0)
+    if not 1 <= head <= h:
+        raise AiaynError(f"head {head}: the model has {h} heads (1..{h})")
+    return head - 1
+
+
+def plot_attention(
+    amap: AttentionMap, path: str | Path, kind: str = "cross", layer: int = -1, head: int = 0
+) -> Path:
+    """Save a PNG of ``kind`` attention in ``layer`` (counted from 1, -1 = last): one
+    heatmap of ``head`` (counted from 1), or with ``head=0`` a grid of every head plus
+    their mean. Rows are the querying pieces, columns the pieces attended to."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    heads = amap.weights["cross"][layer]  # [h, T, S]
-    panels = [*heads, heads.mean(0)]
-    titles = [f"head {i + 1}" for i in range(len(heads))] + ["mean of heads"]
-    cols = min(3, len(panels))
+    li = layer_index(amap, kind, layer)
+    heads = amap.weights[kind][li]  # [h, rows, cols]
+    if head:
+        hi = head_index(amap, kind, head)
+        panels, titles = [heads[hi]], [f"head {hi + 1}"]
+    else:
+        panels = [*heads, heads.mean(0)]
+        titles = [f"head {i + 1}" for i in range(len(heads))] + ["mean of heads"]
+    rows_labels, col_labels = amap.axes(kind)
+    cols = min(5, len(panels))  # 4 heads + their mean in one row
     rows = (len(panels) + cols - 1) // cols
-    size = 0.32 * max(len(amap.source), len(amap.target)) + 2
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size), squeeze=False)
+    size = 0.3 * max(len(rows_labels), len(col_labels)) + 1.6  # inches per panel
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size + 0.6), squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, data, title in zip(axes.flat, panels, titles):
         ax.imshow(data.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
         ax.set_title(title, fontsize=9)
-        ax.set_xticks(range(len(amap.source)), amap.source, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(amap.target)), amap.target, fontsize=7)
-    layer_no = layer if layer >= 0 else len(amap.weights["cross"]) + layer
-    fig.suptitle(f"encoder-decoder attention, layer {layer_no + 1}")
+        ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows_labels)), rows_labels, fontsize=7)
+    fig.suptitle(f"{TITLES[kind]}, layer {li + 1}")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
     return path
+
+
+def plot_cross_attention(amap: AttentionMap, path: str | Path, layer: int = -1) -> Path:
+    """Every head of encoder-decoder attention in ``layer`` (kept for older callers)."""
+    return plot_attention(amap, path, "cross", layer)
+
+
+def plot_all(
+    amap: AttentionMap, out_dir: str | Path, kinds=ATTENTION_KINDS, layer=None, head: int = 0
+) -> list[Path]:
+    """Grids of every head for each kind and layer (only ``layer`` when given) into
+    ``out_dir`` as ``{kind}_layer{L}.png``, plus ``{kind}_layer{L}_head{H}.png`` when a
+    ``head`` (from 1) is chosen."""
+    written = []
+    for kind in kinds:
+        n = len(amap.weights[kind])
+        layers = [layer_index(amap, kind, layer) + 1] if layer is not None else range(1, n + 1)
+        for number in layers:
+            written.append(
+                plot_attention(amap, Path(out_dir) / f"{kind}_layer{number}.png", kind, number)
+            )
+            if head:
+                name = f"{kind}_layer{number}_head{head}.png"
+                written.append(plot_attention(amap, Path(out_dir) / name, kind, number, head))
+    return written
 
 
 def text_heatmap(amap: AttentionMap, layer: int = -1) -> str:
     """Mean-over-heads cross-attention as text: each output piece with the source pieces
     it attended to most."""
-    mean = amap.weights["cross"][layer].mean(0)  # [T, S]
+    mean = amap.weights["cross"][layer_index(amap, "cross", layer)].mean(0)  # [T, S]
     lines = []
     for row, piece in zip(mean, amap.target):
         top = row.topk(min(3, row.numel()))

@@ -1,0 +1,239 @@
+"""A bounded load test of `aiayn serve` on loopback, against the Translator offline.
+
+    python benchmarks/serve_load.py --model runs/de-en --out bench_out/serve
+
+Takes the first ``--requests`` sentences of Multi30k test2016 (German; the built-in
+sample when the data is missing) and:
+
+1. translates them offline with ``Translator.translate`` (length-sorted batches of 64):
+   the server's physical limit on this machine;
+2. starts ``aiayn serve`` (1 torch thread) with dynamic batching, and sends one sentence
+   per request from ``--clients`` concurrent clients (asyncio + httpx, one process);
+3. the same with batching off: ``--batch-wait-ms 0 --max-batch-tokens 1`` (each model
+   batch holds one request).
+
+Reports errors, p50/p99 latency, sentences/s, the served/offline and batched/unbatched
+ratios and whether the served translations equal the offline ones. Writes
+OUT/serve_load.json and OUT/serve_load.md. Run the server and this client with one torch
+thread each (the client runs no model code while the server is up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from aiayn.data.corpus import read_lines
+from aiayn.translator import Translator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the data locator is test support, shared here
+from sample_data import PAIRS, multi30k_dir  # noqa: E402
+
+MODES = {
+    "batched": [],  # the defaults: --max-batch-tokens 4096 --batch-wait-ms 5
+    "one at a time": ["--batch-wait-ms", "0", "--max-batch-tokens", "1"],
+}
+
+
+def sentences(n: int) -> tuple[list[str], str]:
+    data = multi30k_dir()
+    if data is None:
+        return [de for de, _ in PAIRS][:n], "the built-in sample"
+    return read_lines(data / "test2016.de.gz")[:n], "Multi30k test2016.de"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def offline(model: str, lines: list[str], beam: int, chunks: bool = False) -> dict:
+    """Offline throughput, measured before and after the server runs (the machine is
+    shared: the mean of the two is the reference), plus arrival-order chunks."""
+    translator = Translator.from_dir(model)
+    translator.translate(lines[:16], beam=beam)  # warm-up
+    start = time.perf_counter()
+    out = translator.translate(lines, beam=beam)
+    seconds = time.perf_counter() - start
+    if not chunks:
+        return {"seconds": seconds, "sentences_per_s": len(lines) / seconds}
+    # The same sentences in arrival order, 32 and 16 at a time: what a server batch of
+    # that size can reach at best (no sorting across the whole set).
+    per_chunk = {}
+    for size in (32, 16):
+        start = time.perf_counter()
+        for i in range(0, len(lines), size):
+            translator.translate(lines[i : i + size], beam=beam, batch_size=size)
+        per_chunk[size] = len(lines) / (time.perf_counter() - start)
+    return {
+        "seconds": seconds,
+        "sentences_per_s": len(lines) / seconds,
+        "chunks_sentences_per_s": per_chunk,
+        "translations": [c[0] for c in out],
+    }
+
+
+async def load(base: str, lines: list[str], clients: int, beam: int) -> dict:
+    """Each line is one request; ``clients`` tasks take the next one as each finishes."""
+    results: list[tuple[int, float, int, str]] = []
+    todo = iter(enumerate(lines))
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(http: httpx.AsyncClient) -> None:
+        for i, line in todo:
+            start = time.perf_counter()
+            try:
+                r = await http.post("/translate", json={"src": [line], "beam": beam})
+                text = r.json()["translations"][0] if r.status_code == 200 else ""
+                results.append((i, time.perf_counter() - start, r.status_code, text))
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                results.append((i, time.perf_counter() - start, 0, type(e).__name__))
+
+    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        seconds = time.perf_counter() - start
+        metrics = (await http.get("/metrics")).text
+    latencies = [r[1] for r in results]
+    ok = [r for r in results if r[2] == 200]
+    batch = {k: float(v) for k, v in (
+        line.split() for line in metrics.splitlines()
+        if line.startswith(("aiayn_batch_sentences_sum", "aiayn_batch_sentences_count"))
+    )}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "error_statuses": sorted({r[2] for r in results if r[2] != 200}),
+        "p50_s": percentile(latencies, 50),
+        "p99_s": percentile(latencies, 99),
+        "mean_s": statistics.fmean(latencies),
+        "sentences_per_s": len(ok) / seconds,
+        "mean_batch_sentences": batch["aiayn_batch_sentences_sum"]
+        / max(batch["aiayn_batch_sentences_count"], 1),
+        "translations": {r[0]: r[3] for r in ok},
+    }
+
+
+def run_mode(args, lines: list[str], flags: list[str]) -> dict:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "aiayn.cli", "serve", "--model", args.model, "--port", str(port)]
+    server = subprocess.Popen([*cmd, "--threads", "1", *flags], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.2)
+        return asyncio.run(load(base, lines, args.clients, args.beam))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def report(res: dict) -> str:
+    off = res["offline"]["sentences_per_s"]
+    rows = [
+        "| mode | errors | p50 latency | p99 latency | sentences/s | mean batch "
+        "| served / offline |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in MODES:
+        m = res[name]
+        rows.append(
+            f"| {name} | {m['errors']} / {m['requests']} | {m['p50_s'] * 1000:.0f} ms "
+            f"| {m['p99_s'] * 1000:.0f} ms | {m['sentences_per_s']:.1f} "
+            f"| {m['mean_batch_sentences']:.1f} | {m['sentences_per_s'] / off:.0%} |"
+        )
+    o = res["offline"]
+    rows.append(
+        f"| offline `Translator.translate` (before {o['before_sentences_per_s']:.1f}, after "
+        f"{o['after_sentences_per_s']:.1f}) | | | | {off:.1f} | 64 (sorted) | 100% |"
+    )
+    for size, rate in res["offline"]["chunks_sentences_per_s"].items():
+        rows.append(
+            f"| offline, {size} at a time in arrival order | | | | {rate:.1f} | {size} "
+            f"| {rate / off:.0%} |"
+        )
+    b, one = res["batched"], res["one at a time"]
+    lines = [
+        *rows,
+        "",
+        f"Batched / one at a time: {b['sentences_per_s'] / one['sentences_per_s']:.2f}x. "
+        f"Served translations equal to offline: batched {res['same_batched']}/{res['n']}, "
+        f"one at a time {res['same_one']}/{res['n']}.",
+        f"{res['n']} requests of one sentence ({res['data']}), {res['clients']} concurrent "
+        f"clients, beam {res['beam']}, 1 torch thread in the server; {res['machine']}; load "
+        f"average before {res['load_before']}, after {res['load_after']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="model directory")
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--out", default="bench_out/serve")
+    parser.add_argument("--batch-wait-ms", type=float, help="batched mode (default: serve's)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    lines, data = sentences(args.requests)
+    res: dict = {"n": len(lines), "data": data, "clients": args.clients, "beam": args.beam}
+    res["machine"] = f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
+    res["load_before"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    before = offline(args.model, lines, args.beam)
+    print(f"offline before: {before['sentences_per_s']:.1f} sentences/s", flush=True)
+    for name, flags in MODES.items():
+        if name == "batched" and args.batch_wait_ms is not None:
+            flags = [*flags, "--batch-wait-ms", str(args.batch_wait_ms)]
+        res[name] = run_mode(args, lines, flags)
+        print(f"{name}: {res[name]['sentences_per_s']:.1f} sentences/s", flush=True)
+    res["offline"] = offline(args.model, lines, args.beam, chunks=True)
+    res["offline"]["before_sentences_per_s"] = before["sentences_per_s"]
+    res["offline"]["after_sentences_per_s"] = after = res["offline"]["sentences_per_s"]
+    res["offline"]["sentences_per_s"] = (before["sentences_per_s"] + after) / 2
+    print(f"offline after: {after:.1f} sentences/s", flush=True)
+    res["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    want = res["offline"]["translations"]
+    for key, name in (("same_batched", "batched"), ("same_one", "one at a time")):
+        got = res[name]["translations"]
+        res[key] = sum(got.get(i) == w for i, w in enumerate(want))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve_load.json").write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
+    (out / "serve_load.md").write_text(report(res))
+    print(report(res))
+
+
+if __name__ == "__main__":
+    main()

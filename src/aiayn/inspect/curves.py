@@ -1,0 +1,115 @@
+"""Training curves from a run's ``metrics.jsonl`` (one JSON object per line, written by
+the trainer: kind "train" per update, "valid" per validation, "speed" every few updates)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aiayn.errors import AiaynError
+
+# file name -> (title, y label, [(kind, key, legend)])
+CURVES = {
+    "loss.png": (
+        "loss",
+        "label-smoothed loss per token",
+        [("train", "loss", "train"), ("valid", "loss", "validation")],
+    ),
+    "bleu.png": ("validation BLEU", "BLEU", [("valid", "bleu", "validation")]),
+    "lr.png": ("learning rate (Section 5.3)", "learning rate", [("train", "lr", "lr")]),
+    "tokens_per_s.png": (
+        "training speed",
+        "target tokens / s",
+        [("speed", "tokens_per_s", "train")],
+    ),
+}
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` (or of that file itself); AiaynError naming
+    the file and line for a missing file or a line that is not a JSON object. A last line
+    cut short by a crash mid-write is skipped."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise AiaynError(f"{path}: no such metrics file (written by training)")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the trainer was killed while writing it
+                break
+            raise AiaynError(f"{path}:{number}: not a JSON line") from None
+        if not isinstance(record, dict) or "step" not in record:
+            raise AiaynError(f"{path}:{number}: not a metrics record (no 'step')")
+        records.append(record)
+    if not records:
+        raise AiaynError(f"{path}: holds no metrics yet")
+    return records
+
+
+def series(records: list[dict], kind: str, key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of ``key`` in the records of ``kind``. After a resume the trainer
+    appends steps it already logged; the latest value of a step wins."""
+    points: dict[float, float] = {}
+    for r in records:
+        if r.get("kind") == kind and isinstance(r.get(key), (int, float)):
+            points[r["step"]] = float(r[key])
+    steps = sorted(points)
+    return steps, [points[s] for s in steps]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Running mean over the last ``window`` values: per-update losses are noisy."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw loss, validation BLEU, learning rate and tokens/s against the update step into
+    PNGs in ``out_dir`` (default ``run_dir/plots``); curves without data are skipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    out = Path(out_dir) if out_dir else Path(run_dir) / "plots"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AiaynError(f"{out}: cannot create ({e.strerror or e})") from None
+    written = []
+    for name, (title, ylabel, lines) in CURVES.items():
+        data = [(series(records, kind, key), legend) for kind, key, legend in lines]
+        if not any(steps for (steps, _), _ in data):
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for (steps, values), legend in data:
+            if not steps:
+                continue
+            if legend == "train" and len(values) > 50:
+                ax.plot(steps, values, alpha=0.25, linewidth=0.8, color="C0")
+                values, legend = smooth(values, max(len(values) // 50, 5)), "train (smoothed)"
+            marker = "o" if len(steps) < 40 else None
+            ax.plot(steps, values, label=legend, marker=marker, markersize=3)
+        ax.set_title(title)
+        ax.set_xlabel("update step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+    return written

@@ -1,0 +1,71 @@
+"""Helpers for the server tests: a real uvicorn server on a free loopback port, in a
+thread of the test process, and translators that can be held or made to fail."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+
+from aiayn.serve import ServeConfig, create_app
+from aiayn.translator import Translator
+
+
+class ControlledTranslator(Translator):
+    """A Translator whose batches can be held at a gate (to fill the queue) or made to
+    raise (to check that every waiting request gets an error)."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()  # set when a batch reaches the gate
+        self.fail = False
+        self.batches: list[int] = []  # sentences per model batch
+
+    def translate_ids(self, ids, *args, **kwargs):
+        self.batches.append(len(ids))
+        self.entered.set()
+        if not self.gate.wait(timeout=30):
+            raise TimeoutError("the test never opened the gate")
+        if self.fail:
+            raise RuntimeError("the model fell over")
+        return super().translate_ids(ids, *args, **kwargs)
+
+
+def wait_ready(base: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/ready", timeout=5).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{base} never became ready")
+
+
+@contextlib.contextmanager
+def live_server(translator: Translator, cfg: ServeConfig | None = None):
+    """Serve ``translator`` on 127.0.0.1 (a free port) in a thread; yields the base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(translator, cfg), log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+        assert not thread.is_alive(), "the server thread did not stop"

@@ -1,0 +1,142 @@
+"""Looking inside: attention of every kind, layer and head; heatmap PNGs; training curves
+from metrics.jsonl; the layer table of a trained model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.cli import main
+from aiayn.errors import AiaynError
+from aiayn.translator import Translator
+
+pytest.importorskip("matplotlib")
+
+SENTENCES = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Schach.", "Eine Frau."]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def translator(sample_model_dir) -> Translator:
+    return Translator(*load_model(resolve_checkpoint(sample_model_dir())))
+
+
+def test_attention_maps_cover_every_kind_layer_and_head(translator):
+    cfg = translator.model.cfg
+    src = [translator.encode(s) for s in SENTENCES]
+    outs = [o[0] for o in translator.translate_ids(src, beam=2)]
+    batched = translator.attention_maps(src, outs)
+    for s_ids, o_ids, amap in zip(src, outs, batched):
+        S, T = len(s_ids), len(o_ids) + 1
+        assert amap.source == [translator.tokenizer.id_to_piece(i) for i in s_ids]
+        assert amap.target[-1] == "</s>" and amap.target_in[0] == "<s>" and len(amap.target) == T
+        for kind, shape in (("encoder", (S, S)), ("decoder_self", (T, T)), ("cross", (T, S))):
+            assert len(amap.weights[kind]) == cfg.n_layers
+            for w in amap.weights[kind]:
+                assert w.shape == (cfg.n_heads, *shape)
+                torch.testing.assert_close(w.sum(-1), torch.ones(cfg.n_heads, shape[0]))
+            rows, cols = amap.axes(kind)
+            assert (len(rows), len(cols)) == shape
+        for w in amap.weights["decoder_self"]:  # causal: no weight on later positions
+            assert torch.equal(w, w.tril())
+    # Padding in the batch changes no sentence's weights: each equals its own pass.
+    for s_ids, o_ids, amap in zip(src, outs, batched):
+        alone = translator.attention_maps([s_ids], [o_ids])[0]
+        for kind in amap.weights:
+            for a, b in zip(amap.weights[kind], alone.weights[kind]):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_attention_is_of_the_translation_it_shows(translator):
+    amap = translator.attention(SENTENCES[0], beam=4)
+    ids = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
+    assert translator.tokenizer.decode(ids) == translator.translate(SENTENCES[:1])[0][0]
+    with pytest.raises(AiaynError, match="empty"):
+        translator.attention("   ")
+
+
+def test_plots_of_one_head_a_grid_and_a_folder(translator, tmp_path):
+    from aiayn.inspect.attention import plot_all, plot_attention
+
+    amap = translator.attention(SENTENCES[1])
+    one = plot_attention(amap, tmp_path / "one.png", "encoder", layer=1, head=2)
+    grid = plot_attention(amap, tmp_path / "grid.png", "decoder_self", layer=-1)
+    assert one.read_bytes()[:8] == PNG and grid.read_bytes()[:8] == PNG
+    assert grid.stat().st_size > one.stat().st_size  # 4 heads + mean against 1 panel
+    written = plot_all(amap, tmp_path / "all", head=3)
+    names = sorted(p.name for p in written)
+    assert len(names) == 3 * 2 * 2 and "cross_layer2_head3.png" in names
+    with pytest.raises(AiaynError, match="has 2 layers"):
+        plot_attention(amap, tmp_path / "x.png", "cross", layer=3)
+    with pytest.raises(AiaynError, match="has 4 heads"):
+        plot_attention(amap, tmp_path / "x.png", "cross", head=5)
+    with pytest.raises(AiaynError, match="kind must be one of"):
+        plot_attention(amap, tmp_path / "x.png", "sideways")
+
+
+def test_attention_cli(sample_model_dir, tmp_path, capsys):
+    model = str(sample_model_dir())
+    assert main(["attention", "--model", model, SENTENCES[0], "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("translation: ") and "wrote 6 PNGs" in out
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
+        f"{k}_layer{n}.png" for k in ("cross", "decoder_self", "encoder") for n in (1, 2)
+    ]
+    args = ["attention", "--model", model, SENTENCES[0], "--kind", "encoder", "--layer", "1"]
+    assert main([*args, "--head", "2", "--out", str(tmp_path / "e.png")]) == 0
+    assert (tmp_path / "e.png").read_bytes()[:8] == PNG
+    assert main([*args, "--head", "9", "--out", str(tmp_path / "f.png")]) == 2
+    assert "head 9: the model has 4 heads" in capsys.readouterr().err
+
+
+def _metrics_file(run, truncated_tail: bool = True):
+    run.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for step in range(1, 121):
+        lines.append({"kind": "train", "step": step, "loss": 9 - step / 20, "lr": step * 1e-5})
+        if step % 40 == 0:
+            lines.append({"kind": "valid", "step": step, "loss": 8 - step / 30, "bleu": step / 6})
+        if step % 10 == 0:
+            lines.append({"kind": "speed", "step": step, "tokens_per_s": 1000 + step})
+    text = "".join(json.dumps(r) + "\n" for r in lines)
+    if truncated_tail:
+        text += '{"kind": "train", "st'  # a kill mid-write
+    (run / "metrics.jsonl").write_text(text, encoding="utf-8")
+
+
+def test_plot_training_curves(tmp_path, capsys):
+    from aiayn.inspect.curves import read_metrics, series
+
+    run = tmp_path / "run"
+    _metrics_file(run)
+    records = read_metrics(run)
+    assert series(records, "valid", "bleu") == ([40, 80, 120], [40 / 6, 80 / 6, 20.0])
+    assert main(["plot", "--run", str(run)]) == 0
+    names = {"loss.png", "bleu.png", "lr.png", "tokens_per_s.png"}
+    assert {p.name for p in (run / "plots").iterdir()} == names
+    assert all((run / "plots" / n).read_bytes()[:8] == PNG for n in names)
+    assert capsys.readouterr().out.count("wrote ") == 4
+
+
+def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
+    assert main(["plot", "--run", str(tmp_path / "none")]) == 2
+    assert "no such metrics file" in capsys.readouterr().err
+    run = tmp_path / "bad"
+    _metrics_file(run, truncated_tail=False)
+    text = (run / "metrics.jsonl").read_text().splitlines()
+    text[5] = "garbage"
+    (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    assert main(["plot", "--run", str(run)]) == 2
+    assert "metrics.jsonl:6: not a JSON line" in capsys.readouterr().err
+
+
+def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):
+    assert main(["summary", "--model", str(sample_model_dir())]) == 0
+    out = capsys.readouterr().out
+    assert f"Total params: {translator.model.num_parameters():,}" in out
+    assert f"Output: logits [1, 16, {translator.tokenizer.vocab_size}]" in out
+    assert main(["summary", "--preset", "base", "--vocab", "1000", "--depth", "1"]) == 0
+    assert "Output: logits [1, 16, 1000]" in capsys.readouterr().out

@@ -1,0 +1,260 @@
+"""The HTTP API of `aiayn serve`: every endpoint, every bad input (each a JSON 4xx, and the
+server keeps serving), the queue limit, and a model that raises."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+from fastapi.testclient import TestClient
+
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.serve import ServeConfig, create_app
+from aiayn.translator import Translator
+from serve_util import ControlledTranslator, live_server
+
+pytestmark = pytest.mark.timeout(120)  # a hang fails instead of blocking the suite
+
+SENTENCES = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Schach."]
+
+
+@pytest.fixture(scope="module")
+def translator(sample_model_dir) -> Translator:
+    return Translator(*load_model(resolve_checkpoint(sample_model_dir())))
+
+
+@pytest.fixture(scope="module")
+def client(translator):
+    cfg = ServeConfig(max_sentences=4, max_body_bytes=2000)
+    with TestClient(create_app(translator, cfg)) as c:
+        deadline = time.monotonic() + 30
+        while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        yield c
+
+
+def post(client, body: bytes, **headers):
+    return client.post(
+        "/translate", content=body, headers={"content-type": "application/json", **headers}
+    )
+
+
+def test_translate_equals_the_translator(client, translator):
+    r = client.post("/translate", json={"src": [*SENTENCES, "  "], "beam": 3, "alpha": 0.5})
+    assert r.status_code == 200, r.text
+    expected = [c[0] for c in translator.translate([*SENTENCES, "  "], beam=3, alpha=0.5)]
+    assert r.json() == {"translations": expected}
+    assert expected[0] and expected[2] == ""
+
+
+def test_n_best_and_attention(client, translator):
+    r = client.post("/translate", json={"src": SENTENCES[:1], "n_best": 2, "attention": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["n_best"] == translator.translate(SENTENCES[:1], beam=4, n_best=2)
+    att = body["attention"][0]
+    cfg = translator.model.cfg
+    assert att["source"] == [
+        translator.tokenizer.id_to_piece(i) for i in translator.encode(SENTENCES[0])
+    ]
+    assert att["target"][-1] == "</s>" and att["target_in"][0] == "<s>"
+    # The pieces of the best output are the translation, and every kind has every layer
+    # and head with rows x cols matching the pieces; each row is a distribution.
+    assert translator.tokenizer.sp.decode_pieces(att["target"][:-1]) == body["translations"][0]
+    S, T = len(att["source"]), len(att["target"])
+    for kind, rows, cols in (("encoder", S, S), ("decoder_self", T, T), ("cross", T, S)):
+        assert len(att[kind]) == cfg.n_layers and len(att[kind][0]) == cfg.n_heads
+        for head in att[kind][-1]:
+            assert len(head) == rows and all(len(row) == cols for row in head)
+            assert all(abs(sum(row) - 1) < 1e-3 for row in head)
+    causal = att["decoder_self"][0][0]
+    assert all(w == 0 for r, row in enumerate(causal) for w in row[r + 1 :])
+
+
+def test_health_ready_info_docs_and_page(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").json() == {"ready": True}
+    info = client.get("/info").json()
+    assert info["model"]["heads"] == 4 and info["limits"]["max_sentences"] == 4
+    assert info["api_key_required"] is False
+    assert "/translate" in client.get("/openapi.json").json()["paths"]
+    assert client.get("/docs").status_code == 200
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    # Everything the page loads ships in the package: no http(s) URL, no CDN.
+    for asset in ["/", "/static/app.js", "/static/style.css"]:
+        text = client.get(asset).text
+        assert client.get(asset).status_code == 200
+        assert not re.search(r"https?:|(src|href)=\"//|@import|url\(", text), asset
+
+
+def test_metrics_in_prometheus_text(client):
+    client.post("/translate", json={"src": ["Ein Hund."]})
+    post(client, b"{")
+    text = client.get("/metrics").text
+    assert client.get("/metrics").headers["content-type"].startswith("text/plain")
+    assert re.search(r'aiayn_requests_total\{path="/translate",status="200"\} [1-9]', text)
+    assert re.search(r'aiayn_requests_total\{path="/translate",status="400"\} [1-9]', text)
+    assert re.search(r"aiayn_request_duration_seconds_count [1-9]", text)
+    assert re.search(r'aiayn_batch_sentences_bucket\{le="\+Inf"\} [1-9]', text)
+    assert "aiayn_queue_sentences 0" in text
+    for line in text.splitlines():  # every sample line is `name{labels} number`
+        assert line.startswith("#") or re.fullmatch(r"[a-z_]+(\{[^}]*\})? [0-9.e+-]+", line), line
+
+
+BAD = [
+    (b'{"src": ["ein', 400, "not valid JSON"),
+    (b'{"src": ["Ein Hund \xff"]}', 400, "not UTF-8"),
+    (b'{"src": ["a"], "alpha": NaN}', 400, "not valid JSON"),
+    (b'["Ein Hund"]', 422, "body"),
+    (b'{"src": "Ein Hund"}', 422, "src"),
+    (b'{"src": [1, 2]}', 422, "src.0"),
+    (b'{"src": ["a"], "beam": "4"}', 422, "beam"),
+    (b'{"src": ["a"], "beam": 2.5}', 422, "beam"),
+    (b'{"src": ["a"], "attention": "yes"}', 422, "attention"),
+    (b'{"src": ["a"], "colour": "red"}', 422, "colour"),
+    (b'{"beam": 4}', 422, "src"),
+    (b'{"src": []}', 422, "empty"),
+    (b'{"src": ["a", "b", "c", "d", "e"]}', 422, "5 sentences, at most 4"),
+    (b'{"src": ["a"], "beam": 0}', 422, "beam: 0 is out of range"),
+    (b'{"src": ["a"], "beam": 17}', 422, "beam: 17 is out of range"),
+    (b'{"src": ["a"], "beam": 2, "n_best": 3}', 422, "n_best: 3"),
+    (b'{"src": ["a"], "n_best": 0}', 422, "n_best: 0"),
+    (b'{"src": ["a"], "alpha": -1}', 422, "alpha"),
+    (b'{"src": ["' + b"x" * 3000 + b'"]}', 413, "limit of 2000"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD, ids=[str(b[:24]) for b, _, _ in BAD])
+def test_bad_input_is_a_json_4xx_and_the_server_goes_on(client, body, status, message):
+    r = post(client, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["status"] == status and message in error["message"], error
+    assert client.post("/translate", json={"src": ["Ein Hund."]}).status_code == 200
+
+
+def test_a_sentence_over_the_length_limit(client, translator):
+    limit = translator.max_source_tokens
+    long = " ".join(["Hund"] * (limit + 5))
+    r = client.post("/translate", json={"src": ["Ein Hund.", long]})
+    assert r.status_code == 422
+    assert re.search(
+        rf"src\.1: \d+ tokens, the model takes at most {limit}", r.json()["error"]["message"]
+    )
+
+
+def test_a_streamed_body_over_the_limit(client):
+    def chunks():  # no Content-Length: the limit must hold while reading
+        yield b'{"src": ["'
+        for _ in range(40):
+            yield b"y" * 100
+        yield b'"]}'
+
+    r = client.post("/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_api_key(translator, monkeypatch):
+    with TestClient(create_app(translator, ServeConfig(api_key="s3cret"))) as c:
+        body = b'{"src": ["Ein Hund."], "beam": 1}'
+        missing = post(c, body)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+        assert post(c, body, **{"x-api-key": "wrong"}).status_code == 403
+        assert post(c, body, authorization="Bearer nope").status_code == 403
+        assert post(c, body, **{"x-api-key": "s3cret"}).status_code == 200
+        assert post(c, body, authorization="Bearer s3cret").status_code == 200
+        assert c.get("/info").json()["api_key_required"] is True
+        assert "s3cret" not in c.get("/info").text
+        assert c.get("/health").status_code == 200  # probes need no key
+
+
+def test_unknown_path_is_json_404(client):
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json()["error"]["status"] == 404
+
+
+def _post_in_thread(url: str, body: dict, out: list) -> threading.Thread:
+    def run():
+        out.append(httpx.post(url, json=body, timeout=60))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_full_queue_answers_429_with_retry_after(sample_model_dir):
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    with live_server(translator, ServeConfig(max_queue=3, batch_wait_ms=0)) as base:
+        translator.gate.clear()
+        translator.entered.clear()
+        first, queued = [], []
+        threads = [_post_in_thread(f"{base}/translate", {"src": ["Ein Hund."]}, first)]
+        assert translator.entered.wait(10), "the worker never took the first request"
+        threads.append(_post_in_thread(f"{base}/translate", {"src": ["a", "b", "c"]}, queued))
+        deadline = time.monotonic() + 10
+        while "aiayn_queue_sentences 3" not in httpx.get(f"{base}/metrics").text:
+            assert time.monotonic() < deadline, "the second request never queued"
+            time.sleep(0.02)
+        r = httpx.post(f"{base}/translate", json={"src": ["Noch einer."]}, timeout=10)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert "queue is full" in r.json()["error"]["message"]
+        translator.gate.set()
+        for t in threads:
+            t.join(30)
+        assert first[0].status_code == 200 and queued[0].status_code == 200
+        assert len(queued[0].json()["translations"]) == 3
+        assert httpx.post(f"{base}/translate", json={"src": ["Noch einer."]}).status_code == 200
+
+
+def test_a_failing_model_answers_every_waiting_request(sample_model_dir):
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    with live_server(translator, ServeConfig(batch_wait_ms=0)) as base:
+        translator.gate.clear()
+        translator.entered.clear()
+        translator.fail = True
+        answers: list = []
+        threads = [_post_in_thread(f"{base}/translate", {"src": ["Ein Hund."]}, answers)]
+        assert translator.entered.wait(10)
+        threads += [
+            _post_in_thread(f"{base}/translate", {"src": [f"Satz {i}."]}, answers) for i in range(5)
+        ]
+        deadline = time.monotonic() + 10
+        while "aiayn_queue_sentences 5" not in httpx.get(f"{base}/metrics").text:
+            assert time.monotonic() < deadline, "the requests never queued"
+            time.sleep(0.02)
+        translator.gate.set()  # the held batch and the next one (the 5 queued) both raise
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a request was left hanging"
+        assert [a.status_code for a in answers] == [500] * 6
+        assert all("the model fell over" in a.json()["error"]["message"] for a in answers)
+        translator.fail = False
+        ok = httpx.post(f"{base}/translate", json={"src": ["Ein Hund."]}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["translations"][0]
+        assert httpx.get(f"{base}/ready").status_code == 200
+        assert "aiayn_batch_errors_total 2" in httpx.get(f"{base}/metrics").text
+
+
+def test_ready_fails_with_the_reason_when_the_first_translation_fails(sample_model_dir):
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    translator.fail = True
+    with TestClient(create_app(translator)) as c:
+        deadline = time.monotonic() + 30
+        while "warming up" in c.get("/ready").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = c.get("/ready")
+        assert r.status_code == 503 and r.json()["ready"] is False
+        assert "warm-up translation failed: the model fell over" in r.json()["reason"]
+        assert c.get("/health").status_code == 200  # the process still answers
+
+
+def test_alpha_takes_an_integer_but_no_boolean(client):
+    assert client.post("/translate", json={"src": ["Ein Hund."], "alpha": 1}).status_code == 200
+    r = client.post("/translate", json={"src": ["Ein Hund."], "alpha": True})
+    assert r.status_code == 422 and "alpha" in r.json()["error"]["message"]

@@ -1,0 +1,115 @@
+"""The web page of `aiayn serve` end to end in a real browser: Debian's chromium driven by
+Selenium through the system chromedriver (`make test` installs both with apt-get).
+
+Open the page, type a sentence, check that the translation and a heatmap appear, switch
+the attention kind, and save a screenshot. ``AIAYN_SERVE_MODEL`` picks another model
+directory (default: the small sample model) and ``AIAYN_SCREENSHOT`` a path to copy the
+screenshot to (the README's picture: docs/serve_screenshot.png).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.translator import Translator
+from serve_util import live_server
+
+pytestmark = pytest.mark.timeout(180)
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+SENTENCE = "Ein Hund rennt über die Wiese."
+
+
+def _browser(tmp_path):
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing.append("the selenium package")
+    if missing:
+        message = (
+            f"BROWSER TEST SKIPPED: {', '.join(missing)} not installed "
+            "(`make test` installs chromium and chromium-driver with apt-get when run as root)"
+        )
+        print("\n" + "!" * 80 + f"\n{message}\n" + "!" * 80, file=sys.stderr)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1000,860",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+
+
+def test_page_translates_and_draws_attention(sample_model_dir, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    model_dir = os.environ.get("AIAYN_SERVE_MODEL") or sample_model_dir()
+    translator = Translator(*load_model(resolve_checkpoint(model_dir)))
+    expected = translator.translate([SENTENCE], beam=4)[0][0]
+    source_pieces = len(translator.encode(SENTENCE))
+    driver = _browser(tmp_path)
+    try:
+        with live_server(translator) as base:
+            driver.set_page_load_timeout(30)
+            driver.get(base + "/")
+            assert "aiayn" in driver.title
+            driver.find_element(By.ID, "src").send_keys(SENTENCE)
+            driver.find_element(By.ID, "go").click()
+            wait = WebDriverWait(driver, 60)
+            wait.until(EC.text_to_be_present_in_element((By.ID, "translation"), expected[:3]))
+            assert driver.find_element(By.ID, "translation").text == expected
+            canvas = driver.find_element(By.ID, "heatmap")
+            wait.until(lambda d: canvas.get_attribute("data-rows"))
+            # Encoder-decoder attention: one row per output piece plus EOS, one column per
+            # source piece; and the cells are painted (not the white background).
+            assert int(canvas.get_attribute("data-cols")) == source_pieces
+            assert canvas.size["width"] > 100 and canvas.size["height"] > 100
+            coloured = driver.execute_script(
+                """const c = document.getElementById('heatmap');
+                   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                   let n = 0;
+                   for (let i = 0; i < d.length; i += 4)
+                     if (!(d[i] > 240 && d[i + 1] > 240 && d[i + 2] > 240)) n++;
+                   return n;"""
+            )
+            assert coloured > 2000, coloured
+            layers = Select(driver.find_element(By.ID, "layer"))
+            heads = Select(driver.find_element(By.ID, "head"))
+            assert len(layers.options) == translator.model.cfg.decoder_layers
+            assert len(heads.options) == translator.model.cfg.n_heads + 1  # + their mean
+            Select(driver.find_element(By.ID, "kind")).select_by_value("encoder")
+            wait.until(lambda d: canvas.get_attribute("data-rows") == str(source_pieces))
+            assert canvas.get_attribute("data-cols") == str(source_pieces)
+            Select(driver.find_element(By.ID, "kind")).select_by_value("cross")
+            heads.select_by_index(0)
+            shot = tmp_path / "serve_screenshot.png"
+            assert driver.save_screenshot(str(shot))
+            assert shot.stat().st_size > 10_000
+            assert driver.find_element(By.ID, "status").text == ""  # no error shown
+    finally:
+        driver.quit()
+    if os.environ.get("AIAYN_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["AIAYN_SCREENSHOT"])

@@ -1,0 +1,144 @@
+"""`aiayn serve` under real concurrency: many parallel requests batched together, each
+answered with exactly its own translations; SIGTERM lets a request in flight finish."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.serve import ServeConfig
+from sample_data import PAIRS
+from serve_util import ControlledTranslator, live_server, wait_ready
+
+pytestmark = pytest.mark.timeout(240)
+
+SETTINGS = [
+    {"beam": 1},
+    {"beam": 4},
+    {"beam": 4},
+    {"beam": 3, "n_best": 2, "alpha": 0.2},
+]
+
+
+def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir):
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    rng = random.Random(0)
+    german = [de for de, _ in PAIRS]
+    requests = []
+    for i in range(60):  # 1-3 sentences each, several settings, some blank lines
+        src = rng.sample(german, rng.randint(1, 3))
+        if i % 10 == 3:
+            src.append("")
+        requests.append({"src": src, **SETTINGS[i % len(SETTINGS)]})
+    # What the Translator gives for each request's sentences on their own.
+    expected = []
+    for req in requests:
+        out = translator.translate(
+            req["src"], beam=req["beam"], alpha=req.get("alpha", 0.6), n_best=req.get("n_best", 1)
+        )
+        expected.append(out)
+
+    with live_server(translator, ServeConfig(batch_wait_ms=30)) as base:
+        translator.batches.clear()
+        with httpx.Client(timeout=60) as client, ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda r: client.post(f"{base}/translate", json=r), requests))
+        metrics = httpx.get(f"{base}/metrics").text
+
+    for req, answer, want in zip(requests, answers, expected):
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["translations"] == [c[0] for c in want], req
+        if req.get("n_best", 1) > 1:
+            assert body["n_best"] == want
+    # Requests really were batched together: a model batch held more sentences than any
+    # single request, and fewer batches ran than there were requests.
+    most = max(len(r["src"]) for r in requests)
+    assert max(translator.batches) > most, translator.batches
+    assert len(translator.batches) < len(requests), translator.batches
+    sentences = sum(len(r["src"]) for r in requests) + 1  # + the warm-up sentence
+    assert f"aiayn_sentences_translated_total {sentences}\n" in metrics
+    assert re.search(r'aiayn_requests_total\{path="/translate",status="200"\} 60\n', metrics)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    src_dir = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
+    log = (tmp_path / "serve.log").open("w")
+    cmd = [sys.executable, "-m", "aiayn.cli", "serve", "--model", str(sample_model_dir())]
+    cmd += ["--port", str(port), "--threads", "1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(base, timeout=60)
+        # A slow request: 64 sentences with a wide beam.
+        body = {"src": [de for de, _ in PAIRS[:64]], "beam": 12, "n_best": 2}
+        answer: list = []
+
+        def send():
+            answer.append(
+                (httpx.post(f"{base}/translate", json=body, timeout=120), time.monotonic())
+            )
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while "aiayn_requests_in_flight 1" not in httpx.get(f"{base}/metrics").text:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.01)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        thread.join(120)
+        # uvicorn re-raises the signal once it has shut down cleanly (exit by SIGTERM).
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        response, answered = answer[0]
+        assert answered > signalled, "the request had finished before the signal: not a test"
+        assert response.status_code == 200, response.text
+        assert len(response.json()["translations"]) == 64
+        with pytest.raises(httpx.ConnectError):  # and the port is closed afterwards
+            httpx.get(f"{base}/health", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_serve_cli_errors_are_one_line(sample_model_dir, tmp_path, capsys):
+    from aiayn.cli import main
+
+    assert main(["serve", "--model", str(tmp_path / "none")]) == 2
+    assert "no such model directory" in capsys.readouterr().err
+    assert (
+        main(["serve", "--model", str(sample_model_dir()), "--api-key-env", "AIAYN_NO_SUCH"]) == 2
+    )
+    assert "AIAYN_NO_SUCH holds no API key" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["serve", "--model", str(sample_model_dir()), "--port", port]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

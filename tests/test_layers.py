@@ -26,7 +26,8 @@ LAYERS = [
     {"translator"},
     {"train"},
     {"inspect", "export", "serve"},
-    {"cli", "__main__"},
+    {"cli"},
+    {"__main__"},  # python -m aiayn: the CLI
 ]
 LAYER_OF = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from aiayn.errors import CorpusError
@@ -23,38 +25,65 @@ def read_lines(path: str | Path) -> list[str]:
 
     Raises CorpusError for a missing file, bad gzip data, or invalid UTF-8 (with the line).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
+    return list(iter_lines(path))
+
+
+def decode_line(line: bytes, name: str, number: int) -> str:
+    """One line's bytes (no newline) as text, without a trailing CR.
+
+    Raises CorpusError naming ``name`` (a path, or "<stdin>") and line ``number`` (from 1)
+    at an invalid byte: input is never decoded with replacement characters behind the
+    user's back.
+    """
     try:
-        with path.open("rb") as f:
-            raw = f.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError) as e:
-        raise CorpusError(f"{path}: cannot read ({e})") from None
-    return decode_lines(raw, str(path))
+        return line.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError as e:
+        raise CorpusError(
+            f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
+            f"{e.start + 1})"
+        ) from None
 
 
 def decode_lines(raw: bytes, name: str) -> list[str]:
-    """Split ``raw`` into lines (no newline, no trailing CR) and decode them as UTF-8.
-
-    Raises CorpusError naming ``name`` (a path, or "<stdin>") and the line of the first
-    invalid byte: input is never decoded with replacement characters behind the user's back.
-    """
+    """Split ``raw`` into lines (no newline, no trailing CR) and decode them as UTF-8
+    (:func:`decode_line`'s errors)."""
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start a new one
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise CorpusError(
-                f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
-                f"{e.start + 1})"
-            ) from None
-    return out
+    return [decode_line(line, name, number) for number, line in enumerate(lines, start=1)]
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of ``path`` one at a time, as :func:`read_lines` gives them, in constant
+    memory: plain or gzip (recognised by its magic bytes), UTF-8 checked line by line.
+
+    Raises CorpusError for a missing file, or naming the line where gzip data is bad or a
+    byte is not UTF-8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    number = 0
+    try:
+        with path.open("rb") as raw:
+            packed = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            f = gzip.GzipFile(fileobj=raw) if packed else raw
+            for number, line in enumerate(f, start=1):
+                yield decode_line(line[:-1] if line.endswith(b"\n") else line, str(path), number)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        where = f", line {number + 1}" if number else ""
+        raise CorpusError(f"{path}{where}: cannot read ({e})") from None
+
+
+def keep_pair(src: str, tgt: str, max_len_words: int | None) -> str:
+    """Why a normalised pair is dropped ("empty", "long") or "" to keep it: an empty side,
+    or (if ``max_len_words``) a side of more whitespace-separated words."""
+    if not src or not tgt:
+        return "empty"
+    if max_len_words and max(src.count(" "), tgt.count(" ")) + 1 > max_len_words:
+        return "long"
+    return ""
 
 
 @dataclass
@@ -95,9 +124,10 @@ def read_parallel(
     corpus = ParallelCorpus([], [], str(src_path), str(tgt_path))
     for s, t in zip(src_lines, tgt_lines):
         s, t = normalize(s), normalize(t)
-        if not s or not t:
+        why = keep_pair(s, t, max_len_words)
+        if why == "empty":
             corpus.dropped_empty += 1
-        elif max_len_words and max(s.count(" "), t.count(" ")) + 1 > max_len_words:
+        elif why == "long":
             corpus.dropped_long += 1
         else:
             corpus.src.append(s)
@@ -108,3 +138,52 @@ def read_parallel(
             f"{corpus.dropped_long} too long)"
         )
     return corpus
+
+
+@dataclass
+class PairCounts:
+    """What :func:`iter_parallel` saw: line pairs read, kept and dropped (and why)."""
+
+    lines: int = 0
+    kept: int = 0
+    dropped_empty: int = 0
+    dropped_long: int = 0
+
+
+def iter_parallel(
+    src_path: str | Path,
+    tgt_path: str | Path,
+    max_len_words: int | None = None,
+    counts: PairCounts | None = None,
+) -> Iterator[tuple[str, str]]:
+    """The pairs :func:`read_parallel` keeps, normalised, one at a time in constant memory;
+    ``counts`` (updated as it goes) gets the dropped ones.
+
+    Raises CorpusError naming the file and line where one file ends before the other, or
+    at the end when there were no lines or no usable pairs.
+    """
+    counts = counts if counts is not None else PairCounts()
+    for s, t in zip_longest(iter_lines(src_path), iter_lines(tgt_path)):
+        if s is None or t is None:
+            short, long = (src_path, tgt_path) if s is None else (tgt_path, src_path)
+            raise CorpusError(
+                f"line counts differ: {short} ends after line {counts.lines}, {long} has a "
+                f"line {counts.lines + 1}; line i of one must translate line i of the other"
+            )
+        counts.lines += 1
+        s, t = normalize(s), normalize(t)
+        why = keep_pair(s, t, max_len_words)
+        if why == "empty":
+            counts.dropped_empty += 1
+        elif why == "long":
+            counts.dropped_long += 1
+        else:
+            counts.kept += 1
+            yield s, t
+    if not counts.lines:
+        raise CorpusError(f"{src_path} and {tgt_path}: empty corpus")
+    if not counts.kept:
+        raise CorpusError(
+            f"{src_path} and {tgt_path}: no usable pairs ({counts.dropped_empty} empty, "
+            f"{counts.dropped_long} too long)"
+        )

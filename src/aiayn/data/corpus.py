@@ -163,12 +163,16 @@ def iter_parallel(
     at the end when there were no lines or no usable pairs.
     """
     counts = counts if counts is not None else PairCounts()
-    for s, t in zip_longest(iter_lines(src_path), iter_lines(tgt_path)):
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    for s, t in zip_longest(src_lines, tgt_lines):
         if s is None or t is None:
-            short, long = (src_path, tgt_path) if s is None else (tgt_path, src_path)
+            n = counts.lines
+            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
+            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
             raise CorpusError(
-                f"line counts differ: {short} ends after line {counts.lines}, {long} has a "
-                f"line {counts.lines + 1}; line i of one must translate line i of the other"
+                f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
+                f"{src_path if s is None else tgt_path} ends after line {n}: line i of one "
+                "must translate line i of the other"
             )
         counts.lines += 1
         s, t = normalize(s), normalize(t)

@@ -34,7 +34,7 @@ from aiayn.data.shards import (
     token_dtype,
 )
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import CorpusError
+from aiayn.errors import AiaynError, CorpusError
 from aiayn.progress import progress
 
 SPM_SAMPLE_PAIRS = 1_000_000  # pairs the tokenizer is trained on, at most (2M sentences)
@@ -152,6 +152,9 @@ def prepare(
     Raises CorpusError (file and line) for unusable text, and when ``out`` exists.
     """
     out = Path(out)
+    for name, value in (("workers", workers), ("sample", sample), ("chunk_pairs", chunk_pairs)):
+        if value < 1:
+            raise AiaynError(f"prepare: {name} must be at least 1, got {value}")
     if out.exists():
         raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
     out.parent.mkdir(parents=True, exist_ok=True)

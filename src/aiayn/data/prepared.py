@@ -206,8 +206,7 @@ def _prepare_into(
             tmp / "spm",
             vocab_size=vocab_size,
             model_type=model_type,
-            num_threads=max(1, workers),
-        )
+        )  # its default threads, not ``workers``: the model file records the thread count
         del chosen
         trained = {"vocab_size": vocab_size, "model_type": model_type, "sample_pairs": sample}
         trained["seed"] = seed

@@ -113,41 +113,79 @@ def read_parallel(
     """Read two aligned files; drop pairs with an empty side or (if ``max_len_words``) a side
     of more whitespace-separated words. Raises CorpusError when the line counts differ or
     nothing is left."""
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise CorpusError(
-            f"line counts differ: {src_path} has {len(src_lines)} lines, {tgt_path} has "
-            f"{len(tgt_lines)}; line i of one must translate line i of the other"
-        )
-    if not src_lines:
-        raise CorpusError(f"{src_path} and {tgt_path}: empty corpus")
-    corpus = ParallelCorpus([], [], str(src_path), str(tgt_path))
-    for s, t in zip(src_lines, tgt_lines):
-        s, t = normalize(s), normalize(t)
-        why = keep_pair(s, t, max_len_words)
-        if why == "empty":
-            corpus.dropped_empty += 1
-        elif why == "long":
-            corpus.dropped_long += 1
-        else:
-            corpus.src.append(s)
-            corpus.tgt.append(t)
-    if not corpus.src:
-        raise CorpusError(
-            f"{src_path} and {tgt_path}: no usable pairs ({corpus.dropped_empty} empty, "
-            f"{corpus.dropped_long} too long)"
-        )
-    return corpus
+    counts = PairCounts()
+    pairs = list(iter_parallel(src_path, tgt_path, max_len_words, counts))
+    return ParallelCorpus(
+        [s for s, _ in pairs],
+        [t for _, t in pairs],
+        str(src_path),
+        str(tgt_path),
+        counts.dropped_empty,
+        counts.dropped_long,
+    )
 
 
 @dataclass
 class PairCounts:
-    """What :func:`iter_parallel` saw: line pairs read, kept and dropped (and why)."""
+    """Line pairs read, kept and dropped (and why), as :func:`clean_pair` counts them."""
 
     lines: int = 0
     kept: int = 0
     dropped_empty: int = 0
     dropped_long: int = 0
+
+    def __iadd__(self, other: PairCounts) -> PairCounts:
+        self.lines += other.lines
+        self.kept += other.kept
+        self.dropped_empty += other.dropped_empty
+        self.dropped_long += other.dropped_long
+        return self
+
+    def check(self, src_path: str | Path, tgt_path: str | Path) -> None:
+        """CorpusError when there were no lines, or no usable pairs among them."""
+        if not self.lines:
+            raise CorpusError(f"{src_path} and {tgt_path}: empty corpus")
+        if not self.kept:
+            raise CorpusError(
+                f"{src_path} and {tgt_path}: no usable pairs ({self.dropped_empty} empty, "
+                f"{self.dropped_long} too long)"
+            )
+
+
+def clean_pair(
+    src: str, tgt: str, max_len_words: int | None, counts: PairCounts
+) -> tuple[str, str] | None:
+    """The pair normalised, or None when :func:`keep_pair` drops it; counted in ``counts``."""
+    counts.lines += 1
+    src, tgt = normalize(src), normalize(tgt)
+    why = keep_pair(src, tgt, max_len_words)
+    if why == "empty":
+        counts.dropped_empty += 1
+    elif why == "long":
+        counts.dropped_long += 1
+    else:
+        counts.kept += 1
+        return src, tgt
+    return None
+
+
+def iter_line_pairs(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
+    """Line i of each file, as read (:func:`iter_lines`), one pair at a time.
+
+    Raises CorpusError naming both files, their line counts, and the line where one file
+    ends before the other.
+    """
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    for n, (s, t) in enumerate(zip_longest(src_lines, tgt_lines)):  # n lines before these
+        if s is None or t is None:
+            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
+            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
+            raise CorpusError(
+                f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
+                f"{src_path if s is None else tgt_path} ends after line {n}: line i of one "
+                "must translate line i of the other"
+            )
+        yield s, t
 
 
 def iter_parallel(
@@ -157,37 +195,11 @@ def iter_parallel(
     counts: PairCounts | None = None,
 ) -> Iterator[tuple[str, str]]:
     """The pairs :func:`read_parallel` keeps, normalised, one at a time in constant memory;
-    ``counts`` (updated as it goes) gets the dropped ones.
-
-    Raises CorpusError naming the file and line where one file ends before the other, or
-    at the end when there were no lines or no usable pairs.
-    """
+    ``counts`` (updated as it goes) gets the dropped ones. Raises CorpusError as
+    :func:`iter_line_pairs` and :meth:`PairCounts.check` do."""
     counts = counts if counts is not None else PairCounts()
-    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
-    for s, t in zip_longest(src_lines, tgt_lines):
-        if s is None or t is None:
-            n = counts.lines
-            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
-            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
-            raise CorpusError(
-                f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
-                f"{src_path if s is None else tgt_path} ends after line {n}: line i of one "
-                "must translate line i of the other"
-            )
-        counts.lines += 1
-        s, t = normalize(s), normalize(t)
-        why = keep_pair(s, t, max_len_words)
-        if why == "empty":
-            counts.dropped_empty += 1
-        elif why == "long":
-            counts.dropped_long += 1
-        else:
-            counts.kept += 1
-            yield s, t
-    if not counts.lines:
-        raise CorpusError(f"{src_path} and {tgt_path}: empty corpus")
-    if not counts.kept:
-        raise CorpusError(
-            f"{src_path} and {tgt_path}: no usable pairs ({counts.dropped_empty} empty, "
-            f"{counts.dropped_long} too long)"
-        )
+    for s, t in iter_line_pairs(src_path, tgt_path):
+        pair = clean_pair(s, t, max_len_words, counts)
+        if pair is not None:
+            yield pair
+    counts.check(src_path, tgt_path)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.data.corpus import PairCounts, iter_parallel
+from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
 from aiayn.data.shards import (
     FORMAT,
     MANIFEST,
@@ -71,20 +71,28 @@ def _init_worker(model: bytes) -> None:
     _worker_tokenizer = Tokenizer.from_bytes(model)
 
 
+Encoded = tuple[list[tuple[np.ndarray, np.ndarray]], PairCounts, tuple[list[str], list[str]]]
+
+
 def _encode_chunk(
-    chunk: tuple[list[str], list[str]], dtype: np.dtype
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(ids back to back, lengths) of each side of ``chunk``; numpy arrays travel between
-    processes as a few buffers, not as millions of Python ints."""
+    chunk: tuple[list[str], list[str]], dtype: np.dtype, max_len_words: int | None, text: bool
+) -> Encoded:
+    """Clean (normalise, drop and count) and encode the raw line pairs of ``chunk``:
+    (ids back to back, lengths) per side, the counts, and the kept text if ``text``. The
+    workers do the per-pair work; numpy arrays travel back as a few buffers, not as
+    millions of Python ints."""
     assert _worker_tokenizer is not None
+    counts = PairCounts()
+    kept = [p for p in (clean_pair(s, t, max_len_words, counts) for s, t in zip(*chunk)) if p]
+    sides = [s for s, _ in kept], [t for _, t in kept]
     out = []
-    for texts in chunk:
+    for texts in sides:
         # One thread per worker: the workers are the parallelism.
         ids = _worker_tokenizer.encode_batch(texts, num_threads=1)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
         out.append((tokens, lengths))
-    return out
+    return out, counts, (sides if text else ([], []))
 
 
 def encode_split(
@@ -92,40 +100,45 @@ def encode_split(
     writer: SplitWriter,
     spm_bytes: bytes,
     workers: int,
+    max_len_words: int | None = None,
     chunk_pairs: int = CHUNK_PAIRS,
-    desc: str = "encode",
     show_progress: bool = True,
-) -> None:
-    """Encode ``pairs`` into ``writer`` in their order, with ``workers`` processes (1: in
-    this one). At most two chunks per worker are in flight, so memory stays flat."""
+) -> tuple[PairCounts, tuple[list[str], list[str]]]:
+    """Clean and encode the raw line ``pairs`` into ``writer``, in their order, with
+    ``workers`` processes (1: in this one); returns the counts and, for a validation split
+    (``writer.split == "valid"``), the kept text. At most two chunks per worker are in
+    flight, so memory stays flat whatever the corpus."""
+    counts, texts = PairCounts(), ([], [])
+    bar = progress(desc=writer.split, unit="pairs", disable=not show_progress)
 
-    def write(result: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        for side, (tokens, lengths) in zip(("src", "tgt"), result):
+    def write(result: Encoded) -> None:
+        arrays, chunk_counts, chunk_texts = result
+        for side, (tokens, lengths) in zip(("src", "tgt"), arrays):
             writer.write(side, tokens, lengths)
+        nonlocal counts
+        counts += chunk_counts
+        texts[0].extend(chunk_texts[0])
+        texts[1].extend(chunk_texts[1])
+        bar.update(chunk_counts.lines)
 
-    bar = progress(desc=desc, unit="pairs", disable=not show_progress)
+    args = (writer.dtype, max_len_words, writer.split == "valid")
     if workers <= 1:
         _init_worker(spm_bytes)
         for chunk in chunks(pairs, chunk_pairs):
-            write(_encode_chunk(chunk, writer.dtype))
-            bar.update(len(chunk[0]))
-        bar.close()
-        return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(spm_bytes,)) as pool:
-        pending: deque = deque()
-        for chunk in chunks(pairs, chunk_pairs):
-            pending.append((len(chunk[0]), pool.apply_async(_encode_chunk, (chunk, writer.dtype))))
-            while pending and (len(pending) > 2 * workers or pending[0][1].ready()):
-                n, result = pending.popleft()
-                write(result.get())
-                bar.update(n)
-        while pending:
-            n, result = pending.popleft()
-            write(result.get())
-            bar.update(n)
+            write(_encode_chunk(chunk, *args))
+    else:
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with context.Pool(workers, initializer=_init_worker, initargs=(spm_bytes,)) as pool:
+            pending: deque = deque()
+            for chunk in chunks(pairs, chunk_pairs):
+                pending.append(pool.apply_async(_encode_chunk, (chunk, *args)))
+                while pending and (len(pending) > 2 * workers or pending[0].ready()):
+                    write(pending.popleft().get())
+            while pending:
+                write(pending.popleft().get())
     bar.close()
+    return counts, texts
 
 
 def prepare(
@@ -193,14 +206,17 @@ def _prepare_into(
     if spm_model is not None:
         tokenizer = Tokenizer.load(spm_model)
         (tmp / SPM_MODEL).write_bytes(tokenizer.to_bytes())
-        trained = {"from": str(spm_model)}
+        trained: dict[str, Any] = {"from": str(spm_model)}
     else:
-        # Pass 1 over the training text: validation, counts and the sample.
+        # Pass 1 over the training text: line counts and UTF-8 checked, a sample of raw
+        # pairs drawn; only the sample is cleaned here (the workers clean the rest).
         pairs = progress(
-            iter_parallel(*train, max_len_words), desc="sample", unit="pairs",
-            disable=not show_progress,
-        )  # fmt: skip
+            iter_line_pairs(*train), desc="sample", unit="pairs", disable=not show_progress
+        )
         chosen = sample_pairs(iter(pairs), sample, seed)
+        counts = PairCounts()
+        chosen = [p for p in (clean_pair(s, t, max_len_words, counts) for s, t in chosen) if p]
+        counts.check(*train)
         tokenizer = Tokenizer.train(
             [s for s, _ in chosen] + [t for _, t in chosen],
             tmp / "spm",
@@ -215,16 +231,18 @@ def _prepare_into(
     dtype = token_dtype(tokenizer.vocab_size)
     splits: dict[str, dict[str, int]] = {}
     for split, (src, tgt), limit in (("train", train, max_len_words), ("valid", valid, None)):
-        counts = PairCounts()
-        pairs = iter_parallel(src, tgt, limit, counts)
-        if split == "valid":  # small: also kept as text, the references of validation BLEU
-            pairs = _tee_text(pairs, tmp)
         writer = SplitWriter(tmp, split, dtype)
-        encode_split(pairs, writer, spm_bytes, workers, chunk_pairs, split, show_progress)
+        counts, texts = encode_split(
+            iter_line_pairs(src, tgt), writer, spm_bytes, workers, limit, chunk_pairs, show_progress
+        )
+        counts.check(src, tgt)
         splits[split] = writer.close()
         splits[split].update(
             lines=counts.lines, dropped_empty=counts.dropped_empty, dropped_long=counts.dropped_long
         )
+        if split == "valid":  # also kept as text: the references of validation BLEU
+            for side, lines in zip(("src", "tgt"), texts):
+                (tmp / f"valid.{side}.txt").write_text("".join(t + "\n" for t in lines), "utf-8")
         log(f"{split}: {splits[split]}")
     names = ("train_src", "train_tgt", "valid_src", "valid_tgt")
     inputs = {
@@ -249,14 +267,3 @@ def _prepare_into(
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
-
-
-def _tee_text(pairs: Iterator[tuple[str, str]], directory: Path) -> Iterator[tuple[str, str]]:
-    with (
-        (directory / "valid.src.txt").open("w", encoding="utf-8") as src,
-        (directory / "valid.tgt.txt").open("w", encoding="utf-8") as tgt,
-    ):
-        for s, t in pairs:
-            src.write(s + "\n")
-            tgt.write(t + "\n")
-            yield s, t

@@ -53,6 +53,7 @@ class MetricsLog:
 
     def __init__(self, out_dir: Path, tensorboard: bool = True):
         self.file = (out_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.flushed_train = False
         self.tb = None
         if tensorboard:
             try:
@@ -64,8 +65,10 @@ class MetricsLog:
 
     def write(self, kind: str, step: int, **values: float) -> None:
         self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
-        if kind != "train":  # keep the file current for `tail -f` without a flush per update
+        # Current for `tail -f` without a flush per update: the first update shows at once.
+        if kind != "train" or not self.flushed_train:
             self.file.flush()
+            self.flushed_train = self.flushed_train or kind == "train"
         if self.tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):

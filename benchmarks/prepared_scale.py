@@ -158,6 +158,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5_000_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30, help="updates per training run")
+    parser.add_argument("--prepare-only", action="store_true", help="prepare and plan only")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -170,6 +171,10 @@ def main() -> None:
     print(json.dumps(results["prepare"]), flush=True)
     results["plan"] = plan(work / "data")
     print(json.dumps(results["plan"]), flush=True)
+    if args.prepare_only:
+        results["uptime_after"] = os.popen("uptime").read().strip()
+        (work / "results-prepare.json").write_text(json.dumps(results, indent=2) + "\n")
+        return
     m30k = multi30k_dir()
     results["prepare_multi30k"] = prepare(
         m30k / "train.de.gz", m30k / "train.en.gz", work / "multi30k", args.workers

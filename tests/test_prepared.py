@@ -70,8 +70,9 @@ def prepared(tmp_path_factory, corpus) -> Path:
 
 def test_numpy_planner_equals_the_python_reference():
     g = np.random.default_rng(0)
-    for seed, epoch, n, budget in [(0, 0, 2000, 500), (1, 3, 3000, 300), (2**40, 1, 500, 40)]:
-        src, tgt = g.integers(0, 60, n).tolist(), g.integers(0, 60, n).tolist()
+    cases = [(0, 0, 2000, 500, 60), (1, 3, 3000, 300, 60), (2**40, 1, 500, 40, 60)]
+    for seed, epoch, n, budget, top in [*cases, (5, 0, 300, 200_000, 70_000)]:  # > uint16
+        src, tgt = g.integers(0, top, n).tolist(), g.integers(0, top, n).tolist()
         assert token_batches(src, tgt, budget, seed, epoch) == reference_token_batches(
             src, tgt, budget, seed, epoch
         )

@@ -256,7 +256,7 @@ def add_prepare_parser(sub) -> None:
     p.add_argument("--spm-model", help="use this SentencePiece model instead of training one")
     p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
     p.add_argument(
-        "--spm-sample", type=int, default=1_000_000, help="pairs the tokenizer is trained on"
+        "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"
     )
     p.add_argument(
         "--max-len-words", type=int, default=100, help="drop longer training pairs (0: keep)"

@@ -111,7 +111,7 @@ def plan_batches(
     words = rng.getstate()[1]
     mt.set_state(("MT19937", np.array(words[:-1], dtype=np.uint32), words[-1]))
     keys = mt.random_sample(len(src))
-    order = np.lexsort((keys, src, tgt))  # stable, by target, then source, then key
+    order = _sort_by_length(src, tgt, keys)
     cost = np.maximum(np.maximum(src, 1), tgt + 1)[order]  # padded size per sentence
     batches: list[np.ndarray] = []
     i, n = 0, len(order)
@@ -128,6 +128,17 @@ def plan_batches(
     rng.setstate((3, (*(int(w) for w in state[1]), int(state[2])), None))
     rng.shuffle(batches)
     return batches
+
+
+def _sort_by_length(src: np.ndarray, tgt: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Indices sorted by target length, then source length, then key, ties by index (as
+    Python's stable ``sorted``). Three stable passes, the last two radix sorts on uint16:
+    about twice as fast as ``np.lexsort`` on millions of pairs."""
+    if len(src) and max(src.max(), tgt.max()) >= 1 << 16:
+        return np.lexsort((keys, src, tgt))
+    order = np.argsort(keys, kind="stable")
+    order = order[np.argsort(src[order].astype(np.uint16), kind="stable")]
+    return order[np.argsort(tgt[order].astype(np.uint16), kind="stable")]
 
 
 def token_batches(

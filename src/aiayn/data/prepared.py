@@ -37,7 +37,9 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import AiaynError, CorpusError
 from aiayn.progress import progress
 
-SPM_SAMPLE_PAIRS = 1_000_000  # pairs the tokenizer is trained on, at most (2M sentences)
+# Pairs the tokenizer is trained on, at most (1M sentences): SentencePiece's memory and
+# time grow with its input, and a million sentences are plenty for a joint vocabulary.
+SPM_SAMPLE_PAIRS = 500_000
 CHUNK_PAIRS = 20_000  # pairs per task sent to an encoding worker
 
 
@@ -213,9 +215,11 @@ def _prepare_into(
         pairs = progress(
             iter_line_pairs(*train), desc="sample", unit="pairs", disable=not show_progress
         )
-        chosen = sample_pairs(iter(pairs), sample, seed)
+        chosen: list = sample_pairs(iter(pairs), sample, seed)
         counts = PairCounts()
-        chosen = [p for p in (clean_pair(s, t, max_len_words, counts) for s, t in chosen) if p]
+        for i, (s, t) in enumerate(chosen):  # in place: the raw lines go as they are cleaned
+            chosen[i] = clean_pair(s, t, max_len_words, counts)
+        chosen = [p for p in chosen if p is not None]
         counts.check(*train)
         tokenizer = Tokenizer.train(
             [s for s, _ in chosen] + [t for _, t in chosen],

@@ -57,9 +57,10 @@ def make_corpus(out: Path, pairs: int, seed: int = 0) -> tuple[Path, Path]:
     return src, tgt
 
 
-def run_measured(argv: list[str], until=None, poll: float = 0.2) -> dict:
+def run_measured(argv: list[str], until=None, stop=None, poll: float = 0.2) -> dict:
     """Run ``argv``; wall time, peak RSS of the process and of its tree, RSS samples, and
-    the time ``until()`` first held (seconds from the start)."""
+    the time ``until()`` first held (seconds from the start). Ended (SIGTERM) once
+    ``stop()`` holds."""
     start = time.perf_counter()
     proc = psutil.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
     peak_main = peak_tree = 0
@@ -78,9 +79,13 @@ def run_measured(argv: list[str], until=None, poll: float = 0.2) -> dict:
         samples.append((now, main))
         if reached is None and until is not None and until():
             reached = now
+        if stop is not None and stop():
+            proc.terminate()
+            proc.wait()
+            break
         time.sleep(poll)
     proc.wait()
-    if proc.returncode != 0:
+    if proc.returncode != 0 and stop is None:
         raise SystemExit(f"{argv} failed with {proc.returncode}")
     return {
         "seconds": round(time.perf_counter() - start, 1),
@@ -142,9 +147,14 @@ def train(data_dir: Path, run: Path, steps: int) -> dict:
     argv = aiayn(
         "train", "--config", str(ROOT / "recipes/multi30k.yaml"), "--data", str(data_dir),
         "--out", str(run), "--no-progress", "--set", f"max_steps={steps}", "threads=1",
-        "save_every_steps=0", "valid_every_steps=100000",
+        "save_every_steps=0", "log_every=1",
     )  # fmt: skip
-    result = run_measured(argv, until=lambda: metrics.exists() and metrics.stat().st_size > 0)
+
+    def updates() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    # Ended after ``steps`` updates: the validation at the end is not what is measured.
+    result = run_measured(argv, until=lambda: updates() > 0, stop=lambda: updates() >= steps)
     first = result["reached_s"]
     steady = [rss for t, rss in result.pop("samples") if first is not None and t > first + 5]
     result["first_update_s"] = first
@@ -159,10 +169,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30, help="updates per training run")
     parser.add_argument("--prepare-only", action="store_true", help="prepare and plan only")
+    parser.add_argument("--train-only", action="store_true", help="train on WORK's data only")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"pairs": args.pairs, "workers": args.workers}
+    if args.train_only:
+        results["uptime_before"] = os.popen("uptime").read().strip()
+        train_both(work, args.steps, results)
+        (work / "results-train.json").write_text(json.dumps(results, indent=2) + "\n")
+        return
     t = time.perf_counter()
     src, tgt = make_corpus(work, args.pairs)
     results["corpus_s"] = round(time.perf_counter() - t, 1)
@@ -179,13 +195,17 @@ def main() -> None:
     results["prepare_multi30k"] = prepare(
         m30k / "train.de.gz", m30k / "train.en.gz", work / "multi30k", args.workers
     )
-    results["train"] = train(work / "data", work / "run-synthetic", args.steps)
-    print(json.dumps(results["train"]), flush=True)
-    results["train_multi30k"] = train(work / "multi30k", work / "run-multi30k", args.steps)
-    print(json.dumps(results["train_multi30k"]), flush=True)
-    results["uptime_after"] = os.popen("uptime").read().strip()
+    train_both(work, args.steps, results)
     (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+
+
+def train_both(work: Path, steps: int, results: dict) -> None:
+    results["train"] = train(work / "data", work / "run-synthetic", steps)
+    print(json.dumps(results["train"]), flush=True)
+    results["train_multi30k"] = train(work / "multi30k", work / "run-multi30k", steps)
+    print(json.dumps(results["train_multi30k"]), flush=True)
+    results["uptime_after"] = os.popen("uptime").read().strip()
 
 
 if __name__ == "__main__":

@@ -115,8 +115,11 @@ def test_token_files_round_trip_at_the_uint16_boundary(tmp_path, vocab, top):
     split = PreparedSplit(tmp_path, "train", dtype)
     assert [split.ids("src", i).tolist() for i in range(3)] == rows
     assert split.batch(np.array([2])).src.tolist() == [[top] * 4]
+    narrow = SplitWriter(tmp_path, "x", np.uint16)
     with pytest.raises(OverflowError):
-        SplitWriter(tmp_path, "x", np.uint16).write("src", np.array([65536]), np.array([1]))
+        narrow.write("src", np.array([65536]), np.array([1]))
+    narrow.discard()
+    split.close()
 
 
 def test_prepare_killed_midway_leaves_nothing_and_reruns_clean(tmp_path, corpus):

@@ -236,9 +236,14 @@ def _prepare_into(
     splits: dict[str, dict[str, int]] = {}
     for split, (src, tgt), limit in (("train", train, max_len_words), ("valid", valid, None)):
         writer = SplitWriter(tmp, split, dtype)
-        counts, texts = encode_split(
-            iter_line_pairs(src, tgt), writer, spm_bytes, workers, limit, chunk_pairs, show_progress
-        )
+        try:
+            counts, texts = encode_split(
+                iter_line_pairs(src, tgt), writer, spm_bytes, workers, limit, chunk_pairs,
+                show_progress,
+            )  # fmt: skip
+        except BaseException:
+            writer.discard()
+            raise
         counts.check(src, tgt)
         splits[split] = writer.close()
         splits[split].update(

@@ -1,5 +1,5 @@
-"""The prepared-data format: binary token files, a numpy index and a JSON manifest, read
-back memory-mapped (fairseq's indexed datasets, simpler).
+"""The prepared-data format: binary token files, a numpy index and a JSON manifest
+(fairseq's indexed datasets, simpler).
 
 A prepared directory holds, for each split (``train``, ``valid``):
 
@@ -11,12 +11,14 @@ A prepared directory holds, for each split (``train``, ``valid``):
 and ``valid.src.txt`` / ``valid.tgt.txt`` (the normalised validation text, for BLEU),
 ``spm.model`` and ``manifest.json`` (:data:`FORMAT`, the dtype, vocabulary size, the
 tokenizer's sha256, counts and dropped pairs per split, and each input's sha256 and size).
+Training reads it without loading the corpus: the index in memory, ids read per batch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -65,6 +67,11 @@ class SplitWriter:
         self.files[side].write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
         self.lengths[side].append(np.asarray(lengths, dtype=np.int64))
 
+    def discard(self) -> None:
+        """Close the token files after a failure (the directory is going to be removed)."""
+        for f in self.files.values():
+            f.close()
+
     def close(self) -> dict[str, int]:
         """Flush the token files and write the indexes; returns pairs and tokens per side."""
         counts: dict[str, int] = {}
@@ -80,29 +87,43 @@ class SplitWriter:
 
 
 class PreparedSplit:
-    """One split, memory-mapped: ids are read from disk when a batch needs them, so memory
-    holds the index (16 bytes per sentence and side) and not the corpus."""
+    """One split, read from disk when a batch needs it: memory holds the index (12 bytes per
+    sentence and side), not the corpus.
+
+    Ids are read with positioned reads (``os.pread``) rather than through a memory map: the
+    pages of a mapping count in the process's resident memory once touched, and with the
+    kernel's read-ahead a few hundred random batches would map most of the corpus.
+    """
 
     def __init__(self, directory: Path, split: str, dtype: np.dtype):
-        self.name = f"{directory}/{split}"
-        self.tokens, self.offsets, lengths = {}, {}, {}
+        self.name, self.dtype = f"{directory}/{split}", dtype
+        self.fds: dict[str, int] = {}
+        self.offsets: dict[str, np.ndarray] = {}
+        lengths: dict[str, np.ndarray] = {}
         for side in SIDES:
-            index = np.load(directory / f"{split}.{side}.idx.npy", mmap_mode="r")
-            self.offsets[side] = index[:, 0]
-            lengths[side] = np.asarray(index[:, 1], dtype=np.int64)
+            index = np.load(directory / f"{split}.{side}.idx.npy")
+            self.offsets[side] = np.ascontiguousarray(index[:, 0])
+            lengths[side] = index[:, 1].astype(np.int32)
+            del index
             path = directory / f"{split}.{side}.bin"
-            expected = int(lengths[side].sum()) * dtype.itemsize
+            expected = int(lengths[side].sum(dtype=np.int64)) * dtype.itemsize
             if path.stat().st_size != expected:
                 raise CorpusError(
                     f"{path}: {path.stat().st_size} bytes, the index says {expected}; the "
                     "prepared data is damaged, prepare it again"
                 )
-            self.tokens[side] = (
-                np.memmap(path, dtype=dtype, mode="r") if expected else np.zeros(0, dtype)
-            )
+            self.fds[side] = os.open(path, os.O_RDONLY)
         self.src_lens, self.tgt_lens = lengths["src"], lengths["tgt"]
         if len(self.src_lens) != len(self.tgt_lens):
             raise CorpusError(f"{self.name}: source and target indexes differ in length")
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+    def __del__(self) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -126,8 +147,9 @@ class PreparedSplit:
 
     def ids(self, side: str, i: int) -> np.ndarray:
         """Sentence ``i``'s ids on ``side`` ("src" or "tgt")."""
-        start = int(self.offsets[side][i])
-        return self.tokens[side][start : start + int(self.lengths(side)[i])]
+        size = self.dtype.itemsize
+        n, start = int(self.lengths(side)[i]), int(self.offsets[side][i])
+        return np.frombuffer(os.pread(self.fds[side], n * size, start * size), self.dtype)
 
     def lengths(self, side: str) -> np.ndarray:
         return self.src_lens if side == "src" else self.tgt_lens
@@ -135,7 +157,8 @@ class PreparedSplit:
     def batch(self, index: np.ndarray) -> Batch:
         """The :class:`Batch` of pairs ``index``: equal to ``collate`` of their id lists."""
         index = np.asarray(index)
-        src_lens, tgt_lens = self.src_lens[index], self.tgt_lens[index]
+        src_lens = self.src_lens[index].astype(np.int64)
+        tgt_lens = self.tgt_lens[index].astype(np.int64)
         B = len(index)
         src = np.full((B, int(src_lens.max(initial=0))), PAD_ID, dtype=np.int64)
         tgt_in = np.full((B, int(tgt_lens.max(initial=0)) + 1), PAD_ID, dtype=np.int64)

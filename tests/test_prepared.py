@@ -57,14 +57,18 @@ def corpus(tmp_path_factory) -> dict:
     return small_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, corpus) -> Path:
-    out = tmp_path_factory.mktemp("prepared") / "data"
+def prepare_argv(corpus: dict, out: Path) -> list[str]:
     argv = ["prepare", "--out", str(out), "--vocab-size", "400", "--workers", "2"]
     for key in ("train.de", "train.en", "val.de", "val.en"):
         flag = {"train": "--train", "val": "--valid"}[key.split(".")[0]]
         argv += [f"{flag}-{'src' if key.endswith('de') else 'tgt'}", str(corpus[key])]
-    assert main([*argv, "--no-progress"]) == 0
+    return [*argv, "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, corpus) -> Path:
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    assert main(prepare_argv(corpus, out)) == 0
     return out
 
 
@@ -209,6 +213,9 @@ def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsy
     assert main([*argv, "--set", *TINY, "max_steps=4"]) == 2
     err = capsys.readouterr().err
     assert "data was encoded with another tokenizer" in err and "Traceback" not in err
+    assert main(prepare_argv(corpus, prepared)) == 2  # never over an existing directory
+    err = capsys.readouterr().err
+    assert "already exists" in err and len(err.strip().splitlines()) == 1
     manifest = json.loads((other / "manifest.json").read_text())
     (other / "manifest.json").write_text(json.dumps({**manifest, "format": "aiayn-prepared-0"}))
     with pytest.raises(CorpusError, match="this version of aiayn reads 'aiayn-prepared-1'"):

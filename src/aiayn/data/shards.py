@@ -76,7 +76,10 @@ class SplitWriter:
         """Flush the token files and write the indexes; returns pairs and tokens per side."""
         counts: dict[str, int] = {}
         for side in SIDES:
-            self.files[side].close()
+            f = self.files[side]
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the directory is renamed into place
+            f.close()
             lengths = np.concatenate(self.lengths[side] or [np.zeros(0, np.int64)])
             offsets = np.cumsum(lengths) - lengths
             np.save(

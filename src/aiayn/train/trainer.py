@@ -100,8 +100,8 @@ class Trainer:
             if state is not None
             else {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
         )
-        # Memory-mapped: ids are read when a batch needs them (one data path for raw text
-        # and prepared directories alike).
+        # Prepared data: the index in memory, ids read from disk when a batch needs them (one
+        # data path for raw text and prepared directories alike).
         self.train_data, self.valid_data = self.data.train, self.data.valid
         self.valid_src, self.valid_ref = self.data.valid_src, self.data.valid_tgt
         too_long = len(self.train_data) - len(self.train_data.usable(self.cfg.max_len))
@@ -303,8 +303,8 @@ class Trainer:
         """The rest of the current epoch (from ``batch_in_epoch``, after a resume); returns
         why it stopped: "max_epochs" when the epoch ran out, else "max_steps"/"time_limit"."""
         r = self.recipe
-        # Index arrays only: each batch is read from the memory-mapped tokens when its turn
-        # comes, so an epoch of millions of pairs costs its plan, not its tensors.
+        # Index arrays only: each batch is read from the token files when its turn comes,
+        # so an epoch of millions of pairs costs its plan, not its tensors.
         batches = self.train_data.plan(r.max_tokens, r.seed, self.epoch, self.cfg.max_len)
         bar = progress_bar(
             total=math.ceil(len(batches) / r.update_freq),

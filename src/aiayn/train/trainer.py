@@ -152,7 +152,8 @@ class Trainer:
         else:
             directory = self.out_dir / "data"
             if state is None or not (directory / MANIFEST).is_file():
-                shutil.rmtree(directory, ignore_errors=True)
+                if (directory / MANIFEST).is_file():  # ours, from a run that never saved
+                    shutil.rmtree(directory)
                 prepare(
                     (r.train_src, r.train_tgt), (r.valid_src, r.valid_tgt), directory,
                     vocab_size=r.vocab_size, model_type=r.spm_model_type,

@@ -37,9 +37,19 @@ def epoch_checkpoint_name(epoch: int) -> str:
     return f"checkpoint_epoch{epoch:03d}.pt"
 
 
+def step_checkpoint_name(step: int) -> str:
+    """The file name of a checkpoint saved on a timer (every N minutes) at ``step``."""
+    return f"checkpoint_step{step:07d}.pt"
+
+
 def epoch_checkpoints(model_dir: str | Path) -> list[Path]:
-    """The epoch checkpoints of ``model_dir``, oldest first."""
-    return sorted(Path(model_dir).glob("checkpoint_epoch*.pt"))
+    """The epoch and timed checkpoints of ``model_dir``, oldest first (by the time they
+    were written: the ones to average are the last ones)."""
+    found = [
+        *Path(model_dir).glob("checkpoint_epoch*.pt"),
+        *Path(model_dir).glob("checkpoint_step*.pt"),
+    ]
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:

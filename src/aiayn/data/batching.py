@@ -10,6 +10,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -83,35 +84,68 @@ def collate(
     return Batch(src, tgt_in, tgt_out, n_src, sum(map(len, tgt_ids)) + len(tgt_ids))
 
 
-def token_batches(
-    src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int, seed: int, epoch: int
-) -> list[list[int]]:
-    """Index lists whose padded size (count * longest, source and target side each, the
-    target counted with its BOS/EOS) stays within ``max_tokens``. Every index appears
-    exactly once; a single pair over the budget gets a batch of its own.
+def plan_batches(
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+) -> list[np.ndarray]:
+    """Token-budget batches as arrays of indices (int64): each batch's padded size (count *
+    longest, source and target side each, the target counted with its BOS/EOS) stays
+    within ``max_tokens``. Every index appears exactly once; a single pair over the budget
+    gets a batch of its own.
 
     Sorting by length with a seeded random tie-break makes buckets of similar lengths that
     differ from epoch to epoch; the batch order is then shuffled. Same (seed, epoch), same
-    batches.
+    batches. Vectorised with numpy (a loop per batch, not per pair): one epoch of millions
+    of pairs plans in seconds.
     """
+    src = np.asarray(src_lens, dtype=np.int64)
+    tgt = np.asarray(tgt_lens, dtype=np.int64)
+    # The stream of Python's random.Random(seed * 1_000_003 + epoch), drawn by numpy: both
+    # are MT19937 with the same 53-bit doubles, so the order is the one the pure-Python
+    # planner of earlier versions gave (a run resumed across versions keeps its batches).
     rng = random.Random(seed * 1_000_003 + epoch)
-    keys = [rng.random() for _ in src_lens]
-    order = sorted(range(len(src_lens)), key=lambda i: (tgt_lens[i], src_lens[i], keys[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest_src = longest_tgt = 0
-    for i in order:
-        s, t = max(src_lens[i], 1), tgt_lens[i] + 1
-        grow_src, grow_tgt = max(longest_src, s), max(longest_tgt, t)
-        if current and (len(current) + 1) * max(grow_src, grow_tgt) > max_tokens:
-            batches.append(current)
-            current, grow_src, grow_tgt = [], s, t
-        current.append(i)
-        longest_src, longest_tgt = grow_src, grow_tgt
-    if current:
-        batches.append(current)
+    mt = np.random.RandomState()
+    words = rng.getstate()[1]
+    mt.set_state(("MT19937", np.array(words[:-1], dtype=np.uint32), words[-1]))
+    keys = mt.random_sample(len(src))
+    order = _sort_by_length(src, tgt, keys)
+    cost = np.maximum(np.maximum(src, 1), tgt + 1)[order]  # padded size per sentence
+    batches: list[np.ndarray] = []
+    i, n = 0, len(order)
+    while i < n:
+        # The batch's longest sentence costs at least cost[i], so it holds at most
+        # max_tokens // cost[i] pairs: look no further than that.
+        window = cost[i : i + max(1, max_tokens // int(cost[i]))]
+        longest = np.maximum.accumulate(window)
+        fits = longest * np.arange(1, len(window) + 1) <= max_tokens  # True..True False..
+        count = max(1, int(np.count_nonzero(fits)))
+        batches.append(order[i : i + count])
+        i += count
+    state = mt.get_state()
+    rng.setstate((3, (*(int(w) for w in state[1]), int(state[2])), None))
     rng.shuffle(batches)
     return batches
+
+
+def _sort_by_length(src: np.ndarray, tgt: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Indices sorted by target length, then source length, then key, ties by index (as
+    Python's stable ``sorted``). Three stable passes, the last two radix sorts on uint16:
+    about twice as fast as ``np.lexsort`` on millions of pairs."""
+    if len(src) and max(src.max(), tgt.max()) >= 1 << 16:
+        return np.lexsort((keys, src, tgt))
+    order = np.argsort(keys, kind="stable")
+    order = order[np.argsort(src[order].astype(np.uint16), kind="stable")]
+    return order[np.argsort(tgt[order].astype(np.uint16), kind="stable")]
+
+
+def token_batches(
+    src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """:func:`plan_batches` as lists of ints."""
+    return [b.tolist() for b in plan_batches(src_lens, tgt_lens, max_tokens, seed, epoch)]
 
 
 class ParallelDataset:

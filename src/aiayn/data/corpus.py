@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from aiayn.errors import CorpusError
@@ -23,38 +25,65 @@ def read_lines(path: str | Path) -> list[str]:
 
     Raises CorpusError for a missing file, bad gzip data, or invalid UTF-8 (with the line).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
+    return list(iter_lines(path))
+
+
+def decode_line(line: bytes, name: str, number: int) -> str:
+    """One line's bytes (no newline) as text, without a trailing CR.
+
+    Raises CorpusError naming ``name`` (a path, or "<stdin>") and line ``number`` (from 1)
+    at an invalid byte: input is never decoded with replacement characters behind the
+    user's back.
+    """
     try:
-        with path.open("rb") as f:
-            raw = f.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError) as e:
-        raise CorpusError(f"{path}: cannot read ({e})") from None
-    return decode_lines(raw, str(path))
+        return line.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError as e:
+        raise CorpusError(
+            f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
+            f"{e.start + 1})"
+        ) from None
 
 
 def decode_lines(raw: bytes, name: str) -> list[str]:
-    """Split ``raw`` into lines (no newline, no trailing CR) and decode them as UTF-8.
-
-    Raises CorpusError naming ``name`` (a path, or "<stdin>") and the line of the first
-    invalid byte: input is never decoded with replacement characters behind the user's back.
-    """
+    """Split ``raw`` into lines (no newline, no trailing CR) and decode them as UTF-8
+    (:func:`decode_line`'s errors)."""
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start a new one
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise CorpusError(
-                f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
-                f"{e.start + 1})"
-            ) from None
-    return out
+    return [decode_line(line, name, number) for number, line in enumerate(lines, start=1)]
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of ``path`` one at a time, as :func:`read_lines` gives them, in constant
+    memory: plain or gzip (recognised by its magic bytes), UTF-8 checked line by line.
+
+    Raises CorpusError for a missing file, or naming the line where gzip data is bad or a
+    byte is not UTF-8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    number = 0
+    try:
+        with path.open("rb") as raw:
+            packed = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            f = gzip.GzipFile(fileobj=raw) if packed else raw
+            for number, line in enumerate(f, start=1):
+                yield decode_line(line[:-1] if line.endswith(b"\n") else line, str(path), number)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        where = f", line {number + 1}" if number else ""
+        raise CorpusError(f"{path}{where}: cannot read ({e})") from None
+
+
+def keep_pair(src: str, tgt: str, max_len_words: int | None) -> str:
+    """Why a normalised pair is dropped ("empty", "long") or "" to keep it: an empty side,
+    or (if ``max_len_words``) a side of more whitespace-separated words."""
+    if not src or not tgt:
+        return "empty"
+    if max_len_words and max(src.count(" "), tgt.count(" ")) + 1 > max_len_words:
+        return "long"
+    return ""
 
 
 @dataclass
@@ -84,27 +113,93 @@ def read_parallel(
     """Read two aligned files; drop pairs with an empty side or (if ``max_len_words``) a side
     of more whitespace-separated words. Raises CorpusError when the line counts differ or
     nothing is left."""
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise CorpusError(
-            f"line counts differ: {src_path} has {len(src_lines)} lines, {tgt_path} has "
-            f"{len(tgt_lines)}; line i of one must translate line i of the other"
-        )
-    if not src_lines:
-        raise CorpusError(f"{src_path} and {tgt_path}: empty corpus")
-    corpus = ParallelCorpus([], [], str(src_path), str(tgt_path))
-    for s, t in zip(src_lines, tgt_lines):
-        s, t = normalize(s), normalize(t)
-        if not s or not t:
-            corpus.dropped_empty += 1
-        elif max_len_words and max(s.count(" "), t.count(" ")) + 1 > max_len_words:
-            corpus.dropped_long += 1
-        else:
-            corpus.src.append(s)
-            corpus.tgt.append(t)
-    if not corpus.src:
-        raise CorpusError(
-            f"{src_path} and {tgt_path}: no usable pairs ({corpus.dropped_empty} empty, "
-            f"{corpus.dropped_long} too long)"
-        )
-    return corpus
+    counts = PairCounts()
+    pairs = list(iter_parallel(src_path, tgt_path, max_len_words, counts))
+    return ParallelCorpus(
+        [s for s, _ in pairs],
+        [t for _, t in pairs],
+        str(src_path),
+        str(tgt_path),
+        counts.dropped_empty,
+        counts.dropped_long,
+    )
+
+
+@dataclass
+class PairCounts:
+    """Line pairs read, kept and dropped (and why), as :func:`clean_pair` counts them."""
+
+    lines: int = 0
+    kept: int = 0
+    dropped_empty: int = 0
+    dropped_long: int = 0
+
+    def __iadd__(self, other: PairCounts) -> PairCounts:
+        self.lines += other.lines
+        self.kept += other.kept
+        self.dropped_empty += other.dropped_empty
+        self.dropped_long += other.dropped_long
+        return self
+
+    def check(self, src_path: str | Path, tgt_path: str | Path) -> None:
+        """CorpusError when there were no lines, or no usable pairs among them."""
+        if not self.lines:
+            raise CorpusError(f"{src_path} and {tgt_path}: empty corpus")
+        if not self.kept:
+            raise CorpusError(
+                f"{src_path} and {tgt_path}: no usable pairs ({self.dropped_empty} empty, "
+                f"{self.dropped_long} too long)"
+            )
+
+
+def clean_pair(
+    src: str, tgt: str, max_len_words: int | None, counts: PairCounts
+) -> tuple[str, str] | None:
+    """The pair normalised, or None when :func:`keep_pair` drops it; counted in ``counts``."""
+    counts.lines += 1
+    src, tgt = normalize(src), normalize(tgt)
+    why = keep_pair(src, tgt, max_len_words)
+    if why == "empty":
+        counts.dropped_empty += 1
+    elif why == "long":
+        counts.dropped_long += 1
+    else:
+        counts.kept += 1
+        return src, tgt
+    return None
+
+
+def iter_line_pairs(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
+    """Line i of each file, as read (:func:`iter_lines`), one pair at a time.
+
+    Raises CorpusError naming both files, their line counts, and the line where one file
+    ends before the other.
+    """
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    for n, (s, t) in enumerate(zip_longest(src_lines, tgt_lines)):  # n lines before these
+        if s is None or t is None:
+            rest = 1 + sum(1 for _ in (tgt_lines if s is None else src_lines))
+            n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
+            raise CorpusError(
+                f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
+                f"{src_path if s is None else tgt_path} ends after line {n}: line i of one "
+                "must translate line i of the other"
+            )
+        yield s, t
+
+
+def iter_parallel(
+    src_path: str | Path,
+    tgt_path: str | Path,
+    max_len_words: int | None = None,
+    counts: PairCounts | None = None,
+) -> Iterator[tuple[str, str]]:
+    """The pairs :func:`read_parallel` keeps, normalised, one at a time in constant memory;
+    ``counts`` (updated as it goes) gets the dropped ones. Raises CorpusError as
+    :func:`iter_line_pairs` and :meth:`PairCounts.check` do."""
+    counts = counts if counts is not None else PairCounts()
+    for s, t in iter_line_pairs(src_path, tgt_path):
+        pair = clean_pair(s, t, max_len_words, counts)
+        if pair is not None:
+            yield pair
+    counts.check(src_path, tgt_path)

@@ -98,8 +98,9 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode(list(texts))
+    def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+        """``num_threads``: SentencePiece's threads for the batch (-1: its default)."""
+        return self.sp.encode(list(texts), num_threads=num_threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = list(ids)

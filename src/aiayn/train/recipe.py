@@ -14,7 +14,9 @@ from aiayn.errors import RecipeError
 
 @dataclass
 class Recipe:
-    # Data: parallel text, one sentence per line, plain or .gz.
+    # Data: a directory from `aiayn prepare` or parallel text, one sentence per line, plain
+    # or .gz (prepared into the run's data/ directory; the fields below apply to it).
+    data: str = ""
     train_src: str = ""
     train_tgt: str = ""
     valid_src: str = ""
@@ -51,7 +53,8 @@ class Recipe:
     valid_every_steps: int = 0  # 0 = at the end of every epoch
     valid_beam: int = 1  # beam for validation BLEU during training (1 = greedy, fast)
     save_every_steps: int = 500  # checkpoint_last.pt, for --resume mid-epoch
-    keep_last: int = 5  # epoch checkpoints kept (for averaging)
+    save_every_minutes: float = 0.0  # 0 = off; else also checkpoint_stepNNNNNNN.pt this often
+    keep_last: int = 5  # epoch (and timed) checkpoints kept, for averaging
     log_every: int = 10  # progress-bar refresh, in updates
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0 = torch's default
@@ -69,7 +72,7 @@ class Recipe:
             raise RecipeError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise RecipeError(f"{path}: a recipe is a mapping of field: value")
-        for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+        for key in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
             value = data.get(key)  # relative paths are relative to the recipe file
             if isinstance(value, str) and value and not Path(value).is_absolute():
                 data[key] = str((path.parent / value).resolve())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,12 @@ from aiayn.checkpoint import (
     remove_stale_temp_files,
     resolve_device,
     save_checkpoint,
+    step_checkpoint_name,
 )
 from aiayn.config import TransformerConfig
-from aiayn.data import ParallelCorpus, ParallelDataset, Tokenizer, read_parallel, sorted_batches
+from aiayn.data import Tokenizer, sorted_batches
+from aiayn.data.prepared import prepare
+from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.decode import generate
 from aiayn.errors import CheckpointError
 from aiayn.metrics import corpus_bleu
@@ -49,6 +53,7 @@ class MetricsLog:
 
     def __init__(self, out_dir: Path, tensorboard: bool = True):
         self.file = (out_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.flushed_train = False
         self.tb = None
         if tensorboard:
             try:
@@ -60,8 +65,10 @@ class MetricsLog:
 
     def write(self, kind: str, step: int, **values: float) -> None:
         self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
-        if kind != "train":  # keep the file current for `tail -f` without a flush per update
+        # Current for `tail -f` without a flush per update: the first update shows at once.
+        if kind != "train" or not self.flushed_train:
             self.file.flush()
+            self.flushed_train = self.flushed_train or kind == "train"
         if self.tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):
@@ -85,21 +92,21 @@ class Trainer:
             torch.set_num_threads(r.threads)
         self.device = resolve_device(r.device)
         state = self._previous_run(resume)
-        train, valid = self._read_corpora()
-        self.tokenizer = self._tokenizer(state, train)
+        self.data = self._prepared_data(state)
+        self.tokenizer = self._tokenizer(state)
         V = self.tokenizer.vocab_size
         self.cfg = TransformerConfig.from_dict(
             state["config"]
             if state is not None
             else {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
         )
-        self.train_data = ParallelDataset.from_texts(
-            self.tokenizer, train.src, train.tgt, max_positions=self.cfg.max_len
-        )
-        self.valid_src, self.valid_ref = valid.src, valid.tgt
-        self.valid_data = ParallelDataset.from_texts(
-            self.tokenizer, valid.src, valid.tgt, max_positions=self.cfg.max_len
-        )
+        # Prepared data: the index in memory, ids read from disk when a batch needs them (one
+        # data path for raw text and prepared directories alike).
+        self.train_data, self.valid_data = self.data.train, self.data.valid
+        self.valid_src, self.valid_ref = self.data.valid_src, self.data.valid_tgt
+        too_long = len(self.train_data) - len(self.train_data.usable(self.cfg.max_len))
+        if too_long:
+            self.log(f"train: {too_long} pairs longer than {self.cfg.max_len} tokens skipped")
 
         torch.manual_seed(r.seed)
         self.model = Transformer(self.cfg).to(self.device)
@@ -136,30 +143,45 @@ class Trainer:
             )
         return None
 
-    def _read_corpora(self) -> tuple[ParallelCorpus, ParallelCorpus]:
+    def _prepared_data(self, state: dict | None) -> PreparedData:
+        """The recipe's prepared directory, or the raw text prepared into the run's
+        ``data/`` (kept for --resume, made again for a new run)."""
         r = self.recipe
-        train = read_parallel(r.train_src, r.train_tgt, r.max_len_words)
-        valid = read_parallel(r.valid_src, r.valid_tgt, None)
-        self.log(f"train: {train.summary()}")
-        self.log(f"valid: {valid.summary()}")
-        return train, valid
+        if r.data:
+            directory = Path(r.data)
+        else:
+            directory = self.out_dir / "data"
+            if state is None or not (directory / MANIFEST).is_file():
+                if (directory / MANIFEST).is_file():  # ours, from a run that never saved
+                    shutil.rmtree(directory)
+                prepare(
+                    (r.train_src, r.train_tgt), (r.valid_src, r.valid_tgt), directory,
+                    vocab_size=r.vocab_size, model_type=r.spm_model_type,
+                    max_len_words=r.max_len_words, log=lambda _: None, show_progress=False,
+                )  # fmt: skip
+        data = PreparedData(directory)
+        self.log(f"train: {data.summary('train')}")
+        self.log(f"valid: {data.summary('valid')}")
+        return data
 
-    def _tokenizer(self, state: dict | None, train: ParallelCorpus) -> Tokenizer:
-        """The run's tokenizer: the checkpoint's when resuming, else trained jointly on both
-        sides of ``train`` (and the recipe saved beside it)."""
+    def _tokenizer(self, state: dict | None) -> Tokenizer:
+        """The run's tokenizer: the checkpoint's when resuming (which must be the one the
+        data was encoded with), else the data's (copied beside the recipe)."""
         r = self.recipe
         if state is not None:
             tokenizer = Tokenizer.from_bytes(state["tokenizer"])
             check_vocab(state, tokenizer.vocab_size, self.out_dir / LAST, "its tokenizer")
-        else:
-            tokenizer = Tokenizer.train(
-                train.src + train.tgt,
-                self.out_dir / "spm",
-                vocab_size=r.vocab_size,
-                model_type=r.spm_model_type,
+            check_tokenizer(
+                self.data.manifest,
+                self.data.directory,
+                state["tokenizer"],
+                str(self.out_dir / LAST),
             )
+        else:
+            tokenizer = self.data.tokenizer
+            (self.out_dir / "spm.model").write_bytes(self.data.spm_bytes)
             r.save(self.out_dir / "recipe.yaml")
-        self.log(f"tokenizer: {r.spm_model_type}, {tokenizer.vocab_size} joint tokens")
+        self.log(f"tokenizer: {tokenizer.vocab_size} joint tokens")
         return tokenizer
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -199,8 +221,8 @@ class Trainer:
     def save(self, name: str) -> Path:
         return save_checkpoint(self._state(), self.out_dir / name)
 
-    def _save_epoch(self) -> None:
-        name = epoch_checkpoint_name(self.epoch + 1)
+    def _save_kept(self, name: str) -> None:
+        """Save an epoch or timed checkpoint; only the last ``keep_last`` stay on disk."""
         self.save(name)
         # A time-limited run saves its partial epoch; finishing that epoch after --resume
         # rewrites the same file, which must not count twice (or be pruned as "old").
@@ -217,8 +239,8 @@ class Trainer:
         self.model.eval()
         loss_sum = nll_sum = 0.0
         n_tokens = 0
-        for batch in self.valid_data.batches(self.recipe.max_tokens, seed=0, epoch=0):
-            batch = batch.to(self.device)
+        for index in self.valid_data.plan(self.recipe.max_tokens, 0, 0, self.cfg.max_len):
+            batch = self.valid_data.batch(index).to(self.device)
             logits = self.model(batch.src, batch.tgt_in)
             loss, nll, n = label_smoothed_cross_entropy(
                 logits, batch.tgt_out, self.recipe.label_smoothing, self.cfg.pad_id
@@ -263,6 +285,8 @@ class Trainer:
         ``save_every_steps`` updates."""
         metrics = MetricsLog(self.out_dir)
         self._start = time.perf_counter() - self.elapsed
+        period = self.recipe.save_every_minutes * 60  # the next multiple of it, after a resume
+        self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period if period else 0
         stopped_by = "max_epochs"
         self.model.train()
         try:
@@ -280,7 +304,9 @@ class Trainer:
         """The rest of the current epoch (from ``batch_in_epoch``, after a resume); returns
         why it stopped: "max_epochs" when the epoch ran out, else "max_steps"/"time_limit"."""
         r = self.recipe
-        batches = list(self.train_data.batches(r.max_tokens, seed=r.seed, epoch=self.epoch))
+        # Index arrays only: each batch is read from the token files when its turn comes,
+        # so an epoch of millions of pairs costs its plan, not its tensors.
+        batches = self.train_data.plan(r.max_tokens, r.seed, self.epoch, self.cfg.max_len)
         bar = progress_bar(
             total=math.ceil(len(batches) / r.update_freq),
             initial=self.batch_in_epoch // r.update_freq,
@@ -291,7 +317,8 @@ class Trainer:
         stopped_by = "max_epochs"
         tick, tick_tokens = time.perf_counter(), 0
         while self.batch_in_epoch < len(batches):
-            group = batches[self.batch_in_epoch : self.batch_in_epoch + r.update_freq]
+            plans = batches[self.batch_in_epoch : self.batch_in_epoch + r.update_freq]
+            group = [self.train_data.batch(index) for index in plans]
             loss, nll, n_tokens = self._update(group)
             self.batch_in_epoch += len(group)
             self.step += 1
@@ -317,7 +344,7 @@ class Trainer:
         if epoch_done or stopped_by != "max_epochs":
             if not r.valid_every_steps or stopped_by != "max_epochs":
                 self._validate_and_keep_best(metrics)
-            self._save_epoch()
+            self._save_kept(epoch_checkpoint_name(self.epoch + 1))
         if epoch_done:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         self.save(LAST)
@@ -328,6 +355,10 @@ class Trainer:
         r = self.recipe
         if r.save_every_steps and self.step % r.save_every_steps == 0:
             self.save(LAST)
+        period = r.save_every_minutes * 60
+        if period and self.elapsed >= self._timed_save_at:
+            self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period
+            self._save_kept(step_checkpoint_name(self.step))
         if r.valid_every_steps and self.step % r.valid_every_steps == 0:
             self._validate_and_keep_best(metrics)
         if r.max_steps and self.step >= r.max_steps:

@@ -1,0 +1,278 @@
+"""`aiayn prepare`: parallel text of any size -> a prepared directory (:mod:`.shards`).
+
+The text is streamed (constant memory), validated as it goes, the joint SentencePiece
+model is trained on a seeded sample of a fixed number of pairs (or given), and the pairs
+are encoded in worker processes, in order, straight into the token files. Everything is
+written into a temporary directory beside the output and renamed at the end: a prepare
+that is killed leaves no half-valid dataset, and the next run removes its leftovers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import random
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from itertools import chain, islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
+from aiayn.data.shards import (
+    FORMAT,
+    MANIFEST,
+    SPM_MODEL,
+    SplitWriter,
+    sha256_file,
+    token_dtype,
+)
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import AiaynError, CorpusError
+from aiayn.progress import progress
+
+# Pairs the tokenizer is trained on, at most (1M sentences): SentencePiece's memory and
+# time grow with its input, and a million sentences are plenty for a joint vocabulary.
+SPM_SAMPLE_PAIRS = 500_000
+CHUNK_PAIRS = 20_000  # pairs per task sent to an encoding worker
+
+
+def sample_pairs(pairs: Iterator[tuple[str, str]], k: int, seed: int) -> list[tuple[str, str]]:
+    """A uniform random sample of ``k`` pairs in stream order (reservoir sampling, Vitter's
+    algorithm R): memory is ``k`` pairs whatever the corpus. All of them, in order, when
+    there are at most ``k``."""
+    rng = random.Random(seed)
+    chosen: list[tuple[int, tuple[str, str]]] = []
+    for n, pair in enumerate(pairs):
+        if n < k:
+            chosen.append((n, pair))
+        else:
+            j = rng.randrange(n + 1)
+            if j < k:
+                chosen[j] = (n, pair)
+    return [pair for _, pair in sorted(chosen, key=lambda c: c[0])]
+
+
+def chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[tuple[list[str], list[str]]]:
+    """Consecutive (sources, targets) lists of up to ``size`` pairs."""
+    while block := list(islice(pairs, size)):
+        yield [s for s, _ in block], [t for _, t in block]
+
+
+_worker_tokenizer: Tokenizer | None = None  # one per encoding process
+
+
+def _init_worker(model: bytes) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = Tokenizer.from_bytes(model)
+
+
+Encoded = tuple[list[tuple[np.ndarray, np.ndarray]], PairCounts, tuple[list[str], list[str]]]
+
+
+def _encode_chunk(
+    chunk: tuple[list[str], list[str]], dtype: np.dtype, max_len_words: int | None, text: bool
+) -> Encoded:
+    """Clean (normalise, drop and count) and encode the raw line pairs of ``chunk``:
+    (ids back to back, lengths) per side, the counts, and the kept text if ``text``. The
+    workers do the per-pair work; numpy arrays travel back as a few buffers, not as
+    millions of Python ints."""
+    assert _worker_tokenizer is not None
+    counts = PairCounts()
+    kept = [p for p in (clean_pair(s, t, max_len_words, counts) for s, t in zip(*chunk)) if p]
+    sides = [s for s, _ in kept], [t for _, t in kept]
+    out = []
+    for texts in sides:
+        # One thread per worker: the workers are the parallelism.
+        ids = _worker_tokenizer.encode_batch(texts, num_threads=1)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+        out.append((tokens, lengths))
+    return out, counts, (sides if text else ([], []))
+
+
+def encode_split(
+    pairs: Iterator[tuple[str, str]],
+    writer: SplitWriter,
+    spm_bytes: bytes,
+    workers: int,
+    max_len_words: int | None = None,
+    chunk_pairs: int = CHUNK_PAIRS,
+    show_progress: bool = True,
+) -> tuple[PairCounts, tuple[list[str], list[str]]]:
+    """Clean and encode the raw line ``pairs`` into ``writer``, in their order, with
+    ``workers`` processes (1: in this one); returns the counts and, for a validation split
+    (``writer.split == "valid"``), the kept text. At most two chunks per worker are in
+    flight, so memory stays flat whatever the corpus."""
+    counts, texts = PairCounts(), ([], [])
+    bar = progress(desc=writer.split, unit="pairs", disable=not show_progress)
+
+    def write(result: Encoded) -> None:
+        arrays, chunk_counts, chunk_texts = result
+        for side, (tokens, lengths) in zip(("src", "tgt"), arrays):
+            writer.write(side, tokens, lengths)
+        nonlocal counts
+        counts += chunk_counts
+        texts[0].extend(chunk_texts[0])
+        texts[1].extend(chunk_texts[1])
+        bar.update(chunk_counts.lines)
+
+    args = (writer.dtype, max_len_words, writer.split == "valid")
+    if workers <= 1:
+        _init_worker(spm_bytes)
+        for chunk in chunks(pairs, chunk_pairs):
+            write(_encode_chunk(chunk, *args))
+    else:
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with context.Pool(workers, initializer=_init_worker, initargs=(spm_bytes,)) as pool:
+            pending: deque = deque()
+            for chunk in chunks(pairs, chunk_pairs):
+                pending.append(pool.apply_async(_encode_chunk, (chunk, *args)))
+                while pending and (len(pending) > 2 * workers or pending[0].ready()):
+                    write(pending.popleft().get())
+            while pending:
+                write(pending.popleft().get())
+    bar.close()
+    return counts, texts
+
+
+def prepare(
+    train: tuple[str | Path, str | Path],
+    valid: tuple[str | Path, str | Path],
+    out: str | Path,
+    vocab_size: int = 8000,
+    spm_model: str | Path | None = None,
+    model_type: str = "bpe",
+    max_len_words: int | None = 100,
+    workers: int = 1,
+    sample: int = SPM_SAMPLE_PAIRS,
+    seed: int = 1,
+    chunk_pairs: int = CHUNK_PAIRS,
+    log: Callable[[str], Any] = print,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Prepare ``train`` and ``valid`` (source path, target path) into the directory
+    ``out`` and return its manifest.
+
+    Training pairs with an empty side or a side over ``max_len_words`` words are dropped
+    (validation pairs only when empty), and counted. The tokenizer is ``spm_model`` or a
+    joint one of ``vocab_size`` trained on ``sample`` pairs drawn with ``seed``.
+    Raises CorpusError (file and line) for unusable text, and when ``out`` exists.
+    """
+    out = Path(out)
+    for name, value in (("workers", workers), ("sample", sample), ("chunk_pairs", chunk_pairs)):
+        if value < 1:
+            raise AiaynError(f"prepare: {name} must be at least 1, got {value}")
+    if out.exists():
+        raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a prepare that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        manifest = _prepare_into(
+            tmp, train, valid, vocab_size, spm_model, model_type, max_len_words, workers,
+            sample, seed, chunk_pairs, log, show_progress,
+        )  # fmt: skip
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"prepared {out}")
+    return manifest
+
+
+def _prepare_into(
+    tmp: Path,
+    train: tuple[str | Path, str | Path],
+    valid: tuple[str | Path, str | Path],
+    vocab_size: int,
+    spm_model: str | Path | None,
+    model_type: str,
+    max_len_words: int | None,
+    workers: int,
+    sample: int,
+    seed: int,
+    chunk_pairs: int,
+    log: Callable[[str], Any],
+    show_progress: bool,
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    if spm_model is not None:
+        tokenizer = Tokenizer.load(spm_model)
+        (tmp / SPM_MODEL).write_bytes(tokenizer.to_bytes())
+        trained: dict[str, Any] = {"from": str(spm_model)}
+    else:
+        # Pass 1 over the training text: line counts and UTF-8 checked, a sample of raw
+        # pairs drawn; only the sample is cleaned here (the workers clean the rest).
+        pairs = progress(
+            iter_line_pairs(*train), desc="sample", unit="pairs", disable=not show_progress
+        )
+        chosen: list = sample_pairs(iter(pairs), sample, seed)
+        counts = PairCounts()
+        for i, (s, t) in enumerate(chosen):  # in place: the raw lines go as they are cleaned
+            chosen[i] = clean_pair(s, t, max_len_words, counts)
+        chosen = [p for p in chosen if p is not None]
+        counts.check(*train)
+        tokenizer = Tokenizer.train(
+            [s for s, _ in chosen] + [t for _, t in chosen],
+            tmp / "spm",
+            vocab_size=vocab_size,
+            model_type=model_type,
+        )  # its default threads, not ``workers``: the model file records the thread count
+        del chosen
+        trained = {"vocab_size": vocab_size, "model_type": model_type, "sample_pairs": sample}
+        trained["seed"] = seed
+        log(f"tokenizer: {tokenizer.vocab_size} joint tokens ({time.perf_counter() - start:.0f} s)")
+    spm_bytes = tokenizer.to_bytes()
+    dtype = token_dtype(tokenizer.vocab_size)
+    splits: dict[str, dict[str, int]] = {}
+    for split, (src, tgt), limit in (("train", train, max_len_words), ("valid", valid, None)):
+        writer = SplitWriter(tmp, split, dtype)
+        try:
+            counts, texts = encode_split(
+                iter_line_pairs(src, tgt), writer, spm_bytes, workers, limit, chunk_pairs,
+                show_progress,
+            )  # fmt: skip
+        except BaseException:
+            writer.discard()
+            raise
+        counts.check(src, tgt)
+        splits[split] = writer.close()
+        splits[split].update(
+            lines=counts.lines, dropped_empty=counts.dropped_empty, dropped_long=counts.dropped_long
+        )
+        if split == "valid":  # also kept as text: the references of validation BLEU
+            for side, lines in zip(("src", "tgt"), texts):
+                (tmp / f"valid.{side}.txt").write_text("".join(t + "\n" for t in lines), "utf-8")
+        log(f"{split}: {splits[split]}")
+    names = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+    inputs = {
+        name: {
+            "path": str(Path(p).resolve()),
+            "sha256": sha256_file(p),
+            "bytes": Path(p).stat().st_size,
+        }
+        for name, p in zip(names, (*train, *valid))
+    }
+    manifest = {
+        "format": FORMAT,
+        "dtype": dtype.name,
+        "vocab_size": tokenizer.vocab_size,
+        "spm_model": SPM_MODEL,
+        "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
+        "tokenizer": trained,
+        "max_len_words": max_len_words,
+        "splits": splits,
+        "inputs": inputs,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest

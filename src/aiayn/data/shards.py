@@ -1,0 +1,239 @@
+"""The prepared-data format: binary token files, a numpy index and a JSON manifest
+(fairseq's indexed datasets, simpler).
+
+A prepared directory holds, for each split (``train``, ``valid``):
+
+- ``{split}.src.bin``, ``{split}.tgt.bin``: every sentence's token ids, back to back, no
+  BOS/EOS, as ``uint16`` while the vocabulary fits (ids < 65536), else ``uint32``;
+- ``{split}.src.idx.npy``, ``{split}.tgt.idx.npy``: int64 ``[N, 2]``, the (offset, length)
+  of sentence i in its ``.bin`` file, in tokens;
+
+and ``valid.src.txt`` / ``valid.tgt.txt`` (the normalised validation text, for BLEU),
+``spm.model`` and ``manifest.json`` (:data:`FORMAT`, the dtype, vocabulary size, the
+tokenizer's sha256, counts and dropped pairs per split, and each input's sha256 and size).
+Training reads it without loading the corpus: the index in memory, ids read per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID
+from aiayn.data.batching import Batch, plan_batches
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import CorpusError
+
+FORMAT = "aiayn-prepared-1"
+MANIFEST = "manifest.json"
+SPM_MODEL = "spm.model"
+SIDES = ("src", "tgt")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (vocab_size <= 65536), else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class SplitWriter:
+    """Appends encoded chunks of one split to its ``.bin`` files; :meth:`close` writes the
+    index. Ids that do not fit the dtype are a bug, not data, and raise OverflowError."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype):
+        self.directory, self.split, self.dtype = directory, split, np.dtype(dtype)
+        self.files: dict[str, BinaryIO] = {
+            side: (directory / f"{split}.{side}.bin").open("wb") for side in SIDES
+        }
+        self.lengths: dict[str, list[np.ndarray]] = {side: [] for side in SIDES}
+
+    def write(self, side: str, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """``tokens``: the chunk's ids back to back; ``lengths``: one per sentence."""
+        if tokens.size and int(tokens.max()) > np.iinfo(self.dtype).max:
+            raise OverflowError(f"token id {int(tokens.max())} does not fit {self.dtype}")
+        self.files[side].write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self.lengths[side].append(np.asarray(lengths, dtype=np.int64))
+
+    def discard(self) -> None:
+        """Close the token files after a failure (the directory is going to be removed)."""
+        for f in self.files.values():
+            f.close()
+
+    def close(self) -> dict[str, int]:
+        """Flush the token files and write the indexes; returns pairs and tokens per side."""
+        counts: dict[str, int] = {}
+        for side in SIDES:
+            f = self.files[side]
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the directory is renamed into place
+            f.close()
+            lengths = np.concatenate(self.lengths[side] or [np.zeros(0, np.int64)])
+            offsets = np.cumsum(lengths) - lengths
+            np.save(
+                self.directory / f"{self.split}.{side}.idx.npy", np.stack([offsets, lengths], 1)
+            )
+            counts["pairs"], counts[f"{side}_tokens"] = len(lengths), int(lengths.sum())
+        return counts
+
+
+class PreparedSplit:
+    """One split, read from disk when a batch needs it: memory holds the index (12 bytes per
+    sentence and side), not the corpus.
+
+    Ids are read with positioned reads (``os.pread``) rather than through a memory map: the
+    pages of a mapping count in the process's resident memory once touched, and with the
+    kernel's read-ahead a few hundred random batches would map most of the corpus.
+    """
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype):
+        self.name, self.dtype = f"{directory}/{split}", dtype
+        self.fds: dict[str, int] = {}
+        self.offsets: dict[str, np.ndarray] = {}
+        lengths: dict[str, np.ndarray] = {}
+        for side in SIDES:
+            index = np.load(directory / f"{split}.{side}.idx.npy")
+            self.offsets[side] = np.ascontiguousarray(index[:, 0])
+            lengths[side] = index[:, 1].astype(np.int32)
+            del index
+            path = directory / f"{split}.{side}.bin"
+            expected = int(lengths[side].sum(dtype=np.int64)) * dtype.itemsize
+            if path.stat().st_size != expected:
+                raise CorpusError(
+                    f"{path}: {path.stat().st_size} bytes, the index says {expected}; the "
+                    "prepared data is damaged, prepare it again"
+                )
+            self.fds[side] = os.open(path, os.O_RDONLY)
+        self.src_lens, self.tgt_lens = lengths["src"], lengths["tgt"]
+        if len(self.src_lens) != len(self.tgt_lens):
+            raise CorpusError(f"{self.name}: source and target indexes differ in length")
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+    def usable(self, max_positions: int | None) -> np.ndarray:
+        """Indices of the pairs a model of ``max_positions`` can take (source length, and
+        target + BOS/EOS, at most that), as ParallelDataset.from_texts keeps them."""
+        if not max_positions:
+            return np.arange(len(self))
+        fits = (self.src_lens <= max_positions) & (self.tgt_lens + 1 <= max_positions)
+        return np.flatnonzero(fits)
+
+    def plan(
+        self, max_tokens: int, seed: int, epoch: int, max_positions: int | None = None
+    ) -> list[np.ndarray]:
+        """One epoch's batches (indices into the split): the batches and order that
+        ParallelDataset gives for the same pairs, seed and epoch."""
+        keep = self.usable(max_positions)
+        batches = plan_batches(self.src_lens[keep], self.tgt_lens[keep], max_tokens, seed, epoch)
+        return [keep[b] for b in batches]
+
+    def ids(self, side: str, i: int) -> np.ndarray:
+        """Sentence ``i``'s ids on ``side`` ("src" or "tgt")."""
+        size = self.dtype.itemsize
+        n, start = int(self.lengths(side)[i]), int(self.offsets[side][i])
+        return np.frombuffer(os.pread(self.fds[side], n * size, start * size), self.dtype)
+
+    def lengths(self, side: str) -> np.ndarray:
+        return self.src_lens if side == "src" else self.tgt_lens
+
+    def batch(self, index: np.ndarray) -> Batch:
+        """The :class:`Batch` of pairs ``index``: equal to ``collate`` of their id lists."""
+        index = np.asarray(index)
+        src_lens = self.src_lens[index].astype(np.int64)
+        tgt_lens = self.tgt_lens[index].astype(np.int64)
+        B = len(index)
+        src = np.full((B, int(src_lens.max(initial=0))), PAD_ID, dtype=np.int64)
+        tgt_in = np.full((B, int(tgt_lens.max(initial=0)) + 1), PAD_ID, dtype=np.int64)
+        tgt_out = tgt_in.copy()
+        tgt_in[:, 0] = BOS_ID  # teacher forcing (Section 3.1): BOS + y in, y + EOS out
+        for row, i in enumerate(index.tolist()):
+            s, t = self.ids("src", i), self.ids("tgt", i)
+            src[row, : len(s)] = s
+            tgt_in[row, 1 : len(t) + 1] = t
+            tgt_out[row, : len(t)] = t
+            tgt_out[row, len(t)] = EOS_ID
+        return Batch(
+            torch.from_numpy(src),
+            torch.from_numpy(tgt_in),
+            torch.from_numpy(tgt_out),
+            int(src_lens.sum()),
+            int(tgt_lens.sum()) + B,
+        )
+
+
+class PreparedData:
+    """A prepared directory: its manifest, tokenizer, splits and validation text."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory)
+        self.dtype = np.dtype(self.manifest["dtype"])
+        model = self.directory / SPM_MODEL
+        self.tokenizer = Tokenizer.load(model)
+        self.spm_bytes = model.read_bytes()
+        check_tokenizer(self.manifest, self.directory, self.spm_bytes, "its spm.model")
+        try:
+            self.train = PreparedSplit(self.directory, "train", self.dtype)
+            self.valid = PreparedSplit(self.directory, "valid", self.dtype)
+            self.valid_src, self.valid_tgt = (
+                (self.directory / f"valid.{side}.txt").read_text("utf-8").splitlines()
+                for side in SIDES
+            )
+        except (OSError, ValueError) as e:
+            raise CorpusError(f"{self.directory}: prepared data is incomplete ({e})") from None
+
+    def summary(self, split: str) -> str:
+        s = self.manifest["splits"][split]
+        return (
+            f"{s['pairs']} pairs, {s['src_tokens']} + {s['tgt_tokens']} tokens, from "
+            f"{self.directory} ({s['dropped_empty']} empty, {s['dropped_long']} longer than "
+            f"{self.manifest['max_len_words']} words, dropped when prepared)"
+        )
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise CorpusError(f"{directory}: not a prepared data directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorpusError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise CorpusError(f"{path}: format {found!r}, this version of aiayn reads {FORMAT!r}")
+    return manifest
+
+
+def check_tokenizer(manifest: dict, directory: Path, spm_bytes: bytes, what: str) -> None:
+    """CorpusError unless ``spm_bytes`` is the tokenizer the data was encoded with."""
+    tokenizer = Tokenizer.from_bytes(spm_bytes)
+    digest = hashlib.sha256(spm_bytes).hexdigest()
+    if digest != manifest["spm_sha256"] or tokenizer.vocab_size != manifest["vocab_size"]:
+        raise CorpusError(
+            f"{directory / MANIFEST}: the data was encoded with another tokenizer (vocabulary "
+            f"{manifest['vocab_size']}, sha256 {manifest['spm_sha256'][:12]}) than {what} "
+            f"(vocabulary {tokenizer.vocab_size}, sha256 {digest[:12]}); its ids would mean "
+            "other words"
+        )

@@ -1,0 +1,266 @@
+"""`aiayn prepare` and training from prepared data: the same batches as the in-memory path,
+uint16/uint32 token files, atomic output (SIGKILL mid-way), streaming validation errors,
+refused mismatches, exact resume, and the WMT14 recipe on a small stand-in."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from aiayn.checkpoint import load_checkpoint
+from aiayn.cli import main
+from aiayn.data import ParallelDataset, read_parallel, token_batches
+from aiayn.data.prepared import prepare, sample_pairs
+from aiayn.data.shards import PreparedData, PreparedSplit, SplitWriter, token_dtype
+from aiayn.errors import CorpusError
+from aiayn.train.recipe import Recipe
+from aiayn.train.trainer import Trainer
+from conftest import small_corpus
+from test_pipeline import TINY, records, train_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reference_token_batches(src_lens, tgt_lens, max_tokens, seed, epoch):
+    """The pure-Python planner of earlier versions, kept as the reference."""
+    rng = random.Random(seed * 1_000_003 + epoch)
+    keys = [rng.random() for _ in src_lens]
+    order = sorted(range(len(src_lens)), key=lambda i: (tgt_lens[i], src_lens[i], keys[i]))
+    batches, current, longest_src, longest_tgt = [], [], 0, 0
+    for i in order:
+        s, t = max(src_lens[i], 1), tgt_lens[i] + 1
+        grow_src, grow_tgt = max(longest_src, s), max(longest_tgt, t)
+        if current and (len(current) + 1) * max(grow_src, grow_tgt) > max_tokens:
+            batches.append(current)
+            current, grow_src, grow_tgt = [], s, t
+        current.append(i)
+        longest_src, longest_tgt = grow_src, grow_tgt
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    return small_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def prepare_argv(corpus: dict, out: Path) -> list[str]:
+    argv = ["prepare", "--out", str(out), "--vocab-size", "400", "--workers", "2"]
+    for key in ("train.de", "train.en", "val.de", "val.en"):
+        flag = {"train": "--train", "val": "--valid"}[key.split(".")[0]]
+        argv += [f"{flag}-{'src' if key.endswith('de') else 'tgt'}", str(corpus[key])]
+    return [*argv, "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, corpus) -> Path:
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    assert main(prepare_argv(corpus, out)) == 0
+    return out
+
+
+def test_numpy_planner_equals_the_python_reference():
+    g = np.random.default_rng(0)
+    cases = [(0, 0, 2000, 500, 60), (1, 3, 3000, 300, 60), (2**40, 1, 500, 40, 60)]
+    for seed, epoch, n, budget, top in [*cases, (5, 0, 300, 200_000, 70_000)]:  # > uint16
+        src, tgt = g.integers(0, top, n).tolist(), g.integers(0, top, n).tolist()
+        assert token_batches(src, tgt, budget, seed, epoch) == reference_token_batches(
+            src, tgt, budget, seed, epoch
+        )
+
+
+def test_prepared_batches_equal_the_in_memory_ones(prepared, corpus):
+    data = PreparedData(prepared)
+    train = read_parallel(corpus["train.de"], corpus["train.en"], 100)
+    memory = ParallelDataset.from_texts(data.tokenizer, train.src, train.tgt, max_positions=30)
+    assert memory.dropped_long > 0  # the max_positions filter is exercised too
+    for seed, epoch in ((1, 0), (3, 2)):
+        expected = list(memory.batches(300, seed=seed, epoch=epoch))
+        got = [data.train.batch(i) for i in data.train.plan(300, seed, epoch, max_positions=30)]
+        assert len(got) == len(expected) > 5
+        for a, b in zip(expected, got):
+            for name in ("src", "tgt_in", "tgt_out"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
+            assert (a.n_src_tokens, a.n_tgt_tokens) == (b.n_src_tokens, b.n_tgt_tokens)
+    assert data.valid_src == read_parallel(corpus["val.de"], corpus["val.en"]).src
+
+
+def test_manifest_describes_the_data(prepared, corpus):
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    assert manifest["format"] == "aiayn-prepared-1" and manifest["dtype"] == "uint16"
+    assert manifest["splits"]["train"]["pairs"] == manifest["splits"]["train"]["lines"]
+    digest = __import__("hashlib").sha256(Path(corpus["train.de"]).read_bytes()).hexdigest()
+    assert manifest["inputs"]["train_src"]["sha256"] == digest
+    assert manifest["inputs"]["valid_tgt"]["bytes"] == Path(corpus["val.en"]).stat().st_size
+
+
+@pytest.mark.parametrize("vocab, top", [(65536, 65535), (65537, 65536), (70000, 69999)])
+def test_token_files_round_trip_at_the_uint16_boundary(tmp_path, vocab, top):
+    dtype = token_dtype(vocab)
+    assert dtype == (np.uint16 if vocab <= 65536 else np.uint32)
+    rows = [[top, 5, top - 1], [7], [top] * 4]
+    writer = SplitWriter(tmp_path, "train", dtype)
+    for side in ("src", "tgt"):
+        writer.write(side, np.array([t for r in rows for t in r]), np.array(list(map(len, rows))))
+    writer.close()
+    split = PreparedSplit(tmp_path, "train", dtype)
+    assert [split.ids("src", i).tolist() for i in range(3)] == rows
+    assert split.batch(np.array([2])).src.tolist() == [[top] * 4]
+    narrow = SplitWriter(tmp_path, "x", np.uint16)
+    with pytest.raises(OverflowError):
+        narrow.write("src", np.array([65536]), np.array([1]))
+    narrow.discard()
+    split.close()
+
+
+def test_prepare_killed_midway_leaves_nothing_and_reruns_clean(tmp_path, corpus):
+    big = {}
+    for key in ("train.de", "train.en"):  # 60k pairs: a few seconds of encoding
+        lines = gzip.decompress(Path(corpus[key]).read_bytes()) * 200
+        big[key] = tmp_path / f"{key}.gz"
+        big[key].write_bytes(gzip.compress(lines, compresslevel=1))
+    out = tmp_path / "data"
+    code = (
+        "import sys; from aiayn.data.prepared import prepare; "
+        "prepare((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]), sys.argv[5], "
+        "vocab_size=300, chunk_pairs=500, show_progress=False)"
+    )
+    args = [big["train.de"], big["train.en"], corpus["val.de"], corpus["val.en"], out]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # until token files are being written
+            if any(p.stat().st_size > 0 for p in tmp_path.glob(".data.*.tmp/train.src.bin")):
+                break
+            assert proc.poll() is None, "prepare ended before it could be killed"
+            time.sleep(0.01)
+        else:
+            pytest.fail("prepare wrote no tokens within 120 s")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists() and list(tmp_path.glob(".data.*.tmp"))  # a leftover, no dataset
+    small = (corpus["train.de"], corpus["train.en"])
+    prepare(small, (corpus["val.de"], corpus["val.en"]), out, 300, show_progress=False)
+    assert not list(tmp_path.glob(".data.*.tmp")) and len(PreparedData(out).train) == 300
+    with pytest.raises(CorpusError, match="already exists"):
+        prepare(small, (corpus["val.de"], corpus["val.en"]), out, 300, show_progress=False)
+
+
+def write(path: Path, data: bytes, gz: bool = False) -> Path:
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def test_every_streaming_error_names_the_file_and_line(tmp_path):
+    good = write(tmp_path / "good.en", b"one\ntwo\nthree\n")
+    valid = (good, good)
+    numbers = "".join(f"{i * 7919 % 100_003}\n" for i in range(20_000)).encode()
+    long, cut = write(tmp_path / "n.en", numbers), r"cut\.de\.gz, line \d+: cannot read"
+    cases = [
+        (write(tmp_path / "short.de", b"eins\nzwei\n"), good, r"short\.de ends after line 2"),
+        (good, write(tmp_path / "long.de", b"a\nb\nc\nd\n"), r"good\.en ends after line 3"),
+        (write(tmp_path / "bad.de.gz", b"a\nb\n\xff\n", gz=True), good, r"bad\.de\.gz, line 3"),
+        (good, write(tmp_path / "cr.de", b"a\r\n\xc3\x28\nc\n"), r"cr\.de, line 2: invalid UTF"),
+        (write(tmp_path / "cut.de.gz", gzip.compress(numbers)[:3000]), long, cut),
+    ]
+    for i, (src, tgt, message) in enumerate(cases):
+        with pytest.raises(CorpusError, match=message):
+            prepare((src, tgt), valid, tmp_path / f"out{i}", 100, show_progress=False)
+        assert not (tmp_path / f"out{i}").exists()
+    assert not list(tmp_path.glob(".out*.tmp"))
+
+
+def test_dropped_pairs_are_counted_and_the_sample_is_seeded(tmp_path):
+    src = write(tmp_path / "a.de", "eins\n\nzwei drei vier fünf\nsechs sieben\n".encode())
+    tgt = write(tmp_path / "a.en", b"one\nlost\ntwo three four five\nsix seven\n")
+    m = prepare((src, tgt), (src, tgt), tmp_path / "d", 40, max_len_words=3, show_progress=False)
+    assert (m["splits"]["train"]["pairs"], m["splits"]["train"]["dropped_empty"]) == (2, 1)
+    assert (m["splits"]["train"]["dropped_long"], m["splits"]["valid"]["pairs"]) == (1, 3)
+    pairs = [(str(i), str(i)) for i in range(1000)]
+    assert sample_pairs(iter(pairs), 2000, 1) == pairs  # all of them, in order
+    a = sample_pairs(iter(pairs), 50, 1)
+    assert a == sample_pairs(iter(pairs), 50, 1) != sample_pairs(iter(pairs), 50, 2)
+    assert len(a) == 50 and a == sorted(a, key=lambda p: int(p[0]))
+
+
+def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsys):
+    run = tmp_path / "run"
+    assert main(train_argv(corpus, run, "max_steps=2")) == 0  # its own tokenizer
+    other = tmp_path / "other"
+    valid = (corpus["val.de"], corpus["val.en"])
+    prepare((corpus["train.de"], corpus["train.en"]), valid, other, 350, show_progress=False)
+    argv = ["train", "--out", str(run), "--data", str(other), "--resume", "--no-progress"]
+    assert main([*argv, "--set", *TINY, "max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "data was encoded with another tokenizer" in err and "Traceback" not in err
+    assert main(prepare_argv(corpus, prepared)) == 2  # never over an existing directory
+    err = capsys.readouterr().err
+    assert "already exists" in err and len(err.strip().splitlines()) == 1
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "format": "aiayn-prepared-0"}))
+    with pytest.raises(CorpusError, match="this version of aiayn reads 'aiayn-prepared-1'"):
+        PreparedData(other)
+    with pytest.raises(CorpusError, match="not a prepared data directory"):
+        PreparedData(tmp_path)
+    damaged = tmp_path / "damaged"
+    prepare((corpus["train.de"], corpus["train.en"]), valid, damaged, 350, show_progress=False)
+    with (damaged / "train.tgt.bin").open("r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CorpusError, match=r"train\.tgt\.bin: 100 bytes, the index says"):
+        PreparedData(damaged)
+
+
+def test_prepared_path_resumes_exactly_and_equals_the_raw_text_path(tmp_path, corpus, prepared):
+    """20 updates from raw text = 12 + 8 (resumed) from the prepared directory."""
+    raw, split = tmp_path / "raw", tmp_path / "split"
+    assert main(train_argv(corpus, raw, "max_steps=20")) == 0
+    argv = ["train", "--out", str(split), "--data", str(prepared), "--no-progress", "--set", *TINY]
+    assert main([*argv, "max_steps=12"]) == 0
+    assert main([*argv[: -len(TINY) - 1], "--resume", "--set", *TINY, "max_steps=20"]) == 0
+    a = load_checkpoint(raw / "checkpoint_last.pt")
+    b = load_checkpoint(split / "checkpoint_last.pt")
+    assert a["step"] == b["step"] == 20 and a["tokenizer"] == b["tokenizer"]
+    assert [r["step"] for r in records(split, "train")] == list(range(1, 21))
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert (raw / "data" / "manifest.json").is_file()  # raw text went through the same format
+
+
+def test_wmt14_recipe_on_a_small_stand_in(tmp_path, prepared):
+    recipe = Recipe.from_yaml(ROOT / "recipes" / "wmt14-en-de-base.yaml")
+    assert (recipe.model["d_model"], recipe.model["n_layers"], recipe.warmup) == (512, 6, 4000)
+    assert recipe.vocab_size == 37000 and recipe.model["share_embeddings"]
+    assert 24000 <= recipe.max_tokens * recipe.update_freq <= 26000
+    assert (recipe.save_every_minutes, recipe.keep_last) == (10, 5)
+    tiny = [t for t in TINY if not t.startswith(("save_every", "keep_last"))]
+    recipe.override([*tiny, f"data={prepared}", "max_steps=3", "save_every_minutes=1e-9"])
+    trainer = Trainer(recipe, tmp_path / "run", log=lambda _: None)
+    assert trainer.cfg.d_model == 32 and trainer.recipe.update_freq == recipe.update_freq
+    assert trainer.train(progress=False).step == 3
+    timed = sorted(p.name for p in (tmp_path / "run").glob("checkpoint_step*.pt"))
+    assert timed == [
+        "checkpoint_step0000001.pt",
+        "checkpoint_step0000002.pt",
+        "checkpoint_step0000003.pt",
+    ]
+    assert main(["average", "--model", str(tmp_path / "run"), "--last", "5"]) == 0

@@ -97,7 +97,7 @@ def run_measured(argv: list[str], until=None, stop=None, poll: float = 0.2) -> d
 
 
 def aiayn(*args: str) -> list[str]:
-    return [sys.executable, "-m", "aiayn.cli", *args]
+    return [sys.executable, "-m", "aiayn", *args]
 
 
 def prepare(src: Path, tgt: Path, out: Path, workers: int) -> dict:

@@ -140,7 +140,7 @@ def run_mode(args, lines: list[str], flags: list[str]) -> dict:
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "aiayn.cli", "serve", "--model", args.model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", args.model, "--port", str(port)]
     server = subprocess.Popen([*cmd, "--threads", "1", *flags], env=env)
     try:
         deadline = time.monotonic() + 120

@@ -182,7 +182,7 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, corpus):
     argv = train_argv(corpus, out, "max_steps=100000", "max_tokens=120", "save_every_steps=2")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aiayn.cli", *argv],
+        [sys.executable, "-m", "aiayn", *argv],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -50,7 +50,7 @@ def test_demo_log_redirected_to_a_file_has_no_carriage_returns(tmp_path):
     log = tmp_path / "demo.log"
     with log.open("w") as f:
         done = subprocess.run(
-            [sys.executable, "-m", "aiayn.cli", "demo", "--steps", "30"],
+            [sys.executable, "-m", "aiayn", "demo", "--steps", "30"],
             stdout=f,
             stderr=subprocess.STDOUT,
             timeout=300,

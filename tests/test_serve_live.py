@@ -88,7 +88,7 @@ def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
     src_dir = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
     log = (tmp_path / "serve.log").open("w")
-    cmd = [sys.executable, "-m", "aiayn.cli", "serve", "--model", str(sample_model_dir())]
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(sample_model_dir())]
     cmd += ["--port", str(port), "--threads", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -1,0 +1,46 @@
+"""The `aiayn` command line: each subcommand is a thin layer over the library.
+
+Errors the user can fix (bad files, bad recipes, bad checkpoints: every
+:class:`~aiayn.errors.AiaynError`) print one line naming the file or field and exit with
+status 2. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from aiayn.cli import decoding, inspecting, serving, training
+from aiayn.errors import AiaynError
+
+EXIT_USER_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn", description="The original Transformer: train, translate, score, inspect."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (training, decoding, inspecting, serving):
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from aiayn.distributed import shutdown
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `aiayn translate ... | head`: the reader left, not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+        return 0
+    except AiaynError as e:  # names the file or field; anything else is a bug: traceback
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    finally:
+        shutdown()  # leaves a torchrun process group, if one was joined

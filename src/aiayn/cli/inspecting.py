@@ -1,0 +1,79 @@
+"""`aiayn summary`, `attention` and `plot`: looking inside a model and a run."""
+
+from __future__ import annotations
+
+import argparse
+
+from aiayn.cli.common import add_decoding_flags, translator_for
+from aiayn.config import TransformerConfig
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from aiayn.inspect import summary
+
+    if args.model:  # a trained model: its own config and weights
+        from aiayn.checkpoint import load_model, resolve_checkpoint
+
+        model, _ = load_model(resolve_checkpoint(args.model, args.checkpoint))
+    else:
+        from aiayn.model.transformer import Transformer
+
+        preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
+        model = Transformer(preset(args.vocab))
+    print(summary(model, depth=args.depth))
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
+
+    translator = translator_for(args)
+    amap = translator.attention(args.sentence, beam=args.beam, alpha=args.alpha)
+    pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
+    print("translation: " + translator.tokenizer.decode(pieces))
+    layer = -1 if args.layer is None else args.layer  # the last layer unless one is chosen
+    print(text_heatmap(amap, layer=layer if args.kind in (None, "cross") else -1))
+    if not args.out:
+        return 0
+    if args.out.lower().endswith(".png"):  # one picture: a head, or the grid of a layer
+        kind = args.kind or "cross"
+        print(f"wrote {plot_attention(amap, args.out, kind, layer, args.head)}")
+    else:  # a folder: every layer (or the chosen one) of every kind (or the chosen one)
+        kinds = [args.kind] if args.kind else list(ATTENTION_KINDS)
+        written = plot_all(amap, args.out, kinds, args.layer, args.head)
+        print(f"wrote {len(written)} PNGs to {args.out}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from aiayn.inspect.curves import plot_curves
+
+    for path in plot_curves(args.run, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("summary", help="print the layer table of a preset or trained model")
+    p.add_argument("--preset", choices=["base", "big"], default="base")
+    p.add_argument("--vocab", type=int, default=37000, help="joint vocabulary size")
+    p.add_argument("--model", help="a trained model directory instead of a preset")
+    p.add_argument("--checkpoint", default="auto", help="with --model: auto|averaged|best|last")
+    p.add_argument("--depth", type=int, default=3, help="module nesting shown")
+    p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser("attention", help="attention heatmaps of one sentence's translation")
+    add_decoding_flags(p)
+    p.add_argument("sentence", help="source sentence")
+    p.add_argument(
+        "--kind", choices=["encoder", "decoder_self", "cross"], help="default: cross for a PNG"
+    )
+    p.add_argument("--layer", type=int, help="layer, from 1; -1 is the last (default)")
+    p.add_argument("--head", type=int, default=0, help="one head, from 1 (default: all)")
+    p.add_argument("--out", help="a .png file, or a folder for every kind and layer")
+    p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser("plot", help="draw loss, BLEU, learning rate and tokens/s of a run")
+    p.add_argument("--run", required=True, help="model directory (its metrics.jsonl)")
+    p.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
+    p.set_defaults(func=cmd_plot)

@@ -1,0 +1,80 @@
+"""`aiayn serve` and `aiayn export`: the model behind HTTP, or in another runtime."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from aiayn.cli.common import add_inference_flags, translator_for
+from aiayn.errors import AiaynError
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from aiayn.serve import ServeConfig, serve
+    except ImportError as e:
+        raise AiaynError(
+            f"serving needs the serve extra: pip install 'aiayn[serve]' ({e})"
+        ) from None
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise AiaynError(f"the environment variable {args.api_key_env} holds no API key")
+    cfg = ServeConfig(
+        max_batch_tokens=args.max_batch_tokens,
+        batch_wait_ms=args.batch_wait_ms,
+        max_queue=args.max_queue,
+        max_sentences=args.max_sentences,
+        api_key=api_key,
+    )
+    if args.threads is not None and args.threads < 1:
+        raise AiaynError(f"threads must be >= 1, got {args.threads}")
+    translator = translator_for(args)  # loaded once, before the port opens
+    serve(translator, cfg, args.host, args.port, args.threads)
+    return 0
+
+
+def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
+    from aiayn.export import ExportExistsError, export_ctranslate2
+
+    try:
+        out = export_ctranslate2(
+            args.model, args.out, args.checkpoint, args.quantization, args.force
+        )
+    except ExportExistsError as e:
+        raise AiaynError(f"{e}; give --force to replace it") from None
+    print(f"exported {args.model} -> {out} (CTranslate2, {args.quantization})")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="an HTTP translation server with batching and a web page")
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    add_inference_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-tokens", type=int, default=4096, help="padded source tokens")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="wait for more requests")
+    p.add_argument("--max-queue", type=int, default=1024, help="sentences waiting; more: 429")
+    p.add_argument("--max-sentences", type=int, default=64, help="per request")
+    p.add_argument("--api-key-env", help="require the API key held in this variable")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_serve)
+
+    """`aiayn export FORMAT ...`: one sub-command per target runtime."""
+    from aiayn.export import CT2_QUANTIZATIONS
+
+    p = sub.add_parser("export", help="convert a trained model for another inference runtime")
+    formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    p = formats.add_parser("ctranslate2", help="a CTranslate2 model folder (needs ctranslate2)")
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+    p.add_argument("--out", required=True, help="output folder (model.bin, vocabulary, spm.model)")
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument(
+        "--quantization", default="float32", choices=CT2_QUANTIZATIONS, help="weight type"
+    )
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.set_defaults(func=cmd_export_ctranslate2)

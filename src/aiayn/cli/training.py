@@ -1,0 +1,128 @@
+"""`aiayn demo`, `prepare`, `train` and `average`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from aiayn.errors import AiaynError
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from aiayn.train.demo import run_demo
+
+    result = run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress)
+    return 0 if result.accuracy >= args.min_accuracy else 1
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from aiayn.data.prepared import prepare
+
+    manifest = prepare(
+        (args.train_src, args.train_tgt),
+        (args.valid_src, args.valid_tgt),
+        args.out,
+        vocab_size=args.vocab_size,
+        spm_model=args.spm_model,
+        model_type=args.spm_model_type,
+        max_len_words=args.max_len_words or None,
+        workers=args.workers,
+        sample=args.spm_sample,
+        seed=args.seed,
+        show_progress=not args.no_progress,
+    )
+    train = manifest["splits"]["train"]
+    print(
+        f"{train['pairs']} training pairs ({train['dropped_empty']} empty and "
+        f"{train['dropped_long']} long dropped), {manifest['vocab_size']} tokens, "
+        f"{manifest['dtype']}, {manifest['seconds']} s -> {args.out}"
+    )
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from aiayn.train.recipe import Recipe
+    from aiayn.train.trainer import Trainer
+
+    overrides = list(args.set or [])
+    for flag in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
+        if getattr(args, flag):
+            overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
+    recipe = (
+        Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
+    )
+    for flag in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+        if not recipe.data and not getattr(recipe, flag):
+            raise AiaynError(
+                f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data)"
+            )
+    trainer = Trainer(recipe, args.out, resume=args.resume)
+    trainer.train(progress=not args.no_progress)
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint import AVERAGED, average_checkpoints, epoch_checkpoints, save_checkpoint
+
+    model_dir = Path(args.model)
+    if args.last < 1:
+        raise AiaynError(f"--last must be >= 1, got {args.last}")
+    paths = epoch_checkpoints(model_dir)[-args.last :]
+    if len(paths) < args.last:
+        print(f"note: averaging the {len(paths)} epoch checkpoints found (asked {args.last})")
+    out = Path(args.out) if args.out else model_dir / AVERAGED
+    save_checkpoint(average_checkpoints(paths), out)
+    print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("demo", help="train on the built-in numbers-to-words task (~2 min, CPU)")
+    p.add_argument("--steps", type=int, default=800, help="training updates (default 800)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--min-accuracy", type=float, default=0.0, help="exit 1 below this exact-match (0..1)"
+    )
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "prepare", help="stream, check and encode parallel text once, for `train --data`"
+    )
+    for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
+        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
+    p.add_argument("--out", required=True, help="new directory for the prepared data")
+    p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
+    p.add_argument("--spm-model", help="use this SentencePiece model instead of training one")
+    p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
+    p.add_argument(
+        "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"
+    )
+    p.add_argument(
+        "--max-len-words", type=int, default=100, help="drop longer training pairs (0: keep)"
+    )
+    p.add_argument("--workers", type=int, default=1, help="encoding processes")
+    p.add_argument("--seed", type=int, default=1, help="seed of the tokenizer's sample")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train a translation model on parallel text")
+    p.add_argument("--config", help="YAML recipe, e.g. recipes/multi30k.yaml")
+    p.add_argument("--out", required=True, help="model directory (checkpoints, logs)")
+    p.add_argument("--data", help="a directory from `aiayn prepare` (instead of --train-src...)")
+    p.add_argument("--train-src", dest="train_src")
+    p.add_argument("--train-tgt", dest="train_tgt")
+    p.add_argument("--valid-src", dest="valid_src")
+    p.add_argument("--valid-tgt", dest="valid_tgt")
+    p.add_argument(
+        "--set", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. max_tokens=3000"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from checkpoint_last.pt")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("average", help="average the last N epoch checkpoints (Section 6.1)")
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--last", type=int, default=5)
+    p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
+    p.set_defaults(func=cmd_average)

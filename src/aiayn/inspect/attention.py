@@ -43,6 +43,29 @@ def attention_map(
     )
 
 
+def offset_attention(weights: Tensor, offset: int = -1) -> Tensor:
+    """How much each head attends ``offset`` positions away (-1: the previous token): the
+    mean, over the queries that have such a key, of the weight on it.
+
+    ``weights [..., h, T, T]`` (self-attention of one sentence) -> ``[..., h]``; 1.0 for a
+    head that always looks exactly there. Helps find the "previous word" heads of the
+    paper's Figures 3-5."""
+    T = weights.size(-1)
+    if T <= abs(offset):
+        raise AiaynError(f"no query has a key {offset} positions away in a length-{T} sentence")
+    return weights.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1)
+
+
+def mean_attention_distance(weights: Tensor) -> Tensor:
+    """The average distance |query - key| in positions, weighted by attention, over all
+    queries: ``weights [..., h, T, S]`` -> ``[..., h]``. Large for heads that follow
+    long-range dependencies, near 0 for heads that look at their own position."""
+    T, S = weights.shape[-2:]
+    q = torch.arange(T, dtype=weights.dtype, device=weights.device)[:, None]
+    k = torch.arange(S, dtype=weights.dtype, device=weights.device)[None, :]
+    return (weights * (q - k).abs()).sum(-1).mean(-1)
+
+
 def plot_cross_attention(amap: AttentionMap, path: str | Path, layer: int = -1) -> Path:
     """Save a PNG with one heatmap per head of encoder-decoder attention in ``layer``
     plus their mean; rows are output pieces, columns source pieces."""

@@ -51,7 +51,7 @@ def offset_attention(weights: Tensor, offset: int = -1) -> Tensor:
     head that always looks exactly there. Helps find the "previous word" heads of the
     paper's Figures 3-5."""
     T = weights.size(-1)
-    if T <= abs(offset):
+    if abs(offset) >= T:
         raise AiaynError(f"no query has a key {offset} positions away in a length-{T} sentence")
     return weights.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1)
 

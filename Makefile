@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 # Pinned: a looser requirement makes pip fetch GBs of CUDA wheels on a CPU machine.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench bleu clean browser
+.PHONY: setup demo test lint bench bleu figures table3 clean browser
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,17 @@ bench: setup
 # Multi30k de-en: one hour of training on 2 CPU cores, then test2016 BLEU (BENCHMARKS.md).
 bleu: setup
 	$(BIN)/python benchmarks/multi30k_bleu.py --direction de-en --out runs/bench-de-en
+
+# Every picture of the guided tour (docs/figures/*.png). MODEL is a trained model directory
+# (`aiayn train --config recipes/multi30k.yaml --out runs/de-en`) for the training curves and
+# attention heatmaps; without it those committed pictures are kept and the rest redrawn.
+MODEL ?= runs/de-en
+figures: setup
+	$(BIN)/python docs/figures/make_figures.py --model $(MODEL)
+
+# Table 3 of the paper in miniature on Multi30k de-en (BENCHMARKS.md): 14 rows x 300 updates.
+table3: setup
+	$(BIN)/python benchmarks/table3_mini.py --out runs/table3-mini
 
 lint: setup
 	$(BIN)/ruff check --fix src tests benchmarks

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
@@ -17,7 +20,15 @@ TITLES = {
     "cross": "encoder-decoder attention",
 }
 
-__all__ = ["ATTENTION_KINDS", "AttentionMap", "attention_map", "plot_attention", "text_heatmap"]
+__all__ = [
+    "ATTENTION_KINDS",
+    "AttentionMap",
+    "attention_map",
+    "mean_attention_distance",
+    "offset_attention",
+    "plot_attention",
+    "text_heatmap",
+]
 
 
 def attention_map(
@@ -25,6 +36,29 @@ def attention_map(
 ) -> AttentionMap:
     """Translate ``sentence`` and return every layer's attention weights for the result."""
     return Translator(model, tokenizer).attention(sentence, beam=beam)
+
+
+def offset_attention(weights: Tensor, offset: int = -1) -> Tensor:
+    """How much each head attends ``offset`` positions away (-1: the previous token): the
+    mean, over the queries that have such a key, of the weight on it.
+
+    ``weights [..., h, T, T]`` (self-attention of one sentence) -> ``[..., h]``; 1.0 for a
+    head that always looks exactly there. Helps find the "previous word" heads of the
+    paper's Figures 3-5."""
+    T = weights.size(-1)
+    if abs(offset) >= T:
+        raise AiaynError(f"no query has a key {offset} positions away in a length-{T} sentence")
+    return weights.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1)
+
+
+def mean_attention_distance(weights: Tensor) -> Tensor:
+    """The average distance |query - key| in positions, weighted by attention, over all
+    queries: ``weights [..., h, T, S]`` -> ``[..., h]``. Large for heads that follow
+    long-range dependencies, near 0 for heads that look at their own position."""
+    T, S = weights.shape[-2:]
+    q = torch.arange(T, dtype=weights.dtype, device=weights.device)[:, None]
+    k = torch.arange(S, dtype=weights.dtype, device=weights.device)[None, :]
+    return (weights * (q - k).abs()).sum(-1).mean(-1)
 
 
 def layer_index(amap: AttentionMap, kind: str, layer: int) -> int:

@@ -206,7 +206,9 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, corpus):
     assert proc.returncode == -signal.SIGKILL
     saved = {p.name: load_checkpoint(p) for p in out.glob("checkpoint_*.pt")}  # none corrupt
     step = saved["checkpoint_last.pt"]["step"]
-    assert step >= 6 and saved["checkpoint_last.pt"]["batch_in_epoch"] > 0
+    # The kill came after a mid-epoch save; on a small corpus a later save may have landed
+    # on an epoch boundary before the signal did, so only the step is certain.
+    assert state["batch_in_epoch"] > 0 and step >= state["step"] >= 6
     assert (
         main(train_argv(corpus, out, f"max_steps={step + 5}", "max_tokens=120", resume=True)) == 0
     )

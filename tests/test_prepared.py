@@ -85,11 +85,17 @@ def test_numpy_planner_equals_the_python_reference():
 def test_prepared_batches_equal_the_in_memory_ones(prepared, corpus):
     data = PreparedData(prepared)
     train = read_parallel(corpus["train.de"], corpus["train.en"], 100)
-    memory = ParallelDataset.from_texts(data.tokenizer, train.src, train.tgt, max_positions=30)
-    assert memory.dropped_long > 0  # the max_positions filter is exercised too
+    # A limit below the longest pairs (Multi30k or the built-in sample), so that the
+    # max_positions filter is exercised too.
+    lengths = sorted(len(data.tokenizer.encode(t)) + 1 for t in train.tgt)
+    limit = lengths[len(lengths) * 9 // 10]
+    memory = ParallelDataset.from_texts(data.tokenizer, train.src, train.tgt, limit)
+    assert memory.dropped_long > 0
+    budget = 300 if len(train.src) > 100 else 60  # several batches on the small sample too
     for seed, epoch in ((1, 0), (3, 2)):
-        expected = list(memory.batches(300, seed=seed, epoch=epoch))
-        got = [data.train.batch(i) for i in data.train.plan(300, seed, epoch, max_positions=30)]
+        expected = list(memory.batches(budget, seed=seed, epoch=epoch))
+        plan = data.train.plan(budget, seed, epoch, max_positions=limit)
+        got = [data.train.batch(i) for i in plan]
         assert len(got) == len(expected) > 5
         for a, b in zip(expected, got):
             for name in ("src", "tgt_in", "tgt_out"):
@@ -129,7 +135,9 @@ def test_token_files_round_trip_at_the_uint16_boundary(tmp_path, vocab, top):
 def test_prepare_killed_midway_leaves_nothing_and_reruns_clean(tmp_path, corpus):
     big = {}
     for key in ("train.de", "train.en"):  # 60k pairs: a few seconds of encoding
-        lines = gzip.decompress(Path(corpus[key]).read_bytes()) * 200
+        lines = Path(corpus[key]).read_bytes()
+        lines = gzip.decompress(lines) if lines[:2] == b"\x1f\x8b" else lines  # sample: plain
+        lines *= max(1, 60_000 // lines.count(b"\n"))
         big[key] = tmp_path / f"{key}.gz"
         big[key].write_bytes(gzip.compress(lines, compresslevel=1))
     out = tmp_path / "data"
@@ -161,7 +169,8 @@ def test_prepare_killed_midway_leaves_nothing_and_reruns_clean(tmp_path, corpus)
     assert not out.exists() and list(tmp_path.glob(".data.*.tmp"))  # a leftover, no dataset
     small = (corpus["train.de"], corpus["train.en"])
     prepare(small, (corpus["val.de"], corpus["val.en"]), out, 300, show_progress=False)
-    assert not list(tmp_path.glob(".data.*.tmp")) and len(PreparedData(out).train) == 300
+    n_small = len(read_parallel(*small, 100))  # 300 Multi30k pairs, or the 50 of the sample
+    assert not list(tmp_path.glob(".data.*.tmp")) and len(PreparedData(out).train) == n_small
     with pytest.raises(CorpusError, match="already exists"):
         prepare(small, (corpus["val.de"], corpus["val.en"]), out, 300, show_progress=False)
 
@@ -253,7 +262,10 @@ def test_wmt14_recipe_on_a_small_stand_in(tmp_path, prepared):
     assert 24000 <= recipe.max_tokens * recipe.update_freq <= 26000
     assert (recipe.save_every_minutes, recipe.keep_last) == (10, 5)
     tiny = [t for t in TINY if not t.startswith(("save_every", "keep_last"))]
-    recipe.override([*tiny, f"data={prepared}", "max_steps=3", "save_every_minutes=1e-9"])
+    # keep_last 10: on the small built-in sample every update ends an epoch, and those epoch
+    # checkpoints would push the timed ones out of the last 5.
+    overrides = ["max_steps=3", "save_every_minutes=1e-9", "keep_last=10"]
+    recipe.override([*tiny, f"data={prepared}", *overrides])
     trainer = Trainer(recipe, tmp_path / "run", log=lambda _: None)
     assert trainer.cfg.d_model == 32 and trainer.recipe.update_freq == recipe.update_freq
     assert trainer.train(progress=False).step == 3

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
-from aiayn.data.batching import pad, sorted_batches
+from aiayn.data.batching import pad, shift_target, sorted_batches
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import generate
 from aiayn.errors import AiaynError
@@ -147,7 +147,8 @@ class Translator:
         if not src_ids:
             return []
         src = pad(src_ids, cfg.pad_id).to(self.device)  # [B, S]
-        tgt_in = pad([[cfg.bos_id, *out] for out in out_ids], cfg.pad_id).to(self.device)
+        dec_in, _ = shift_target(out_ids, cfg.bos_id, cfg.eos_id)  # BOS + output (3.1)
+        tgt_in = pad(dec_in, cfg.pad_id).to(self.device)
         with torch.no_grad():
             _, weights = self.model.forward_with_attention(src, tgt_in)
         piece = self.tokenizer.id_to_piece

@@ -46,6 +46,28 @@ class World:
         dist.gather_object(items, parts, dst=0)
         return [item for part in parts for item in part] if self.is_main else None
 
+    def sum(self, values: list[float]) -> list[float]:
+        """``values`` summed element-wise over all ranks (float64), on every rank."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` (picklable), on every rank."""
+        if self.size == 1:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Wait until every rank got here (a fence after rank 0 wrote a file)."""
+        if self.size > 1:
+            dist.barrier()
+
     def device(self, name: str) -> str:
         """``cuda`` becomes this process's own GPU, ``cuda:<local_rank>``."""
         return f"cuda:{self.local_rank}" if name == "cuda" and self.size > 1 else name

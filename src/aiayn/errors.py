@@ -43,3 +43,7 @@ class RecipeError(AiaynError):
 
 class DecodeError(AiaynError):
     """Decoding settings out of range (beam size, n-best, length penalty, length limits)."""
+
+
+class TrainingError(AiaynError):
+    """Training that cannot go on: e.g. many updates in a row with a non-finite loss."""

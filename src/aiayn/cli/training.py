@@ -56,7 +56,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise AiaynError(
                 f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data)"
             )
-    trainer = Trainer(recipe, args.out, resume=args.resume)
+    resume = {None: False, "yes": True, "auto": "auto"}[args.resume]
+    trainer = Trainer(recipe, args.out, resume=resume)
     trainer.train(progress=not args.no_progress)
     return 0
 
@@ -117,7 +118,14 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--set", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. max_tokens=3000"
     )
-    p.add_argument("--resume", action="store_true", help="continue from checkpoint_last.pt")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="yes",
+        choices=["yes", "auto"],
+        help="continue from checkpoint_last.pt; `--resume auto`: only if there is one (for "
+        "torchrun --max-restarts)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 

@@ -39,6 +39,19 @@ class Batch:
             self.n_tgt_tokens,
         )
 
+    def padded_to_multiple(self, multiple: int) -> Batch:
+        """The same batch with both lengths rounded up to a multiple of ``multiple`` (more
+        pad columns), so a compiled step meets few distinct shapes."""
+
+        def widen(t: Tensor) -> Tensor:
+            extra = -t.size(1) % multiple
+            return torch.nn.functional.pad(t, (0, extra), value=PAD_ID) if extra else t
+
+        return Batch(
+            widen(self.src), widen(self.tgt_in), widen(self.tgt_out),
+            self.n_src_tokens, self.n_tgt_tokens,
+        )  # fmt: skip
+
 
 def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
     """Right-pad lists of ids into a LongTensor ``[len(rows), longest]``: the one padding

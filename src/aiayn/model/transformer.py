@@ -50,7 +50,9 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int, values: bo
         raise ModelInputError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
     if ids.size(1) > max_len:
         raise ModelInputError(f"{name} has length {ids.size(1)}, longer than max_len={max_len}")
-    if values and ids.numel():
+    # Under torch.compile the range check would break the graph (a data-dependent branch);
+    # compiled training reads ids that `aiayn prepare` already checked.
+    if values and ids.numel() and not torch.compiler.is_compiling():
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high

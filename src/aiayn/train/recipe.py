@@ -59,7 +59,9 @@ class Recipe:
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "fp32"  # fp32 | bf16 (autocast; GPUs, CPUs with AVX512-BF16/AMX)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a dynamic loss scale)
+    compile: bool = False  # the training step through torch.compile (inductor)
+    max_skipped_updates: int = 20  # stop after this many non-finite updates in a row
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -118,7 +120,10 @@ class Recipe:
                 value = tuple(float(v) for v in value)
             except (TypeError, ValueError):
                 raise RecipeError(f"{source}: 'adam_betas' must be two numbers") from None
-        elif isinstance(default, bool) or default is None:
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise RecipeError(f"{source}: field {key!r} must be true or false, got {value!r}")
+        elif default is None:
             pass
         elif isinstance(default, (int, float, str)):
             try:

@@ -1,12 +1,16 @@
 """The training loop (Section 5): token-budget batches, label smoothing, Adam with the
-warmup schedule, validation with BLEU, atomic checkpoints and exact resume."""
+warmup schedule, validation with BLEU, atomic checkpoints and exact resume.
+
+Under ``torchrun`` the same loop runs data-parallel: every rank plans the same epoch,
+each update takes the next ``world size x update_freq`` batches of that plan and each rank
+runs its share (:mod:`aiayn.train.update`). Rank 0 alone prints, writes metrics, validates
+and saves; the others wait at a fence after each save. The saved position is a position in
+the global plan, so a run resumes with any number of processes."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,26 +20,22 @@ import torch
 from aiayn.checkpoint import (
     BEST,
     LAST,
-    check_vocab,
     epoch_checkpoint_name,
-    load_checkpoint,
-    remove_stale_temp_files,
     resolve_device,
     save_checkpoint,
     step_checkpoint_name,
 )
 from aiayn.config import TransformerConfig
-from aiayn.data import Tokenizer, sorted_batches
-from aiayn.data.prepared import prepare
-from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
-from aiayn.decode import generate
-from aiayn.errors import CheckpointError
-from aiayn.metrics import corpus_bleu
+from aiayn.distributed import World, init_from_env
+from aiayn.errors import TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
-from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.recipe import Recipe
+from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
+from aiayn.train.update import Updater, compiled_graphs
+from aiayn.train.validation import translate_texts, validate
 
 
 @dataclass
@@ -45,55 +45,42 @@ class TrainResult:
     best_bleu: float
     seconds: float
     stopped_by: str  # "max_epochs" | "max_steps" | "time_limit"
+    skipped: int = 0  # updates skipped for a non-finite loss or gradient
 
 
-class MetricsLog:
-    """Appends one JSON object per line to metrics.jsonl, and mirrors scalars to
-    TensorBoard when the ``tensorboard`` package is installed."""
-
-    def __init__(self, out_dir: Path, tensorboard: bool = True):
-        self.file = (out_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        self.flushed_train = False
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(out_dir / "tensorboard"))
-            except ImportError:  # optional dependency
-                self.tb = None
-
-    def write(self, kind: str, step: int, **values: float) -> None:
-        self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
-        # Current for `tail -f` without a flush per update: the first update shows at once.
-        if kind != "train" or not self.flushed_train:
-            self.file.flush()
-            self.flushed_train = self.flushed_train or kind == "train"
-        if self.tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self.tb.add_scalar(f"{kind}/{key}", value, step)
-
-    def close(self) -> None:
-        self.file.close()
-        if self.tb is not None:
-            self.tb.close()
+def _quiet(*_args, **_kwargs) -> None:
+    """The log of ranks other than 0: one process speaks for the run."""
 
 
 class Trainer:
     """Trains one model into ``out_dir``; ``resume=True`` continues from checkpoint_last.pt
-    exactly: same step, same batch order, same RNG streams."""
+    exactly: same step, same batch order, same RNG streams (on one process; on several,
+    ranks other than 0 draw dropout from a stream seeded by rank and step). ``resume=
+    "auto"`` resumes when there is a checkpoint and starts anew when there is none, so a
+    restarted job (torchrun's ``--max-restarts``) picks up where it stopped.
 
-    def __init__(self, recipe: Recipe, out_dir: str | Path, resume: bool = False, log=print):
-        self.recipe, self.out_dir, self.log = recipe, Path(out_dir), log
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        r = recipe
+    ``world`` is this process's place in a torch.distributed job; by default the one that
+    torchrun's environment describes (a world of one outside torchrun)."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        out_dir: str | Path,
+        resume: bool | str = False,
+        log=print,
+        world: World | None = None,
+    ):
+        r = self.recipe = recipe
         if r.threads > 0:
             torch.set_num_threads(r.threads)
-        self.device = resolve_device(r.device)
-        state = self._previous_run(resume)
-        self.data = self._prepared_data(state)
-        self.tokenizer = self._tokenizer(state)
+        device = resolve_device(r.device)
+        self.world = world or init_from_env(device.type)
+        self.device = torch.device(self.world.device(str(device)))
+        self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
+        run = RunDirectory(self.out_dir, self.world, self.log)
+        state = run.previous_state(resume)
+        self.data = run.prepared_data(r, state)
+        self.tokenizer = run.tokenizer(r, self.data, state)
         V = self.tokenizer.vocab_size
         self.cfg = TransformerConfig.from_dict(
             state["config"]
@@ -108,81 +95,34 @@ class Trainer:
         if too_long:
             self.log(f"train: {too_long} pairs longer than {self.cfg.max_len} tokens skipped")
 
-        torch.manual_seed(r.seed)
+        torch.manual_seed(r.seed)  # the same initial weights on every rank
         self.model = Transformer(self.cfg).to(self.device)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), betas=r.adam_betas, eps=r.adam_eps
         )
         self.schedule = NoamSchedule(self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
-        self.best_bleu, self.elapsed = -1.0, 0.0
+        self.best_bleu, self.elapsed, self.skipped, self.bad_in_a_row = -1.0, 0.0, 0, 0
         self.epoch_checkpoints: list[str] = []
         if state is not None:
             self._restore(state)
             self.log(
                 f"resumed from {self.out_dir / LAST}: step {self.step}, epoch {self.epoch + 1}"
+                f", batch {self.batch_in_epoch} of the epoch's plan"
             )
+        if self.world.rank > 0:  # its own dropout masks; rank 0 keeps the saved stream
+            torch.manual_seed(r.seed + 1_000_003 * self.world.rank + self.step)
+        self.updater = Updater(
+            self.model, self.optimizer, self.schedule, self.world,
+            label_smoothing=r.label_smoothing, clip_norm=r.clip_norm,
+            precision=r.precision, compile=r.compile,
+        )  # fmt: skip
         self.log(
             f"model: {self.model.num_parameters() / 1e6:.2f}M parameters, d_model="
             f"{self.cfg.d_model}, {self.cfg.encoder_layers}+{self.cfg.decoder_layers} layers, "
             f"device {self.device}"
+            + (f", {self.world.size} processes" if self.world.size > 1 else "")
         )
-
-    def _previous_run(self, resume: bool) -> dict | None:
-        """The state to resume from (None for a new run); refuses to overwrite a run."""
-        last = self.out_dir / LAST
-        remove_stale_temp_files(self.out_dir)
-        if resume:
-            if not last.is_file():
-                raise CheckpointError(f"nothing to resume: {last} does not exist")
-            return load_checkpoint(last, map_location="cpu")
-        if last.exists():
-            raise CheckpointError(
-                f"{self.out_dir} already holds a training run ({LAST}); resume it or train "
-                "into another directory"
-            )
-        return None
-
-    def _prepared_data(self, state: dict | None) -> PreparedData:
-        """The recipe's prepared directory, or the raw text prepared into the run's
-        ``data/`` (kept for --resume, made again for a new run)."""
-        r = self.recipe
-        if r.data:
-            directory = Path(r.data)
-        else:
-            directory = self.out_dir / "data"
-            if state is None or not (directory / MANIFEST).is_file():
-                if (directory / MANIFEST).is_file():  # ours, from a run that never saved
-                    shutil.rmtree(directory)
-                prepare(
-                    (r.train_src, r.train_tgt), (r.valid_src, r.valid_tgt), directory,
-                    vocab_size=r.vocab_size, model_type=r.spm_model_type,
-                    max_len_words=r.max_len_words, log=lambda _: None, show_progress=False,
-                )  # fmt: skip
-        data = PreparedData(directory)
-        self.log(f"train: {data.summary('train')}")
-        self.log(f"valid: {data.summary('valid')}")
-        return data
-
-    def _tokenizer(self, state: dict | None) -> Tokenizer:
-        """The run's tokenizer: the checkpoint's when resuming (which must be the one the
-        data was encoded with), else the data's (copied beside the recipe)."""
-        r = self.recipe
-        if state is not None:
-            tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-            check_vocab(state, tokenizer.vocab_size, self.out_dir / LAST, "its tokenizer")
-            check_tokenizer(
-                self.data.manifest,
-                self.data.directory,
-                state["tokenizer"],
-                str(self.out_dir / LAST),
-            )
-        else:
-            tokenizer = self.data.tokenizer
-            (self.out_dir / "spm.model").write_bytes(self.data.spm_bytes)
-            r.save(self.out_dir / "recipe.yaml")
-        self.log(f"tokenizer: {tokenizer.vocab_size} joint tokens")
-        return tokenizer
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:
@@ -199,6 +139,7 @@ class Trainer:
             "batch_in_epoch": self.batch_in_epoch,
             "best_bleu": self.best_bleu,
             "elapsed": self.elapsed,
+            "skipped": self.skipped,
             "epoch_checkpoints": list(self.epoch_checkpoints),
             "config": self.cfg.to_dict(),
             "recipe": self.recipe.to_dict(),
@@ -217,9 +158,17 @@ class Trainer:
         self.batch_in_epoch = state["batch_in_epoch"]
         self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
         self.epoch_checkpoints = list(state["epoch_checkpoints"])
+        self.skipped = state.get("skipped", 0)  # absent from checkpoints before the guard
 
-    def save(self, name: str) -> Path:
-        return save_checkpoint(self._state(), self.out_dir / name)
+    def save(self, name: str, fence: bool = True) -> Path:
+        """Rank 0 writes checkpoint ``name`` (atomically); with ``fence``, every rank waits
+        until it is on disk, so no rank runs ahead of the last saved state."""
+        path = self.out_dir / name
+        if self.world.is_main:
+            save_checkpoint(self._state(), path)
+        if fence:
+            self.world.barrier()
+        return path
 
     def _save_kept(self, name: str) -> None:
         """Save an epoch or timed checkpoint; only the last ``keep_last`` stay on disk."""
@@ -233,39 +182,22 @@ class Trainer:
             (self.out_dir / self.epoch_checkpoints.pop(0)).unlink(missing_ok=True)
 
     # -- validation -----------------------------------------------------------------------
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Loss and perplexity on the validation set, and BLEU of its translations."""
-        self.model.eval()
-        loss_sum = nll_sum = 0.0
-        n_tokens = 0
-        for index in self.valid_data.plan(self.recipe.max_tokens, 0, 0, self.cfg.max_len):
-            batch = self.valid_data.batch(index).to(self.device)
-            logits = self.model(batch.src, batch.tgt_in)
-            loss, nll, n = label_smoothed_cross_entropy(
-                logits, batch.tgt_out, self.recipe.label_smoothing, self.cfg.pad_id
-            )
-            loss_sum, nll_sum, n_tokens = loss_sum + loss.item(), nll_sum + nll.item(), n_tokens + n
-        bleu = corpus_bleu(self.translate_valid(), self.valid_ref)
-        self.model.train()
-        return {
-            "loss": loss_sum / max(n_tokens, 1),
-            "ppl": math.exp(min(nll_sum / max(n_tokens, 1), 50.0)),
-            "bleu": bleu.score,
-        }
+        return validate(
+            self.model, self.valid_data, self.translate_valid(), self.valid_ref,
+            self.recipe.max_tokens, self.recipe.label_smoothing,
+        )  # fmt: skip
 
-    def translate_valid(self, batch_size: int = 128) -> list[str]:
+    def translate_valid(self) -> list[str]:
         """The validation sources translated with the recipe's ``valid_beam``, in order."""
-        limit = self.cfg.max_len - 1
-        ids = [self.tokenizer.encode(s)[:limit] for s in self.valid_src]
-        hyps = [""] * len(ids)
-        for index, src in sorted_batches(ids, batch_size, self.cfg.pad_id):
-            nbest = generate(self.model, src.to(self.device), self.recipe.valid_beam)
-            for i, outputs in zip(index, nbest):
-                hyps[i] = self.tokenizer.decode(outputs[0]) if outputs else ""
-        return hyps
+        return translate_texts(self.model, self.tokenizer, self.valid_src, self.recipe.valid_beam)
 
     def _validate_and_keep_best(self, metrics: MetricsLog) -> None:
+        """Rank 0 validates (and saves the best); the other ranks go on to the next
+        update's first collective, where they wait for it."""
+        if not self.world.is_main:
+            return
         v = self.validate()
         metrics.write("valid", self.step, epoch=self.epoch + 1, seconds=round(self.elapsed, 2), **v)
         improved = v["bleu"] > self.best_bleu
@@ -276,14 +208,14 @@ class Trainer:
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
         )
         if improved:
-            self.save(BEST)
+            self.save(BEST, fence=False)  # rank 0 alone validates: the others are not here
 
     # -- the loop -------------------------------------------------------------------------
     def train(self, progress: bool = True) -> TrainResult:
         """Train until the recipe's max_epochs, max_steps or time limit; validation and an
         epoch checkpoint at the end of every epoch (or at a stop), checkpoint_last.pt every
         ``save_every_steps`` updates."""
-        metrics = MetricsLog(self.out_dir)
+        metrics = MetricsLog(self.out_dir, enabled=self.world.is_main)
         self._start = time.perf_counter() - self.elapsed
         period = self.recipe.save_every_minutes * 60  # the next multiple of it, after a resume
         self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period if period else 0
@@ -297,8 +229,12 @@ class Trainer:
         self.log(
             f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
             f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
+            + (f"; {self.skipped} updates skipped (non-finite)" if self.skipped else "")
+            + (f"; torch.compile: {compiled_graphs()} graphs" if self.recipe.compile else "")
         )
-        return TrainResult(self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by)
+        return TrainResult(
+            self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by, self.skipped
+        )
 
     def _run_epoch(self, metrics: MetricsLog, progress: bool) -> str:
         """The rest of the current epoch (from ``batch_in_epoch``, after a resume); returns
@@ -307,27 +243,34 @@ class Trainer:
         # Index arrays only: each batch is read from the token files when its turn comes,
         # so an epoch of millions of pairs costs its plan, not its tensors.
         batches = self.train_data.plan(r.max_tokens, r.seed, self.epoch, self.cfg.max_len)
+        per_update = self.world.size * r.update_freq  # batches of the plan per update
         bar = progress_bar(
-            total=math.ceil(len(batches) / r.update_freq),
-            initial=self.batch_in_epoch // r.update_freq,
+            total=math.ceil(len(batches) / per_update),
+            initial=self.batch_in_epoch // per_update,
             desc=f"epoch {self.epoch + 1}",
             unit="upd",
-            disable=not progress,
+            disable=not progress or not self.world.is_main,
         )
         stopped_by = "max_epochs"
         tick, tick_tokens = time.perf_counter(), 0
         while self.batch_in_epoch < len(batches):
-            plans = batches[self.batch_in_epoch : self.batch_in_epoch + r.update_freq]
+            first = self.batch_in_epoch
+            plans = batches[first : first + per_update]
+            # Every rank reads the whole group's lengths (cheap); ids only of its share.
             group = [self.train_data.batch(index) for index in plans]
-            loss, nll, n_tokens = self._update(group)
+            result = self.updater.update(group)
             self.batch_in_epoch += len(group)
-            self.step += 1
-            tick_tokens += n_tokens
-            self.elapsed = time.perf_counter() - self._start
-            lr = self.optimizer.param_groups[0]["lr"]
+            self._clock()
+            if result.skipped:
+                self._skip(result, metrics, first)
+                continue
+            self.step, self.bad_in_a_row = self.step + 1, 0
+            tick_tokens += result.n_tokens
+            loss, lr = result.loss, self.optimizer.param_groups[0]["lr"]
             metrics.write(
-                "train", self.step, loss=loss, nll=nll, tokens=n_tokens, lr=lr,
-                epoch=self.epoch + 1, seconds=round(self.elapsed, 2),
+                "train", self.step, loss=loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
+                epoch=self.epoch + 1, seconds=round(self.elapsed, 2), first_batch=first,
+                batches=len(group),
             )  # fmt: skip
             bar.update(1)
             if self.step % r.log_every == 0:
@@ -367,28 +310,32 @@ class Trainer:
             return "time_limit"
         return "max_epochs"
 
-    def _update(self, group) -> tuple[float, float, int]:
-        """One optimizer update over ``group`` batches (gradient accumulation); returns
-        the per-token loss, per-token NLL and the number of target tokens."""
-        r = self.recipe
-        use_bf16 = r.precision == "bf16"
-        n_total = sum(b.n_tgt_tokens for b in group)
-        loss_sum = nll_sum = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        for batch in group:
-            batch = batch.to(self.device)
-            keep = batch.tgt_out != self.cfg.pad_id
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                hidden = self.model(batch.src, batch.tgt_in, project=False)  # [B, T, d]
-                # Project only real positions: pads would cost a [d_model x V] product each.
-                logits = self.model.project(hidden[keep])  # [N, V]
-            loss, nll, _ = label_smoothed_cross_entropy(
-                logits, batch.tgt_out[keep], r.label_smoothing, self.cfg.pad_id
+    def _clock(self) -> None:
+        """Rank 0's elapsed time, on every rank: the time limit and timed saves are then
+        decided alike everywhere (a rank that stopped alone would hang the others)."""
+        elapsed = time.perf_counter() - self._start
+        if self.world.size > 1:
+            elapsed = self.world.sum([elapsed if self.world.is_main else 0.0])[0]
+        self.elapsed = elapsed
+
+    def _skip(self, result, metrics: MetricsLog, first: int) -> None:
+        """Log an update that was skipped for a non-finite loss or gradient; stop the run
+        after ``max_skipped_updates`` in a row (the checkpoints on disk hold the last good
+        state: nothing is saved from here)."""
+        self.skipped, self.bad_in_a_row = self.skipped + 1, self.bad_in_a_row + 1
+        limit = self.recipe.max_skipped_updates
+        self.log(
+            f"update after step {self.step} skipped: loss {result.loss:.4g}, gradient norm "
+            f"{result.grad_norm:.4g} (not finite; {self.bad_in_a_row} in a row, stop at {limit})"
+        )
+        metrics.write(
+            "skipped", self.step, loss=str(result.loss), grad_norm=str(result.grad_norm),
+            first_batch=first, in_a_row=self.bad_in_a_row,
+        )  # fmt: skip
+        if self.bad_in_a_row >= limit:
+            raise TrainingError(
+                f"training stopped: {limit} updates in a row had a non-finite loss or "
+                f"gradient (after step {self.step}); the checkpoints in {self.out_dir} keep "
+                "the last good state. Lower the learning rate or warm up longer, clip "
+                "gradients, or use fp32"
             )
-            (loss / n_total).backward()  # gradient of the mean over all tokens of the update
-            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-        if r.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.clip_norm)
-        self.optimizer.step()
-        self.schedule.step()
-        return loss_sum / n_total, nll_sum / n_total, n_total

@@ -1,0 +1,169 @@
+"""One optimizer update (Section 5.3), on one process or data-parallel on several.
+
+An update covers a *group* of micro-batches from the epoch's global batch plan. On W
+processes (``torchrun``) each rank runs its share of the group, padded with zero-weight
+copies so every rank runs the same number of forward/backward passes (fairseq's dummy
+batches): no collective ever waits on a rank that ran out. The loss is divided by the
+group's target tokens, all-reduced, so an update on W ranks equals one process running the
+union of their micro-batches.
+
+Pieces: :class:`TrainingLoss`, the module one step differentiates (what torch.compile and
+DistributedDataParallel wrap), and :class:`Updater`, which runs the micro-batches with
+``no_sync`` on all but the last, the autocast precision, the fp16 loss scale, gradient
+clipping and the guard that skips updates whose loss or gradient is not finite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.data.batching import Batch
+from aiayn.distributed import World
+from aiayn.errors import RecipeError
+from aiayn.model.transformer import Transformer
+from aiayn.train.loss import label_smoothed_cross_entropy
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_PAD_MULTIPLE = 8  # compiled steps see lengths rounded up to this: fewer shapes
+
+
+class TrainingLoss(nn.Module):
+    """``(src [B, S], tgt_in [B, T], tgt_out [B, T]) -> [2]``: the label-smoothed loss and
+    the NLL, each summed over the real (non-pad) target positions, in float32.
+
+    ``static_shapes=True`` (for torch.compile) projects every position and masks the pads:
+    selecting the real positions first, as eager training does to save the pads' share of
+    the ``[d_model x V]`` product, gives data-dependent shapes that break a compiled graph.
+    Both give the same sums."""
+
+    def __init__(self, model: Transformer, epsilon: float, static_shapes: bool = False):
+        super().__init__()
+        self.model, self.epsilon, self.static_shapes = model, epsilon, static_shapes
+
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
+        pad_id = self.model.cfg.pad_id
+        hidden = self.model(src, tgt_in, project=False)  # [B, T, d_model]
+        if not self.static_shapes:
+            keep = tgt_out != pad_id
+            logits = self.model.project(hidden[keep])  # [N, V]
+            loss, nll, _ = label_smoothed_cross_entropy(logits, tgt_out[keep], self.epsilon, pad_id)
+            return torch.stack([loss, nll])
+        logp = torch.log_softmax(self.model.project(hidden).float(), dim=-1)  # [B, T, V]
+        keep = (tgt_out != pad_id).float()
+        nll = -logp.gather(-1, tgt_out[..., None]).squeeze(-1)  # [B, T]
+        loss = (1.0 - self.epsilon) * nll - self.epsilon * logp.mean(dim=-1)
+        return torch.stack([(loss * keep).sum(), (nll * keep).sum()])
+
+
+@dataclass
+class UpdateResult:
+    loss: float  # per target token, over the whole group (all ranks)
+    nll: float
+    n_tokens: int  # real target tokens of the group (all ranks)
+    grad_norm: float  # before clipping; inf or nan when the update was skipped
+    skipped: bool  # the loss or the gradient was not finite: parameters left unchanged
+
+
+def rank_share(group: list, world: World) -> list[tuple[int, float]]:
+    """This rank's micro-batches of ``group`` as (index into group, weight): every W-th
+    one from the rank's own offset, then zero-weight repeats of the group's first so every
+    rank runs ``ceil(len(group) / W)`` of them."""
+    n_micro = math.ceil(len(group) / world.size)
+    own = [(i, 1.0) for i in range(world.rank, len(group), world.size)]
+    return own + [(0, 0.0)] * (n_micro - len(own))
+
+
+class Updater:
+    """Runs updates of ``model`` with ``optimizer`` and ``schedule``, on ``world``.
+
+    ``compile=True`` runs the step through ``torch.compile`` (before the DDP wrap, as
+    recommended); lengths are then padded to a multiple of 8 so the number of distinct
+    shapes, hence recompilations, stays bounded."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        optimizer: torch.optim.Optimizer,
+        schedule,
+        world: World,
+        *,
+        label_smoothing: float = 0.1,
+        clip_norm: float = 0.0,
+        precision: str = "fp32",
+        compile: bool = False,
+    ):
+        if precision not in PRECISIONS:
+            choices = ", ".join(PRECISIONS)
+            raise RecipeError(f"precision must be one of {choices}, got {precision!r}")
+        self.model, self.optimizer, self.schedule, self.world = model, optimizer, schedule, world
+        self.device = next(model.parameters()).device
+        self.clip_norm, self.precision, self.compiled = clip_norm, precision, compile
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        # fp16's range is narrow: a dynamic loss scale keeps small gradients from flushing
+        # to zero, and halves itself (skipping that update) when one overflows.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        step: nn.Module = TrainingLoss(model, label_smoothing, static_shapes=compile)
+        if compile:
+            step = torch.compile(step, dynamic=True)
+        if world.size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # The positional table is a constant buffer: nothing to broadcast each step.
+            step = nn.parallel.DistributedDataParallel(
+                step, device_ids=ids, forward_sync_buffers=False
+            )
+        self.step_module = step
+
+    def _forward_backward(self, batch: Batch, scale: float) -> Tensor:
+        if self.compiled:
+            batch = batch.padded_to_multiple(COMPILE_PAD_MULTIPLE)
+        batch = batch.to(self.device)
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            sums = self.step_module(batch.src, batch.tgt_in, batch.tgt_out)  # [2]
+        self.scaler.scale(sums[0] * scale).backward()
+        return sums.detach()
+
+    def update(self, group: list[Batch]) -> UpdateResult:
+        """One update over ``group`` (the whole group, as every rank sees it; each rank runs
+        its share). Parameters change only when the loss and gradient are finite."""
+        world = self.world
+        share = rank_share(group, world)
+        n_tokens = int(world.sum([sum(group[i].n_tgt_tokens for i, w in share if w)])[0])
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(2, device=self.device)
+        for k, (i, weight) in enumerate(share):
+            # DDP averages gradients over ranks: W / n_tokens makes that average the
+            # gradient of the group's per-token mean. no_sync skips the all-reduce on all
+            # but the last micro-batch; it must enclose the forward pass too, not only
+            # the backward, or DDP would still reduce.
+            last = k == len(share) - 1
+            quiet = world.size > 1 and not last
+            with self.step_module.no_sync() if quiet else contextlib.nullcontext():
+                sums += weight * self._forward_backward(group[i], weight * world.size / n_tokens)
+        self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.clip_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.clip_norm))
+        else:  # the norm only, for the guard below
+            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+        loss_sum, nll_sum = world.sum(sums.tolist())
+        skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.scaler.step(self.optimizer)
+            self.schedule.step()
+        self.scaler.update()  # fp16: halves the scale after an overflow, grows it later
+        return UpdateResult(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, skipped)
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process (first compilations and
+    recompilations for new shapes alike)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

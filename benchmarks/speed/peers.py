@@ -165,7 +165,7 @@ def build_peer(name: str, cfg: TransformerConfig, device: torch.device, seed: in
 def train_step(
     peer, optimizer, batch, device: torch.device, bf16: bool, label: str | None = None
 ) -> None:
-    """One update as ``Trainer._update`` does it (update_freq 1, no clipping), under bf16
+    """One update as ``aiayn.train.update.Updater`` does it (update_freq 1, no clipping), under bf16
     autocast when ``bf16``. ``label`` names the parts for the profiler."""
 
     def part(name: str):

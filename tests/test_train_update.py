@@ -1,0 +1,153 @@
+"""One optimizer update: gradient accumulation, each rank's share of a group, the guard
+against non-finite updates, fp16/bf16 autocast and torch.compile (one process)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+
+import pytest
+import torch
+
+from aiayn.checkpoint import LAST, load_checkpoint
+from aiayn.cli import main
+from aiayn.data.batching import collate
+from aiayn.data.shards import PreparedData
+from aiayn.distributed import World
+from aiayn.model.transformer import Transformer
+from aiayn.train.schedule import NoamSchedule
+from aiayn.train.update import TrainingLoss, Updater, rank_share
+from conftest import tiny_config
+from test_distributed_train import data, max_tokens, records, train_args  # noqa: F401
+
+
+def make_updater(model: Transformer, **options) -> Updater:
+    optimizer = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
+    schedule = NoamSchedule(optimizer, model.cfg.d_model, warmup=10)
+    return Updater(model, optimizer, schedule, World(), **options)
+
+
+def sentences(n: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 12, (2, n), generator=g)
+    src = [torch.randint(4, 23, (int(k),), generator=g).tolist() for k in lengths[0]]
+    tgt = [torch.randint(4, 23, (int(k),), generator=g).tolist() for k in lengths[1]]
+    return src, tgt
+
+
+def test_one_batch_equals_two_accumulated_halves():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0))
+    twin = copy.deepcopy(model)
+    src, tgt = sentences(8)
+    whole = make_updater(model).update([collate(src, tgt)])
+    halves = make_updater(twin).update([collate(src[:4], tgt[:4]), collate(src[4:], tgt[4:])])
+    assert whole.n_tokens == halves.n_tokens == sum(map(len, tgt)) + 8
+    assert whole.loss == pytest.approx(halves.loss, abs=1e-6)
+    # The gradients (kept after the step) are what accumulation must get right; the
+    # parameters after Adam are not compared: the key biases' true gradient is 0, and
+    # Adam turns their rounding noise into lr-sized steps (see test_distributed_train).
+    for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert a.grad is not None and b.grad is not None, name
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+
+
+@pytest.mark.parametrize(("n", "size"), [(4, 2), (3, 2), (1, 2), (5, 3), (2, 1)])
+def test_rank_shares_cover_the_group_once_with_equal_counts(n, size):
+    shares = [rank_share(list(range(n)), World(rank, size)) for rank in range(size)]
+    assert len({len(s) for s in shares}) == 1  # every rank runs as many micro-batches
+    real = sorted(i for s in shares for i, weight in s if weight)
+    assert real == list(range(n))  # each batch once, at full weight
+    assert sum(weight == 0.0 for s in shares for _, weight in s) == len(shares[0]) * size - n
+
+
+def test_static_shape_loss_equals_the_eager_one():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0))
+    batch = collate(*sentences(6)).padded_to_multiple(8)
+    assert batch.src.size(1) % 8 == 0 and batch.tgt_in.size(1) % 8 == 0
+    eager = TrainingLoss(model, 0.1)(batch.src, batch.tgt_in, batch.tgt_out)
+    static = TrainingLoss(model, 0.1, static_shapes=True)(batch.src, batch.tgt_in, batch.tgt_out)
+    assert torch.allclose(eager, static, atol=1e-4)
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Make the losses of the given forward calls (counted from 1) NaN."""
+    calls = {"n": 0, "poisoned": set()}
+    forward = TrainingLoss.forward
+
+    def poisoned(self, *args):
+        calls["n"] += 1
+        out = forward(self, *args)
+        return out * math.nan if calls["n"] in calls["poisoned"] else out
+
+    monkeypatch.setattr(TrainingLoss, "forward", poisoned)
+    return calls["poisoned"]
+
+
+@pytest.mark.slow
+def test_a_poisoned_batch_is_skipped(tmp_path, data, max_tokens, poison, capsys):  # noqa: F811
+    poison.add(3)
+    out = tmp_path / "run"
+    assert main(["train", *train_args(data, out, max_tokens, "max_steps=6")]) == 0
+    assert "update after step 2 skipped: loss nan" in capsys.readouterr().out
+    skipped = records(out, "skipped")
+    assert [(r["step"], r["in_a_row"]) for r in skipped] == [(2, 1)]
+    state = load_checkpoint(out / LAST)
+    assert state["step"] == 6 and state["skipped"] == 1  # six real updates
+    assert all(torch.isfinite(p).all() for p in state["model"].values())
+    # The skipped update's batch was consumed: the plan went on past it.
+    assert [r["first_batch"] for r in records(out)] == [0, 1, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_k_poisoned_updates_in_a_row_stop_the_run(tmp_path, data, max_tokens, poison, capsys):  # noqa: F811
+    poison.update({6, 7, 8})
+    out = tmp_path / "run"
+    argv = ["train", *train_args(data, out, max_tokens, "max_skipped_updates=3")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "training stopped: 3 updates in a row had a non-finite loss or gradient" in err
+    assert "after step 5" in err
+    state = load_checkpoint(out / LAST)  # the last good state, saved at step 4
+    assert state["step"] == 4
+    assert all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_updates(precision):
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0))
+    updater = make_updater(model, precision=precision)
+    assert updater.scaler.is_enabled() == (precision == "fp16")
+    before = [p.detach().clone() for p in model.parameters()]
+    for seed in range(3):
+        result = updater.update([collate(*sentences(6, seed))])
+        assert math.isfinite(result.loss) and not result.skipped
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16"):
+        make_updater(Transformer(tiny_config()), precision="fp8")
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tmp_path, data, max_tokens, capsys):  # noqa: F811
+    """`compile: true` trains through torch.compile (inductor on the CPU): six updates over
+    batches of several shapes give the eager losses to 1e-4, with a bounded number of
+    compiled graphs (dynamic shapes, lengths padded to a multiple of 8)."""
+    runs = {}
+    for name, compile in (("eager", "false"), ("compiled", "true")):
+        out = tmp_path / name
+        argv = train_args(data, out, max_tokens, "max_steps=6", f"compile={compile}")
+        assert main(["train", *argv]) == 0
+        runs[name] = [r["loss"] for r in records(out)]
+    assert len(runs["compiled"]) == 6
+    assert runs["compiled"] == pytest.approx(runs["eager"], abs=1e-4)
+    shapes = {tuple(b.shape) for b in PreparedData(data).train.plan(max_tokens, 1, 0, 160)[:6]}
+    assert len(shapes) >= 3  # batches of different sizes went through the compiled step
+    graphs = int(re.search(r"torch.compile: (\d+) graphs", capsys.readouterr().out).group(1))
+    assert 1 <= graphs <= 6, graphs

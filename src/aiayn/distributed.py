@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -91,8 +92,34 @@ def init_from_env(device: str = "cpu") -> World:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
-        dist.init_process_group(backend=backend)
+        store = _attempt_store(world)
+        if store is None:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend, store=store, rank=world.rank, world_size=world.size)
     return world
+
+
+def _attempt_store(world: World) -> dist.Store | None:
+    """Under torchrun, the rendezvous store seen through a prefix of its own for this
+    restart (TORCHELASTIC_RESTART_COUNT); None elsewhere (plain env:// set-up).
+
+    torchrun keeps one store across the restarts of ``--max-restarts``: without the prefix
+    the workers of a restarted group can read the addresses that the previous (killed)
+    group left under the same keys, and gloo then fails with "Connection refused"."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        return None
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        _env_int("MASTER_PORT", 29500),
+        world.size,
+        is_master=not agent_hosts_store and world.rank == 0,
+        timeout=timedelta(minutes=30),
+        multi_tenant=not agent_hosts_store,
+    )
+    return dist.PrefixStore(f"aiayn/attempt{restart}/", store)
 
 
 def shutdown() -> None:

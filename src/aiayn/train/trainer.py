@@ -256,10 +256,9 @@ class Trainer:
         while self.batch_in_epoch < len(batches):
             first = self.batch_in_epoch
             plans = batches[first : first + per_update]
-            # Every rank reads the whole group's lengths (cheap); ids only of its share.
-            group = [self.train_data.batch(index) for index in plans]
-            result = self.updater.update(group)
-            self.batch_in_epoch += len(group)
+            # Index arrays in; each rank reads from disk only the batches of its share.
+            result = self.updater.update(plans, self.train_data.batch)
+            self.batch_in_epoch += len(plans)
             self._clock()
             if result.skipped:
                 self._skip(result, metrics, first)
@@ -270,7 +269,7 @@ class Trainer:
             metrics.write(
                 "train", self.step, loss=loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
                 epoch=self.epoch + 1, seconds=round(self.elapsed, 2), first_batch=first,
-                batches=len(group),
+                batches=len(plans),
             )  # fmt: skip
             bar.update(1)
             if self.step % r.log_every == 0:

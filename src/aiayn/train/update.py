@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +30,7 @@ from aiayn.errors import RecipeError
 from aiayn.model.transformer import Transformer
 from aiayn.train.loss import label_smoothed_cross_entropy
 
+T = TypeVar("T")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_PAD_MULTIPLE = 8  # compiled steps see lengths rounded up to this: fewer shapes
 
@@ -127,15 +130,18 @@ class Updater:
         self.scaler.scale(sums[0] * scale).backward()
         return sums.detach()
 
-    def update(self, group: list[Batch]) -> UpdateResult:
+    def update(
+        self, group: Sequence[T], load: Callable[[T], Batch] = lambda batch: batch
+    ) -> UpdateResult:
         """One update over ``group`` (the whole group, as every rank sees it; each rank runs
-        its share). Parameters change only when the loss and gradient are finite."""
+        its share, and ``load``s only its share: e.g. index arrays read into batches).
+        Parameters change only when the loss and gradient are finite."""
         world = self.world
-        share = rank_share(group, world)
-        n_tokens = int(world.sum([sum(group[i].n_tgt_tokens for i, w in share if w)])[0])
+        share = [(load(group[i]), weight) for i, weight in rank_share(group, world)]
+        n_tokens = int(world.sum([sum(b.n_tgt_tokens for b, w in share if w)])[0])
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, device=self.device)
-        for k, (i, weight) in enumerate(share):
+        for k, (batch, weight) in enumerate(share):
             # DDP averages gradients over ranks: W / n_tokens makes that average the
             # gradient of the group's per-token mean. no_sync skips the all-reduce on all
             # but the last micro-batch; it must enclose the forward pass too, not only
@@ -143,7 +149,7 @@ class Updater:
             last = k == len(share) - 1
             quiet = world.size > 1 and not last
             with self.step_module.no_sync() if quiet else contextlib.nullcontext():
-                sums += weight * self._forward_backward(group[i], weight * world.size / n_tokens)
+                sums += weight * self._forward_backward(batch, weight * world.size / n_tokens)
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.clip_norm > 0:

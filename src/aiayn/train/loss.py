@@ -6,6 +6,15 @@ import torch
 from torch import Tensor
 
 
+def token_losses(logits: Tensor, target: Tensor, epsilon: float = 0.1) -> tuple[Tensor, Tensor]:
+    """Per position: the label-smoothed loss and the NLL, float32 ``[...]`` for logits
+    ``[..., V]`` and target ``[...]``; pads are not masked (callers weight or drop them).
+    No data-dependent shapes, so torch.compile traces it whole."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # float32 even under autocast
+    nll = -logp.gather(-1, target[..., None]).squeeze(-1)
+    return (1.0 - epsilon) * nll - epsilon * logp.mean(dim=-1), nll
+
+
 def label_smoothed_cross_entropy(
     logits: Tensor, target: Tensor, epsilon: float = 0.1, pad_id: int = 0
 ) -> tuple[Tensor, Tensor, int]:
@@ -17,12 +26,8 @@ def label_smoothed_cross_entropy(
     nothing. logits ``[..., V]``, target ``[...]``. Returns (loss sum, NLL sum, number of
     non-pad targets); NLL is the unsmoothed loss, for perplexity.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)  # float32 even under autocast
     keep = target != pad_id
     if not bool(keep.all()):  # callers that already dropped pad positions skip this copy
-        logp, target = logp[keep], target[keep]  # [N, V], [N]
-    logp, target = logp.reshape(-1, logp.size(-1)), target.reshape(-1)
-    nll = -logp.gather(-1, target[:, None]).squeeze(-1)
-    smooth = -logp.mean(dim=-1)
-    loss = (1.0 - epsilon) * nll + epsilon * smooth
+        logits, target = logits[keep], target[keep]  # [N, V], [N]
+    loss, nll = token_losses(logits, target, epsilon)
     return loss.sum(), nll.sum(), int(target.numel())

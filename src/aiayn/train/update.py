@@ -28,7 +28,7 @@ from aiayn.data.batching import Batch
 from aiayn.distributed import World
 from aiayn.errors import RecipeError
 from aiayn.model.transformer import Transformer
-from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.loss import label_smoothed_cross_entropy, token_losses
 
 T = TypeVar("T")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -56,10 +56,8 @@ class TrainingLoss(nn.Module):
             logits = self.model.project(hidden[keep])  # [N, V]
             loss, nll, _ = label_smoothed_cross_entropy(logits, tgt_out[keep], self.epsilon, pad_id)
             return torch.stack([loss, nll])
-        logp = torch.log_softmax(self.model.project(hidden).float(), dim=-1)  # [B, T, V]
+        loss, nll = token_losses(self.model.project(hidden), tgt_out, self.epsilon)  # [B, T]
         keep = (tgt_out != pad_id).float()
-        nll = -logp.gather(-1, tgt_out[..., None]).squeeze(-1)  # [B, T]
-        loss = (1.0 - self.epsilon) * nll - self.epsilon * logp.mean(dim=-1)
         return torch.stack([(loss * keep).sum(), (nll * keep).sum()])
 
 

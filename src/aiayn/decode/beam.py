@@ -83,39 +83,26 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     prefix = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
     banned = banned_ids(cfg, device)
-    arange_2k = torch.arange(2 * K, device=device)
 
     for t in range(max(limit, default=0)):
-        n = len(sent)
         # Log-probabilities over the whole vocabulary first, then the ban: banning before
         # the softmax would renormalise over fewer tokens and change the scores.
         logp = ban(torch.log_softmax(step.logits(prefix).float(), dim=-1), banned)  # [n*K, V]
         ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
-        if any(ending):
-            at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
-            forced = torch.full_like(logp[0], float("-inf"))
-            forced[cfg.eos_id] = 0.0
-            logp[at_limit] = forced + logp[at_limit, cfg.eos_id : cfg.eos_id + 1]
-        V = logp.size(-1)
-        cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
-        top_scores, top_idx = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
-        beam, token = top_idx // V, top_idx % V
-        is_eos = token == cfg.eos_id
+        top_scores, beam, is_eos, scores, parent, token = select(scores, logp, ending, cfg.eos_id)
 
-        _finish_eos_hits(finished, sent, prefix, beam, is_eos, top_scores, alpha)
+        groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
+        if groups:
+            hit_tokens = prefix.index_select(0, rows)[:, 1:].tolist()  # without BOS
+            for g, tokens, log_prob in zip(groups, hit_tokens, log_probs):
+                finished[sent[g]].append(hypothesis(tokens, log_prob, alpha))
 
-        # The best K non-EOS candidates continue.
-        rank = torch.where(is_eos, 2 * K, arange_2k)
-        pick = rank.argsort(dim=1, stable=True)[:, :K]  # [n, K]
-        scores = top_scores.gather(1, pick)
-        parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
-        token = token.gather(1, pick).view(-1, 1)
         prefix = torch.cat([prefix.index_select(0, parent), token], dim=1)
         step.reorder(parent)  # parents share their sentence's memory: only the cache moves
 
         best = scores.max(dim=1).values.tolist()
         done = [
-            end or _is_done(finished[s], b, lp_bound[s], K) for s, b, end in zip(sent, best, ending)
+            end or is_done(finished[s], b, lp_bound[s], K) for s, b, end in zip(sent, best, ending)
         ]
         if all(done):
             break
@@ -129,22 +116,55 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
     return [sorted(h, key=lambda h: h.score, reverse=True)[:n_best] for h in finished]
 
 
-def _finish_eos_hits(finished, sent, prefix, beam, is_eos, top_scores, alpha) -> None:
-    """EOS among the best K candidates of a group ends that hypothesis (as fairseq does):
-    append it, scored with the length penalty, to its sentence's ``finished`` list."""
+def select(scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int):
+    """One step's choice for n sentences of K beams (shared with continuous batching).
+
+    ``scores [n, K]`` are the beams' log-probs so far, ``logp [n*K, V]`` the next-token
+    log-probs (banned ids at -inf); the beams of sentences with ``ending[i]`` may only take
+    EOS (``logp`` is changed in place for them). Returns the 2K best candidates of each
+    sentence (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``)
+    and the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
+    ``[n*K]`` and ``token [n*K, 1]``.
+    """
+    n, K = scores.shape
+    device = scores.device
+    if any(ending):
+        at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
+        forced = torch.full_like(logp[0], float("-inf"))
+        forced[eos_id] = 0.0
+        logp[at_limit] = forced + logp[at_limit, eos_id : eos_id + 1]
+    V = logp.size(-1)
+    cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
+    top_scores, top_idx = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
+    beam, token = top_idx // V, top_idx % V
+    is_eos = token == eos_id
+    # The best K non-EOS candidates continue.
+    rank = torch.where(is_eos, 2 * K, torch.arange(2 * K, device=device))
+    pick = rank.argsort(dim=1, stable=True)[:, :K]  # [n, K]
+    next_scores = top_scores.gather(1, pick)
+    parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
+    return top_scores, beam, is_eos, next_scores, parent, token.gather(1, pick).view(-1, 1)
+
+
+def eos_hits(beam: Tensor, is_eos: Tensor, top_scores: Tensor):
+    """EOS among the best K candidates of a sentence ends that hypothesis (as fairseq
+    does). Returns, for each such hit in order, its sentence index (a list), the row of its
+    parent beam (a LongTensor, to gather the parents' tokens at once) and its log-prob."""
     K = beam.size(1) // 2
     hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
     if not hits.numel():
-        return
+        return [], None, []
     g, j = hits[:, 0], hits[:, 1]
-    rows = g * K + beam[g, j]
-    hit_tokens = prefix.index_select(0, rows)[:, 1:].tolist()  # without BOS
-    for group, log_prob, tokens in zip(g.tolist(), top_scores[g, j].tolist(), hit_tokens):
-        lp = length_penalty(len(tokens) + 1, alpha)
-        finished[sent[group]].append(Hypothesis(tokens, log_prob / lp, log_prob))
+    return g.tolist(), g * K + beam[g, j], top_scores[g, j].tolist()
 
 
-def _is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:
+def hypothesis(tokens: list[int], log_prob: float, alpha: float) -> Hypothesis:
+    """A finished hypothesis (``tokens`` without BOS/EOS), scored with the length penalty
+    of its length with the EOS."""
+    return Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha), log_prob)
+
+
+def is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:
     """A sentence is done when K hypotheses have finished and no active beam can still
     beat the K-th best of them (so an early, poor EOS cannot end the search)."""
     if best_active == float("-inf"):

@@ -25,12 +25,14 @@ def inference(model: Transformer) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the block; the model's training flag is
     restored afterwards, even if decoding raises."""
     was_training = model.training
-    model.eval()
+    if was_training:  # train()/eval() walk every module: skip them when nothing changes
+        model.eval()
     try:
         with torch.inference_mode():
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
 
 
 def length_limits(

@@ -56,6 +56,26 @@ def scaled_dot_product_attention(
     return weights @ v, weights
 
 
+def _append(cached: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
+    """Cached keys (or values) ``[B', h, L, d_k]`` then this step's ``[B, h, T, d_k]``
+    along the time axis; ``order [B]`` first picks the cached rows (a beam reorder left
+    pending by the decoder state), gathered straight into the result: one copy, not two."""
+    if order is None:
+        return torch.cat([cached, new], dim=2)
+    B, h, T, d_k = new.shape
+    L = cached.size(2)
+    out = new.new_empty(B, h, L + T, d_k)
+    torch.index_select(cached, 0, order, out=out[:, :, :L])
+    out[:, :, L:] = new
+    return out
+
+
+def _ungroup(x: Tensor, group: int, T: int) -> Tensor:
+    """``[B/G, h, G*T, n]`` (queries of G rows side by side) -> ``[B, h, T, n]``."""
+    _, h, _, n = x.shape
+    return x.reshape(-1, h, group, T, n).transpose(1, 2).reshape(-1, h, T, n)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K,
     V W_i^V)  (Section 3.2.2).
@@ -98,6 +118,13 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)
 
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder-decoder keys and values of ``memory [B, S, d_model]``: two ``[B, h, S,
+        d_k]`` tensors (what the cross-attention cache holds)."""
+        _, project_kv = self._cross_projections()
+        k, v = map(self._split_heads, project_kv(memory).chunk(2, dim=-1))
+        return k, v
+
     def forward(
         self,
         x: Tensor,
@@ -111,26 +138,36 @@ class MultiHeadAttention(nn.Module):
         ``cache`` (incremental decoding) is a dict this layer owns: for self-attention the
         keys/values of earlier steps are kept and extended by this call's steps; for
         encoder-decoder attention K and V are projected from ``memory`` once and reused.
+        A cached K/V with B/G rows serves G consecutive rows of x each (the beams of one
+        sentence, in continuous batching), without G copies of it. A self-attention cache
+        may hold a pending row order (``"order"``, see ``DecoderState.reorder``), applied
+        while appending.
         """
         d = self.d_model
         if memory is None:
             q, k, v = map(self._split_heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
                 if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
+                    order = cache.pop("order", None)
+                    k, v = _append(cache["k"], k, order), _append(cache["v"], v, order)
                 cache["k"], cache["v"] = k, v
         else:
-            project_q, project_kv = self._cross_projections()
+            project_q, _ = self._cross_projections()
             q = self._split_heads(project_q(x))
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
-                k, v = map(self._split_heads, project_kv(memory).chunk(2, dim=-1))
+                k, v = self.memory_kv(memory)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
         dropout_p = self.attention_dropout if self.training else 0.0
+        B, h, T, d_k = q.shape
+        group = B // k.size(0)
+        if group > 1:  # G beams share one source's K/V: its G*T queries attend together
+            q = q.reshape(-1, group, h, T, d_k).transpose(1, 2).reshape(-1, h, group * T, d_k)
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
-        B, _, T, _ = out.shape
+        if group > 1:  # [B/G, h, G*T, .] -> [B, h, T, .]
+            out = _ungroup(out, group, T)
+            weights = None if weights is None else _ungroup(weights, group, T)
         out = out.transpose(1, 2).reshape(B, T, d)  # concat heads: [B, T, h * d_k]
         return self.out_proj(out), weights

@@ -26,7 +26,9 @@ class PositionalEncoding(nn.Module):
     """Adds position information to ``x [B, T, d_model]``, then applies dropout.
 
     Sinusoidal (a precomputed, non-trained buffer) or learned (one vector per position).
-    ``offset`` shifts positions for incremental decoding, where x holds only the new steps.
+    ``offset`` shifts positions for incremental decoding, where x holds only the new steps:
+    one int for the whole batch, or a LongTensor ``[B]`` with each row's own offset (rows
+    that joined a running batch at different steps).
     """
 
     def __init__(self, d_model: int, max_len: int, dropout: float, learned: bool = False):
@@ -40,15 +42,23 @@ class PositionalEncoding(nn.Module):
             self.learned = None
             self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        pe = self.learned if self.learned is not None else self.table
+        if isinstance(offset, Tensor):  # per row: gather [B, T] rows of the table
+            positions = offset[:, None] + torch.arange(x.size(1), device=x.device)
+            end = int(positions.max()) + 1 if positions.numel() else 0
+            self._check_end(end)
+            return self.dropout(x + pe[positions])
         end = offset + x.size(1)
+        self._check_end(end)
+        return self.dropout(x + pe[offset:end])
+
+    def _check_end(self, end: int) -> None:
         if end > self.max_len:
             raise ModelInputError(
                 f"sequence reaches position {end}, past max_len={self.max_len}; "
                 "raise TransformerConfig.max_len or shorten the input"
             )
-        pe = self.learned if self.learned is not None else self.table
-        return self.dropout(x + pe[offset:end])
 
 
 class TokenEmbedding(nn.Module):

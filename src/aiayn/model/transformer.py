@@ -20,20 +20,98 @@ class DecoderState:
     """Incremental-decoding state (fairseq-style): one cache dict per decoder layer holding
     self-attention keys/values of the steps so far and the encoder-decoder keys/values.
 
-    ``offset`` is the number of target positions already fed. ``reorder`` selects rows of
-    the batch, for beam search (parents of the surviving beams) and for dropping finished
-    sentences.
+    ``offset`` is the number of target positions already fed (cached key columns). ``reorder``
+    selects rows of the batch, for beam search (parents of the surviving beams) and for
+    dropping finished sentences.
+
+    A *ragged* state (``positions`` set; made by :meth:`Transformer.start_state`) lets rows
+    sit at different target positions, so that sentences can join a running batch
+    (continuous batching): row b's next position is ``positions[b]`` and its cached keys are
+    the columns where ``keys [B, offset]`` is True. A row that joins late is left-padded
+    with masked columns, so every step still appends one column for all rows. Its
+    encoder-decoder keys/values (like the memory and source passed to ``decode``) hold one
+    row per ``group`` target rows: the beams of one sentence share them.
     """
 
     layers: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
     offset: int = 0
+    positions: Tensor | None = None  # [B] ragged only: each row's next target position
+    keys: Tensor | None = None  # [B, offset] ragged only: True at the row's real keys
+    group: int = 1  # target rows per source row
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index [B']`` (in that order) of every cached tensor."""
+    def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
+        """Keep batch rows ``index [B']`` (in that order) of every cached tensor. With
+        ``group > 1`` the encoder-decoder keys/values keep the source rows ``sources``
+        instead (None: all of them, right when ``index`` only moves beams within their
+        sentences). A ragged state leaves the self-attention rows' order pending: the next
+        step gathers them as it appends its keys (one copy of the cache per step, not two).
+        """
+        ragged = self.positions is not None
         for layer in self.layers:
-            for cache in layer.values():
-                for name, tensor in cache.items():
-                    cache[name] = tensor.index_select(0, index)
+            for kind, cache in layer.items():
+                if kind == "self" and ragged:
+                    cache["order"] = cache["order"][index] if "order" in cache else index
+                    continue
+                rows = sources if kind == "cross" and self.group > 1 else index
+                if rows is not None:
+                    for name in ("k", "v"):
+                        cache[name] = cache[name].index_select(0, rows)
+        if ragged:
+            self.positions, self.keys = self.positions[index], self.keys[index]
+
+    def join(self, other: DecoderState) -> None:
+        """Append the rows of ``other`` (both ragged). Self-attention caches are left-padded
+        to the longer one with masked columns; encoder-decoder keys/values are right-padded
+        along the source to the longer one (pad the source ids alike: the padding mask then
+        hides these columns)."""
+        if self.positions is None or other.positions is None or self.group != other.group:
+            raise ModelInputError("only ragged states of one group size can be joined")
+        width = max(self.offset, other.offset)
+        for mine, theirs in zip(self.layers, other.layers):
+            for kind, left in (("self", True), ("cross", False)):
+                a, b = mine[kind], theirs[kind]
+                orders = a.pop("order", None), b.pop("order", None)  # pending reorders
+                size = width if left else max(a["k"].size(2), b["k"].size(2))
+                for name in ("k", "v"):
+                    a[name] = _stack([a[name], b[name]], orders, size, left)
+        self.keys = torch.cat(
+            [F.pad(k, (width - k.size(1), 0), value=False) for k in (self.keys, other.keys)]
+        )
+        self.positions = torch.cat([self.positions, other.positions])
+        self.offset = width
+
+    def crop(self, src_len: int) -> None:
+        """Drop the leading key columns that no row uses any more (ragged) and the
+        encoder-decoder keys/values past ``src_len`` source positions (after rows with the
+        longest sources left; crop the source ids alike)."""
+        used = self.keys.any(dim=0)
+        first = int(used.int().argmax()) if bool(used.any()) else self.offset
+        for layer in self.layers:
+            for name in ("k", "v"):
+                layer["self"][name] = layer["self"][name][:, :, first:]
+                layer["cross"][name] = layer["cross"][name][:, :, :src_len]
+        self.keys, self.offset = self.keys[:, first:], self.offset - first
+
+
+def _stack(parts: list[Tensor], orders, size: int, left: bool) -> Tensor:
+    """Rows of ``parts`` (each ``[B_i, h, L_i, d_k]``, taken in ``orders[i]`` when given)
+    one after the other in a ``[sum B_i, h, size, d_k]`` tensor, each zero-padded to
+    ``size`` columns on the left or the right: written once, with no intermediate copy."""
+    rows = [len(o) if o is not None else t.size(0) for t, o in zip(parts, orders)]
+    _, h, _, d_k = parts[0].shape
+    out = parts[0].new_empty(sum(rows), h, size, d_k)
+    start = 0
+    for t, order, n in zip(parts, orders, rows):
+        L = t.size(2)
+        block = out[start : start + n]
+        dst = block[:, :, size - L :] if left else block[:, :, :L]
+        (block[:, :, : size - L] if left else block[:, :, L:]).zero_()  # masked columns
+        if order is None:
+            dst.copy_(t)
+        else:
+            torch.index_select(t, 0, order, out=dst)
+        start += n
+    return out
 
 
 def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int, values: bool = True) -> None:
@@ -168,19 +246,29 @@ class Transformer(nn.Module):
         own outputs, and checking them would synchronise a GPU at every step.
         """
         offset = state.offset if state is not None else 0
-        vocab, room = self.cfg.tgt_vocab_size, self.cfg.max_len - offset
+        ragged = state is not None and state.positions is not None
+        vocab, room = self.cfg.tgt_vocab_size, self.cfg.max_len - (0 if ragged else offset)
         _check_ids("tgt_in", tgt_in, vocab, room, values=offset == 0)
-        if memory.dim() != 3 or memory.size(0) != tgt_in.size(0) or src.size(0) != tgt_in.size(0):
+        group = state.group if state is not None else 1  # target rows per source row
+        rows = tgt_in.size(0)
+        if memory.dim() != 3 or memory.size(0) * group != rows or src.size(0) * group != rows:
             raise ModelInputError(
                 f"batch sizes differ: tgt_in {tuple(tgt_in.shape)}, memory "
                 f"{tuple(memory.shape)}, src {tuple(src.shape)}"
+                + (f" ({group} target rows per source row)" if group > 1 else "")
             )
         if memory.size(1) != src.size(1):
             raise ModelInputError(
                 f"memory covers {memory.size(1)} source positions but src has {src.size(1)}"
             )
         T = tgt_in.size(1)
-        if state is None:
+        positions: int | Tensor = offset
+        if ragged:  # each row at its own position; its cached keys only
+            if T != 1:
+                raise ModelInputError(f"a ragged state takes one step at a time, got {T}")
+            keys = torch.cat([state.keys, state.keys.new_ones(tgt_in.size(0), 1)], dim=1)
+            self_mask, positions = keys[:, None, None, :], state.positions  # [B, 1, 1, L + 1]
+        elif state is None:
             self_mask = decoder_self_mask(tgt_in, self.cfg.pad_id)  # [B, 1, T, T]
         elif T == 1:
             self_mask = None  # one new query may see every cached key
@@ -188,11 +276,27 @@ class Transformer(nn.Module):
             q_pos = torch.arange(offset, offset + T, device=tgt_in.device)
             k_pos = torch.arange(offset + T, device=tgt_in.device)
             self_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]
-        x = self.tgt_pos(self.tgt_embed(tgt_in), offset=offset)
+        x = self.tgt_pos(self.tgt_embed(tgt_in), offset=positions)
         x = self.decoder(x, memory, self_mask, padding_mask(src, self.cfg.pad_id), state, weights)
         if state is not None:
             state.offset += T
+        if ragged:
+            state.keys, state.positions = keys, state.positions + 1
         return self.project(x) if project else x
+
+    def start_state(self, memory: Tensor, group: int = 1) -> DecoderState:
+        """A ragged :class:`DecoderState` for ``group`` target rows per source of ``memory
+        [B, S, d_model]`` (B * group rows: the beams of each sentence, side by side), about
+        to take their first step: encoder-decoder keys/values projected once per source,
+        no self-attention keys yet. :meth:`DecoderState.join` adds it to a running batch."""
+        rows, layers = memory.size(0) * group, []
+        for layer in self.decoder.layers:
+            k, v = layer.cross_attn.memory_kv(memory)
+            empty = k.new_zeros(rows, k.size(1), 0, k.size(3))
+            layers.append({"self": {"k": empty, "v": empty}, "cross": {"k": k, "v": v}})
+        positions = torch.zeros(rows, dtype=torch.long, device=memory.device)
+        keys = torch.zeros(rows, 0, dtype=torch.bool, device=memory.device)
+        return DecoderState(layers, 0, positions, keys, group)
 
     def project(self, x: Tensor) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``."""

@@ -15,8 +15,9 @@ from aiayn.translator import Translator
 
 
 class ControlledTranslator(Translator):
-    """A Translator whose batches can be held at a gate (to fill the queue) or made to
-    raise (to check that every waiting request gets an error)."""
+    """A Translator whose batches (whole batches, and each step of a continuous batch) can
+    be held at a gate (to fill the queue) or made to raise (to check that every waiting
+    request gets an error)."""
 
     def __init__(self, model, tokenizer):
         super().__init__(model, tokenizer)
@@ -24,16 +25,37 @@ class ControlledTranslator(Translator):
         self.gate.set()
         self.entered = threading.Event()  # set when a batch reaches the gate
         self.fail = False
-        self.batches: list[int] = []  # sentences per model batch
+        self.batches: list[int] = []  # sentences per whole batch
+        self.steps: list[int] = []  # sentences per continuous decoding step
+        self.joins: list[tuple[int, int]] = []  # (sentences running, joining) per add
 
-    def translate_ids(self, ids, *args, **kwargs):
-        self.batches.append(len(ids))
+    def _hold(self) -> None:
         self.entered.set()
         if not self.gate.wait(timeout=30):
             raise TimeoutError("the test never opened the gate")
         if self.fail:
             raise RuntimeError("the model fell over")
+
+    def translate_ids(self, ids, *args, **kwargs):
+        self.batches.append(len(ids))
+        self._hold()
         return super().translate_ids(ids, *args, **kwargs)
+
+    def continuous_search(self, *args, **kwargs):
+        search = super().continuous_search(*args, **kwargs)
+        add, step = search.add, search.step
+
+        def held_add(src, tags):
+            self.joins.append((len(search), len(tags)))
+            return add(src, tags)
+
+        def held_step():
+            self.steps.append(len(search))
+            self._hold()
+            return step()
+
+        search.add, search.step = held_add, held_step
+        return search
 
 
 def wait_ready(base: str, timeout: float = 30.0) -> None:

@@ -14,7 +14,7 @@ from torch import Tensor
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.data.batching import pad, shift_target, sorted_batches
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decode import generate
+from aiayn.decode import ContinuousBeamSearch, generate
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 
@@ -134,6 +134,17 @@ class Translator:
             if on_batch is not None:
                 on_batch(len(index))
         return results
+
+    def continuous_search(
+        self, beam: int = 4, alpha: float = 0.6, max_len_b: int = 50, max_len_a: float = 1.0
+    ) -> ContinuousBeamSearch:
+        """A beam search on this model that sentences join and leave between decoding steps
+        (``aiayn serve``'s continuous batching): feed it right-padded source ids. Each
+        sentence's hypotheses are those :meth:`translate_ids` gives it with these settings
+        (``beam >= 2``; beam 1 there is greedy decoding, which this is not)."""
+        return ContinuousBeamSearch(
+            self.model, beam, alpha, max_len_a=max_len_a, max_len_b=max_len_b
+        )
 
     def attention_maps(
         self, src_ids: Sequence[Sequence[int]], out_ids: Sequence[Sequence[int]]

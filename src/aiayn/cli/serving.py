@@ -24,6 +24,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = ServeConfig(
         max_batch_tokens=args.max_batch_tokens,
         batch_wait_ms=args.batch_wait_ms,
+        continuous=not args.no_continuous,
         max_queue=args.max_queue,
         max_sentences=args.max_sentences,
         api_key=api_key,
@@ -58,6 +59,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch-tokens", type=int, default=4096, help="padded source tokens")
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="wait for more requests")
+    p.add_argument(
+        "--no-continuous",
+        action="store_true",
+        help="batch whole requests only: new sentences wait for the running batch to finish",
+    )
     p.add_argument("--max-queue", type=int, default=1024, help="sentences waiting; more: 429")
     p.add_argument("--max-sentences", type=int, default=64, help="per request")
     p.add_argument("--api-key-env", help="require the API key held in this variable")

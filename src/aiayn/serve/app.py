@@ -39,6 +39,9 @@ class ServeConfig:
 
     max_batch_tokens: int = 4096
     batch_wait_ms: float = 5.0
+    continuous: bool = True  # beam search: sentences join and leave between steps
+    join_ratio: float = 0.25  # queued sentences join once they are this x those running
+    join_wait_steps: int = 8  # ... or once the oldest has waited this many steps
     max_queue: int = 1024  # sentences waiting; more -> 429
     max_sentences: int = 64  # per request
     max_body_bytes: int = 1 << 20
@@ -149,7 +152,14 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     cfg = cfg or ServeConfig()
     metrics = Metrics()
     worker = BatchWorker(
-        translator, metrics, cfg.max_batch_tokens, cfg.batch_wait_ms, cfg.max_queue
+        translator,
+        metrics,
+        cfg.max_batch_tokens,
+        cfg.batch_wait_ms,
+        cfg.max_queue,
+        cfg.continuous,
+        cfg.join_ratio,
+        cfg.join_wait_steps,
     )
     state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 
@@ -179,7 +189,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
 
     app = FastAPI(
         title="aiayn translation server",
-        description="The original Transformer behind HTTP, with dynamic batching.",
+        description="The original Transformer behind HTTP, with continuous batching.",
         version="1",
         lifespan=lifespan,
     )

@@ -1,11 +1,23 @@
-"""Dynamic batching across requests: one worker thread owns the model.
+"""Batching across requests: one worker thread owns the model.
 
-Requests put a :class:`Job` (their sentences' token ids and decoding settings) on a
-queue and await an asyncio future. The worker takes the oldest job, adds every queued job
-with the same settings while the batch stays within a padded-token budget, waits up to a
-short window for more when there is room, translates the batch in one length-sorted pass
-and hands each job exactly its own results. If the model raises, every job of that batch
-gets the exception: nothing is left waiting. The event loop never runs model code.
+Requests put a :class:`Job` (their sentences' token ids and decoding settings) on a queue
+and await an asyncio future. The event loop never runs model code.
+
+Beam search (beam >= 2) is batched *continuously*: the worker runs one
+:class:`~aiayn.decode.ContinuousBeamSearch`, and between two decoding steps the queued jobs
+with the same beam size and length penalty join it (within a padded-token budget); a job
+gets its results as soon as its last sentence is done, while the others go on. So a new
+request never waits for a whole batch to finish, and the batch stays full under steady
+load. Each sentence's result is the one the Translator gives it offline.
+
+Greedy requests (beam 1), and every request when continuous batching is off, go the
+*whole-batch* way: the worker takes the oldest job, adds the queued jobs with the same
+settings within the budget, waits up to a short window for more, translates them in one
+length-sorted pass and hands each job its own results.
+
+Jobs start in arrival order: a queued job that cannot join the running batch (other
+settings) stops admission until that batch drains, so it waits at most one batch. If the
+model raises, every job of that batch gets the exception: nothing is left waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiayn.data.batching import pad
+from aiayn.decode import ContinuousBeamSearch
 from aiayn.errors import AiaynError
 from aiayn.serve.metrics import Metrics
 from aiayn.translator import AttentionMap, Translator
@@ -33,7 +47,8 @@ class StoppedError(AiaynError):
 
 @dataclass(frozen=True)
 class Settings:
-    """Decoding settings; only jobs with equal settings share a batch."""
+    """Decoding settings; only jobs with equal settings share a batch (continuous
+    batching: equal beam and alpha; n_best only picks from a sentence's hypotheses)."""
 
     beam: int = 4
     alpha: float = 0.6
@@ -48,7 +63,7 @@ class Result:
     attention: list[AttentionMap | None] | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: its sentences are tagged (job, index)
 class Job:
     src: list[list[int]]  # token ids per sentence; [] for a blank line
     settings: Settings
@@ -56,6 +71,9 @@ class Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     queued_at: float = field(default_factory=time.perf_counter)
+    queued_step: int = 0  # the continuous batch's step count when it was queued
+    ids: list[list[list[int]]] = field(default_factory=list)  # filled in by the worker
+    left: int = 0  # sentences still in the continuous batch
 
     @property
     def longest(self) -> int:
@@ -78,9 +96,16 @@ class Job:
 
 class BatchWorker:
     """The thread that owns the model. ``max_batch_tokens`` bounds a batch's padded size
-    (sentences x longest source); a job over the budget runs alone, so a budget of 1
-    means one request per batch. ``batch_wait_ms`` is how long to wait for more jobs when
-    the batch has room; ``max_queue`` bounds the sentences waiting."""
+    (sentences x longest source; for a continuous batch, those running plus those joining);
+    a job over the budget runs alone, so a budget of 1 means one request per batch.
+    ``batch_wait_ms`` is how long to wait for more jobs when a batch starts with room;
+    ``max_queue`` bounds the sentences waiting; ``continuous=False`` batches whole
+    requests only (the scheduler before continuous batching, kept for comparison).
+
+    Joining a running batch costs a copy of its decoder cache, so queued sentences join
+    together once they number ``join_ratio`` x the sentences running, or once the oldest
+    of them has waited ``join_wait_steps`` decoding steps (as TGI's waiting_served_ratio
+    and max_waiting_tokens); an idle worker starts at once."""
 
     def __init__(
         self,
@@ -89,6 +114,9 @@ class BatchWorker:
         max_batch_tokens: int = 4096,
         batch_wait_ms: float = 5.0,
         max_queue: int = 1024,
+        continuous: bool = True,
+        join_ratio: float = 0.25,
+        join_wait_steps: int = 8,
     ):
         if max_batch_tokens < 1 or batch_wait_ms < 0 or max_queue < 1:
             raise AiaynError(
@@ -97,17 +125,24 @@ class BatchWorker:
         self.translator, self.metrics = translator, metrics
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.wait_s = batch_wait_ms / 1000.0
+        self.continuous = continuous
+        self.join_ratio, self.join_wait_steps = join_ratio, join_wait_steps
+        self._steps = 0  # decoding steps of continuous batches so far
         self._queue: deque[Job] = deque()
         self._queued_sentences = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
+        # The continuous batch (worker thread only): its search and the jobs in it.
+        self._search: ContinuousBeamSearch | None = None
+        self._search_key: tuple = ()
+        self._running: list[Job] = []
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Finish the queued jobs, then end the thread."""
+        """Finish the queued and running jobs, then end the thread."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -129,15 +164,24 @@ class BatchWorker:
                     f"the queue is full ({self._queued_sentences} sentences waiting, "
                     f"at most {self.max_queue})"
                 )
+            job.queued_step = self._steps
             self._queue.append(job)
             self._queued_sentences += n
             self.metrics.set_queue(self._queued_sentences)
             self._cond.notify()
 
-    # -- the worker thread -------------------------------------------------------------
+    # -- the worker thread: taking jobs off the queue ----------------------------------
+    def _key(self, job: Job) -> tuple:
+        """Jobs with equal keys may share a batch."""
+        s = job.settings
+        if self.continuous and s.beam > 1:
+            return ("continuous", s.beam, s.alpha)
+        return ("whole", s, job.attention)
+
     def _take(self, job: Job) -> None:
         self._queue.remove(job)
         self._queued_sentences -= len(job.src)
+        self.metrics.set_queue(self._queued_sentences)
 
     def _next_batch(self) -> list[Job]:
         """Block for the oldest job, then gather compatible ones (see the class)."""
@@ -148,12 +192,13 @@ class BatchWorker:
                 return []  # stopping and drained
             first = self._queue[0]
             self._take(first)
-            batch, rows, longest = [first], len(first.src), first.longest
+            key, batch = self._key(first), [first]
+            rows, longest = len(first.src), first.longest
             deadline = time.perf_counter() + self.wait_s
             full = False
             while not full:
                 for job in list(self._queue):
-                    if job.settings != first.settings or job.attention != first.attention:
+                    if self._key(job) != key:
                         continue
                     grow = max(longest, job.longest)
                     if (rows + len(job.src)) * grow > self.max_batch_tokens:
@@ -166,19 +211,128 @@ class BatchWorker:
                 if full or left <= 0 or self._stopping:
                     break
                 self._cond.wait(left)
-            self.metrics.set_queue(self._queued_sentences)
         return [job for job in batch if not job.future.cancelled()]
+
+    def _admit(self) -> list[Job]:
+        """The queued jobs that join the running continuous batch now: from the oldest on,
+        while they have its settings and the budget allows; none until enough of them
+        wait or the oldest has waited long enough (see the class). Never blocks."""
+        running = rows = len(self._search)
+        longest, joining = self._search.width, []
+        with self._cond:
+            for job in list(self._queue):
+                if job.future.cancelled():
+                    self._take(job)
+                    continue
+                if self._key(job) != self._search_key:
+                    break  # it starts the next batch, once this one has drained
+                grow = max(longest, job.longest)
+                if (rows + len(job.src)) * grow > self.max_batch_tokens:
+                    break
+                joining.append(job)
+                rows, longest = rows + len(job.src), grow
+            waited = self._steps - joining[0].queued_step if joining else 0
+            if rows - running < self.join_ratio * running and waited < self.join_wait_steps:
+                return []
+            for job in joining:
+                self._take(job)
+        return joining
 
     def _run(self) -> None:
         while True:
+            if self._search is not None and self._running:
+                self._continue(self._admit())
+                continue
             batch = self._next_batch()
             if not batch:
                 with self._cond:
                     if self._stopping and not self._queue:
                         return
                 continue
-            self._translate(batch)
+            if self._key(batch[0])[0] == "continuous":
+                self._continue(batch)
+            else:
+                self._translate(batch)
 
+    # -- continuous batching -----------------------------------------------------------
+    def _continue(self, joining: list[Job]) -> None:
+        """Let ``joining`` into the continuous batch, run one decoding step, and answer
+        the jobs whose last sentence is done."""
+        if joining and not self._running:  # a new batch: its first job sets the settings
+            s = joining[0].settings
+            self._search = self.translator.continuous_search(s.beam, s.alpha)
+            self._search_key = self._key(joining[0])
+        if joining:
+            self._join(joining)
+        gone = [job for job in self._running if job.future.cancelled()]
+        if gone:  # nobody waits for these any more: stop decoding them
+            self._search.remove({(job, i) for job in gone for i in range(len(job.src))})
+            self._running = [job for job in self._running if job not in gone]
+        running = len(self._search)
+        self.metrics.set_running(running)
+        if not running:
+            return
+        try:
+            done = self._search.step()
+        except Exception as e:  # every job in the batch gets it; the worker carries on
+            self.metrics.batch_failed()
+            for job in self._running:
+                job.resolve(error=e)
+            self._running, self._search = [], None
+            self.metrics.set_running(0)
+            return
+        self._steps += 1
+        self.metrics.step_done(running)
+        for (job, i), hypotheses in done:
+            job.ids[i] = [h.tokens for h in hypotheses[: job.settings.n_best]]
+            job.left -= 1
+            if not job.left:
+                self._finish(job)
+        self._running = [job for job in self._running if job.left]
+
+    def _join(self, joining: list[Job]) -> None:
+        rows, tags = [], []
+        for job in joining:
+            job.ids = [[] for _ in job.src]  # a blank line gets no candidates
+            job.left = sum(1 for src in job.src if src)
+            rows += [src for src in job.src if src]
+            tags += [(job, i) for i, src in enumerate(job.src) if src]
+        try:
+            if rows:
+                self._search.add(pad(rows, self.translator.model.cfg.pad_id), tags)
+        except Exception as e:  # the running batch is unchanged: only these jobs fail
+            self.metrics.batch_failed()
+            for job in joining:
+                job.resolve(error=e)
+            return
+        for job in joining:
+            if job.left:
+                self._running.append(job)
+            else:
+                self._finish(job)
+
+    def _finish(self, job: Job) -> None:
+        try:
+            maps = self._attention(job.src, job.ids) if job.attention else None
+        except Exception as e:
+            self.metrics.batch_failed()
+            job.resolve(error=e)
+            return
+        self.metrics.sentences_done(len(job.src))
+        job.resolve(Result(job.ids, maps))
+
+    def _attention(self, rows: list[list[int]], outputs: list[list[list[int]]]):
+        """The attention maps of each row's best output (None for a blank row)."""
+        real = [i for i, src in enumerate(rows) if src]
+        found = self.translator.attention_maps(
+            [rows[i] for i in real], [outputs[i][0] if outputs[i] else [] for i in real]
+        )
+        maps: list[AttentionMap | None] = [None] * len(rows)
+        for i, amap in zip(real, found):
+            maps[i] = amap
+        return maps
+
+    # -- whole batches -----------------------------------------------------------------
     def _translate(self, batch: list[Job]) -> None:
         rows = [src for job in batch for src in job.src]
         s = batch[0].settings
@@ -186,15 +340,7 @@ class BatchWorker:
             outputs = self.translator.translate_ids(
                 rows, s.beam, s.alpha, s.n_best, batch_size=max(len(rows), 1)
             )
-            maps = None
-            if batch[0].attention:
-                real = [i for i, src in enumerate(rows) if src]
-                found = self.translator.attention_maps(
-                    [rows[i] for i in real], [outputs[i][0] if outputs[i] else [] for i in real]
-                )
-                maps = [None] * len(rows)
-                for i, amap in zip(real, found):
-                    maps[i] = amap
+            maps = self._attention(rows, outputs) if batch[0].attention else None
         except Exception as e:  # every waiting request gets it; the worker carries on
             self.metrics.batch_done(len(rows), ok=False)
             for job in batch:

@@ -46,6 +46,7 @@ class Metrics:
         self.sentences = 0
         self.batch_errors = 0
         self.queue_sentences = 0  # set by the worker's queue
+        self.running_sentences = 0  # in the continuous batch
         self.in_flight = 0
 
     def request_done(self, path: str, status: int, seconds: float | None) -> None:
@@ -61,6 +62,23 @@ class Metrics:
                 self.sentences += n_sentences
             else:
                 self.batch_errors += 1
+
+    def step_done(self, n_sentences: int) -> None:
+        """One decoding step of the continuous batch (a model batch of its own)."""
+        with self._lock:
+            self.batch_sentences.observe(n_sentences)
+
+    def sentences_done(self, n_sentences: int) -> None:
+        """A job of the continuous batch answered."""
+        with self._lock:
+            self.sentences += n_sentences
+
+    def batch_failed(self) -> None:
+        with self._lock:
+            self.batch_errors += 1
+
+    def set_running(self, n_sentences: int) -> None:
+        self.running_sentences = n_sentences  # one int store: atomic under the GIL
 
     def add_in_flight(self, delta: int) -> None:
         with self._lock:
@@ -82,7 +100,8 @@ class Metrics:
                 "# HELP aiayn_request_duration_seconds Latency of POST /translate.",
                 "# TYPE aiayn_request_duration_seconds histogram",
                 *self.latency.lines("aiayn_request_duration_seconds"),
-                "# HELP aiayn_batch_sentences Sentences per model batch.",
+                "# HELP aiayn_batch_sentences Sentences per model batch "
+                "(continuous batching: per decoding step).",
                 "# TYPE aiayn_batch_sentences histogram",
                 *self.batch_sentences.lines("aiayn_batch_sentences"),
                 "# HELP aiayn_sentences_translated_total Sentences translated.",
@@ -94,6 +113,9 @@ class Metrics:
                 "# HELP aiayn_queue_sentences Sentences waiting for the model.",
                 "# TYPE aiayn_queue_sentences gauge",
                 f"aiayn_queue_sentences {self.queue_sentences}",
+                "# HELP aiayn_running_sentences Sentences in the continuous batch.",
+                "# TYPE aiayn_running_sentences gauge",
+                f"aiayn_running_sentences {self.running_sentences}",
                 "# HELP aiayn_requests_in_flight POST /translate requests being served.",
                 "# TYPE aiayn_requests_in_flight gauge",
                 f"aiayn_requests_in_flight {self.in_flight}",

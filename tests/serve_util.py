@@ -28,6 +28,8 @@ class ControlledTranslator(Translator):
         self.batches: list[int] = []  # sentences per whole batch
         self.steps: list[int] = []  # sentences per continuous decoding step
         self.joins: list[tuple[int, int]] = []  # (sentences running, joining) per add
+        self.left: list[tuple[list, int]] = []  # (tags done, sentences still running)
+        self.fail_at_running: int | None = None  # a step with this many sentences raises
 
     def _hold(self) -> None:
         self.entered.set()
@@ -45,14 +47,18 @@ class ControlledTranslator(Translator):
         search = super().continuous_search(*args, **kwargs)
         add, step = search.add, search.step
 
-        def held_add(src, tags):
+        def held_add(src, tags, *args):
             self.joins.append((len(search), len(tags)))
-            return add(src, tags)
+            return add(src, tags, *args)
 
         def held_step():
             self.steps.append(len(search))
             self._hold()
-            return step()
+            if self.fail_at_running is not None and len(search) >= self.fail_at_running:
+                raise RuntimeError("the model fell over")
+            done = step()
+            self.left.append(([tag for tag, _ in done], len(search)))
+            return done
 
         search.add, search.step = held_add, held_step
         return search

@@ -258,3 +258,64 @@ def test_alpha_takes_an_integer_but_no_boolean(client):
     assert client.post("/translate", json={"src": ["Ein Hund."], "alpha": 1}).status_code == 200
     r = client.post("/translate", json={"src": ["Ein Hund."], "alpha": True})
     assert r.status_code == 422 and "alpha" in r.json()["error"]["message"]
+
+
+def _wait_for_metric(base: str, line: str) -> None:
+    deadline = time.monotonic() + 10
+    while line not in httpx.get(f"{base}/metrics").text:
+        assert time.monotonic() < deadline, f"never saw {line!r}"
+        time.sleep(0.02)
+
+
+def test_a_request_joining_a_running_batch_gets_the_offline_result(sample_model_dir):
+    """A is held at its first decoding step; B (another length penalty and n_best) queues,
+    joins A's running batch, and both get what the Translator gives them on their own;
+    each job is answered at the step its last sentence is done, the other going on."""
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    a = {"src": [*SENTENCES, "Eine Frau liest ein Buch im Park."], "beam": 3}
+    b = {"src": ["Ein Hund.", ""], "beam": 3, "alpha": 1.0, "n_best": 2}
+    want_a = translator.translate(a["src"], beam=3)
+    want_b = translator.translate(b["src"], beam=3, alpha=1.0, n_best=2)
+    with live_server(translator, ServeConfig(batch_wait_ms=0, join_ratio=0)) as base:
+        translator.gate.clear()
+        translator.entered.clear()
+        answers: dict = {}
+        threads = [_post_in_thread(f"{base}/translate", a, answers.setdefault("a", []))]
+        assert translator.entered.wait(10), "the worker never took A"
+        threads.append(_post_in_thread(f"{base}/translate", b, answers.setdefault("b", [])))
+        _wait_for_metric(base, "aiayn_queue_sentences 2")
+        translator.gate.set()
+        for t in threads:
+            t.join(30)
+        assert "aiayn_running_sentences 0" in httpx.get(f"{base}/metrics").text
+    assert answers["a"][0].json() == {"translations": [c[0] for c in want_a]}
+    assert answers["b"][0].json() == {"translations": [c[0] for c in want_b], "n_best": want_b}
+    assert (3, 1) in translator.joins  # B's one real sentence joined A's three
+    # Sentences left the batch as they were done, and the first job answered was
+    # answered while the other one's sentences were still running.
+    left = [(len(tags), running) for tags, running in translator.left if tags]
+    assert sum(n for n, _ in left) == 4 and left[0][1] > 0, translator.left
+
+
+def test_a_failing_step_answers_every_job_in_the_running_batch(sample_model_dir):
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    with live_server(translator, ServeConfig(batch_wait_ms=0, join_ratio=0)) as base:
+        translator.gate.clear()
+        translator.entered.clear()
+        translator.fail_at_running = 3  # A and B together raise; A alone does not
+        answers: list = []
+        threads = [_post_in_thread(f"{base}/translate", {"src": SENTENCES}, answers)]
+        assert translator.entered.wait(10)
+        threads.append(_post_in_thread(f"{base}/translate", {"src": ["Ein Hund."]}, answers))
+        _wait_for_metric(base, "aiayn_queue_sentences 1")
+        translator.gate.set()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a request was left hanging"
+        assert [r.status_code for r in answers] == [500, 500]
+        assert all("the model fell over" in r.json()["error"]["message"] for r in answers)
+        text = httpx.get(f"{base}/metrics").text
+        assert "aiayn_batch_errors_total 1" in text and "aiayn_running_sentences 0" in text
+        translator.fail_at_running = None
+        ok = httpx.post(f"{base}/translate", json={"src": SENTENCES}, timeout=30)
+        assert ok.json()["translations"] == [c[0] for c in translator.translate(SENTENCES)]

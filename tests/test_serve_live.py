@@ -35,7 +35,8 @@ SETTINGS = [
 ]
 
 
-def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir):
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "whole-batches"])
+def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, continuous):
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
     rng = random.Random(0)
     german = [de for de, _ in PAIRS]
@@ -53,7 +54,10 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir):
         )
         expected.append(out)
 
-    with live_server(translator, ServeConfig(batch_wait_ms=30)) as base:
+    # Requests of another beam size wait up to 100 steps for the running batch (not the
+    # default 8): long enough, with these short runs of mixed settings, to see joins.
+    cfg = ServeConfig(batch_wait_ms=30, continuous=continuous, join_wait_steps=100)
+    with live_server(translator, cfg) as base:
         translator.batches.clear()
         with httpx.Client(timeout=60) as client, ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda r: client.post(f"{base}/translate", json=r), requests))
@@ -66,10 +70,18 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir):
         if req.get("n_best", 1) > 1:
             assert body["n_best"] == want
     # Requests really were batched together: a model batch held more sentences than any
-    # single request, and fewer batches ran than there were requests.
+    # single request, and fewer batches ran than there were requests; continuously, the
+    # beam-search sentences joined batches that were running, greedy ones (beam 1) went
+    # in whole batches.
     most = max(len(r["src"]) for r in requests)
-    assert max(translator.batches) > most, translator.batches
-    assert len(translator.batches) < len(requests), translator.batches
+    if continuous:
+        assert max(translator.steps) > most, translator.steps
+        assert sum(running > 0 for running, _ in translator.joins) >= 5, translator.joins
+        assert 0 < len(translator.batches) < len(requests) // 4, translator.batches
+    else:
+        assert max(translator.batches) > most, translator.batches
+        assert len(translator.batches) < len(requests), translator.batches
+        assert not translator.steps
     sentences = sum(len(r["src"]) for r in requests) + 1  # + the warm-up sentence
     assert f"aiayn_sentences_translated_total {sentences}\n" in metrics
     assert re.search(r'aiayn_requests_total\{path="/translate",status="200"\} 60\n', metrics)

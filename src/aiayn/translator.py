@@ -139,9 +139,10 @@ class Translator:
         self, beam: int = 4, alpha: float = 0.6, max_len_b: int = 50, max_len_a: float = 1.0
     ) -> ContinuousBeamSearch:
         """A beam search on this model that sentences join and leave between decoding steps
-        (``aiayn serve``'s continuous batching): feed it right-padded source ids. Each
-        sentence's hypotheses are those :meth:`translate_ids` gives it with these settings
-        (``beam >= 2``; beam 1 there is greedy decoding, which this is not)."""
+        (``aiayn serve``'s continuous batching): feed it right-padded source ids (each
+        add may set its own ``alpha``). Each sentence's hypotheses are those
+        :meth:`translate_ids` gives it with these settings (``beam >= 2``; beam 1 there is
+        greedy decoding, which this is not)."""
         return ContinuousBeamSearch(
             self.model, beam, alpha, max_len_a=max_len_a, max_len_b=max_len_b
         )

@@ -39,6 +39,7 @@ from aiayn.model.transformer import Transformer
 class _Sentence:
     tag: Hashable  # the caller's name for it
     limit: int  # the most tokens it may produce, EOS included
+    alpha: float  # its length penalty
     lp_bound: float  # the largest length penalty it can reach (see beam_search)
     steps: int = 0  # tokens decoded so far: its rows' prefix is BOS + this many tokens
     finished: list[Hypothesis] = field(default_factory=list)
@@ -50,7 +51,8 @@ class ContinuousBeamSearch:
     :meth:`add` encodes new sentences and appends them, ``beam_size`` rows each, to the
     running batch; :meth:`step` advances every sentence by one token and returns those that
     are done; :meth:`remove` drops sentences nobody waits for. Settings (beam size, length
-    penalty, length rule) are fixed per instance, as in one :func:`beam_search` call.
+    rule) are fixed per instance, as in one :func:`beam_search` call; the length penalty
+    ``alpha`` only scores finished hypotheses, so each :meth:`add` may set its own.
 
     Tensors, for n running sentences and rows = n * K (sentence-major, K beams each):
     ``src [n, S]`` and ``memory [n, S, d_model]`` right-padded to the longest source
@@ -91,12 +93,15 @@ class ContinuousBeamSearch:
         self.src = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.memory = self.prefix = self.scores = self.state = None
 
-    def add(self, src: Tensor, tags: Sequence[Hashable]) -> None:
+    def add(self, src: Tensor, tags: Sequence[Hashable], alpha: float | None = None) -> None:
         """Encode ``src [m, S]`` (right-padded token ids, every row non-empty) and let those
         sentences join the running batch; ``tags[i]`` names sentence i in :meth:`step`'s
-        results. A source the model rejects raises before the running batch changes."""
+        results; ``alpha`` is their length penalty (default: the instance's). A source the
+        model rejects raises before the running batch changes."""
         if src.size(0) != len(tags) or not len(tags):
             raise ValueError(f"add: {src.size(0)} sentences but {len(tags)} tags")
+        alpha = self.alpha if alpha is None else alpha
+        check_beam_settings(self.K, alpha, 1)
         cfg, K = self.model.cfg, self.K
         src = src.to(self.device)
         limits = length_limits(cfg, src, None, self.max_len_a, self.max_len_b).tolist()
@@ -106,7 +111,7 @@ class ContinuousBeamSearch:
         scores = torch.full((len(tags), K), float("-inf"), device=self.device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first
         bos = torch.full((len(tags) * K, 1), cfg.bos_id, dtype=torch.long, device=self.device)
-        new = [_Sentence(t, n, length_penalty(n, self.alpha)) for t, n in zip(tags, limits)]
+        new = [_Sentence(t, n, alpha, length_penalty(n, alpha)) for t, n in zip(tags, limits)]
         if not self.sentences:
             self.src, self.memory, self.prefix = src, memory, bos
             self.scores, self.state, self.sentences = scores, state, new
@@ -136,7 +141,7 @@ class ContinuousBeamSearch:
             raise
 
     def _step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
-        cfg, K, alpha = self.model.cfg, self.K, self.alpha
+        cfg, K = self.model.cfg, self.K
         logits = self.model.decode(self.prefix[:, -1:], self.memory, self.src, self.state)
         # The whole vocabulary's log-probs first, then the ban (as in beam_search).
         logp = ban(torch.log_softmax(logits[:, -1].float(), dim=-1), self._banned)
@@ -149,7 +154,8 @@ class ContinuousBeamSearch:
             P, hit_rows = self.prefix.size(1), self.prefix.index_select(0, rows).tolist()
             for g, row, log_prob in zip(groups, hit_rows, log_probs):
                 sentence = self.sentences[g]  # its tokens: the last `steps` columns
-                sentence.finished.append(hypothesis(row[P - sentence.steps :], log_prob, alpha))
+                tokens = row[P - sentence.steps :]
+                sentence.finished.append(hypothesis(tokens, log_prob, sentence.alpha))
         best = scores.max(dim=1).values.tolist()
         keep, out = [], []
         for i, (sentence, b, end) in enumerate(zip(self.sentences, best, ending)):

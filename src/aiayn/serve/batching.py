@@ -5,7 +5,7 @@ and await an asyncio future. The event loop never runs model code.
 
 Beam search (beam >= 2) is batched *continuously*: the worker runs one
 :class:`~aiayn.decode.ContinuousBeamSearch`, and between two decoding steps the queued jobs
-with the same beam size and length penalty join it (within a padded-token budget); a job
+with the same beam size join it (within a padded-token budget); a job
 gets its results as soon as its last sentence is done, while the others go on. So a new
 request never waits for a whole batch to finish, and the batch stays full under steady
 load. Each sentence's result is the one the Translator gives it offline.
@@ -15,9 +15,10 @@ Greedy requests (beam 1), and every request when continuous batching is off, go 
 settings within the budget, waits up to a short window for more, translates them in one
 length-sorted pass and hands each job its own results.
 
-Jobs start in arrival order: a queued job that cannot join the running batch (other
-settings) stops admission until that batch drains, so it waits at most one batch. If the
-model raises, every job of that batch gets the exception: nothing is left waiting.
+A queued job that cannot join the running batch (another beam size, or greedy) lets later
+jobs join for up to ``join_wait_steps`` steps, then stops admission: the batch drains and
+the oldest job starts the next one, so nobody waits for long. If the model raises, every
+job of that batch gets the exception: nothing is left waiting.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class StoppedError(AiaynError):
 
 @dataclass(frozen=True)
 class Settings:
-    """Decoding settings; only jobs with equal settings share a batch (continuous
-    batching: equal beam and alpha; n_best only picks from a sentence's hypotheses)."""
+    """Decoding settings; only jobs with equal settings share a whole batch. A continuous
+    batch needs an equal beam only: alpha only scores a sentence's finished hypotheses,
+    and n_best only picks among them."""
 
     beam: int = 4
     alpha: float = 0.6
@@ -122,6 +124,8 @@ class BatchWorker:
             raise AiaynError(
                 "batching needs max_batch_tokens >= 1, batch_wait_ms >= 0 and max_queue >= 1"
             )
+        if not (join_ratio >= 0 and join_wait_steps >= 0):
+            raise AiaynError("batching needs join_ratio >= 0 and join_wait_steps >= 0")
         self.translator, self.metrics = translator, metrics
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.wait_s = batch_wait_ms / 1000.0
@@ -175,7 +179,7 @@ class BatchWorker:
         """Jobs with equal keys may share a batch."""
         s = job.settings
         if self.continuous and s.beam > 1:
-            return ("continuous", s.beam, s.alpha)
+            return ("continuous", s.beam)
         return ("whole", s, job.attention)
 
     def _take(self, job: Job) -> None:
@@ -215,8 +219,8 @@ class BatchWorker:
 
     def _admit(self) -> list[Job]:
         """The queued jobs that join the running continuous batch now: from the oldest on,
-        while they have its settings and the budget allows; none until enough of them
-        wait or the oldest has waited long enough (see the class). Never blocks."""
+        those with its beam size while the budget allows; none until enough of them wait
+        or the oldest has waited long enough (see the class). Never blocks."""
         running = rows = len(self._search)
         longest, joining = self._search.width, []
         with self._cond:
@@ -225,7 +229,9 @@ class BatchWorker:
                     self._take(job)
                     continue
                 if self._key(job) != self._search_key:
-                    break  # it starts the next batch, once this one has drained
+                    if self._steps - job.queued_step >= self.join_wait_steps:
+                        break  # it has waited enough: let the batch drain, it starts next
+                    continue  # it may wait a few steps while later jobs join
                 grow = max(longest, job.longest)
                 if (rows + len(job.src)) * grow > self.max_batch_tokens:
                     break
@@ -258,9 +264,8 @@ class BatchWorker:
     def _continue(self, joining: list[Job]) -> None:
         """Let ``joining`` into the continuous batch, run one decoding step, and answer
         the jobs whose last sentence is done."""
-        if joining and not self._running:  # a new batch: its first job sets the settings
-            s = joining[0].settings
-            self._search = self.translator.continuous_search(s.beam, s.alpha)
+        if joining and not self._running:  # a new batch: its first job sets the beam
+            self._search = self.translator.continuous_search(joining[0].settings.beam)
             self._search_key = self._key(joining[0])
         if joining:
             self._join(joining)
@@ -289,27 +294,33 @@ class BatchWorker:
             if not job.left:
                 self._finish(job)
         self._running = [job for job in self._running if job.left]
+        self.metrics.set_running(len(self._search))
 
     def _join(self, joining: list[Job]) -> None:
-        rows, tags = [], []
-        for job in joining:
-            job.ids = [[] for _ in job.src]  # a blank line gets no candidates
-            job.left = sum(1 for src in job.src if src)
-            rows += [src for src in job.src if src]
-            tags += [(job, i) for i, src in enumerate(job.src) if src]
-        try:
-            if rows:
-                self._search.add(pad(rows, self.translator.model.cfg.pad_id), tags)
-        except Exception as e:  # the running batch is unchanged: only these jobs fail
-            self.metrics.batch_failed()
-            for job in joining:
-                job.resolve(error=e)
-            return
-        for job in joining:
-            if job.left:
-                self._running.append(job)
-            else:
-                self._finish(job)
+        """Add the jobs' sentences to the search: one add (one copy of the batch's cache)
+        per length penalty among them."""
+        for alpha in dict.fromkeys(job.settings.alpha for job in joining):
+            jobs = [job for job in joining if job.settings.alpha == alpha]
+            rows, tags = [], []
+            for job in jobs:
+                job.ids = [[] for _ in job.src]  # a blank line gets no candidates
+                job.left = sum(1 for src in job.src if src)
+                rows += [src for src in job.src if src]
+                tags += [(job, i) for i, src in enumerate(job.src) if src]
+            try:
+                if rows:
+                    pad_id = self.translator.model.cfg.pad_id
+                    self._search.add(pad(rows, pad_id), tags, alpha)
+            except Exception as e:  # the running batch is unchanged: only these jobs fail
+                self.metrics.batch_failed()
+                for job in jobs:
+                    job.resolve(error=e)
+                continue
+            for job in jobs:
+                if job.left:
+                    self._running.append(job)
+                else:
+                    self._finish(job)
 
     def _finish(self, job: Job) -> None:
         try:

@@ -98,6 +98,40 @@ def _check_key(request: Request, key: str | None) -> None:
         raise ApiError(403, "the API key is wrong")
 
 
+class RequestCounter:
+    """ASGI middleware: counts every HTTP response by path and status and times
+    ``/translate``. Plain ASGI rather than ``@app.middleware``: Starlette's
+    BaseHTTPMiddleware costs a task and a stream per request, on the event loop that
+    shares the GIL with the model worker."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+        timed = path == "/translate"
+        start, status = time.perf_counter(), 500  # an exception that escapes is a 500
+
+        async def send_and_note(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if timed:
+            self.metrics.add_in_flight(1)
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            if timed:
+                self.metrics.add_in_flight(-1)
+            seconds = time.perf_counter() - start if timed else None
+            self.metrics.request_done(path, status, seconds)
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     """The body, or 413 as soon as it passes ``limit`` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
@@ -207,25 +241,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     async def validation_error(request: Request, exc: RequestValidationError):
         return error_response(422, str(exc.errors()[0].get("msg", "invalid request")))
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        path = request.url.path if request.url.path in KNOWN_PATHS else "other"
-        timed = path == "/translate"
-        start = time.perf_counter()
-        if timed:
-            metrics.add_in_flight(1)
-        try:
-            response = await call_next(request)
-        except Exception:
-            metrics.request_done(path, 500, time.perf_counter() - start if timed else None)
-            raise
-        finally:
-            if timed:
-                metrics.add_in_flight(-1)
-        metrics.request_done(
-            path, response.status_code, time.perf_counter() - start if timed else None
-        )
-        return response
+    app.add_middleware(RequestCounter, metrics=metrics)
 
     @app.post(
         "/translate",

@@ -40,6 +40,8 @@ def serve(
         log_level=log_level,
         timeout_graceful_shutdown=graceful_s,
         access_log=False,  # /metrics counts requests; a line per request costs throughput
+        # uvicorn parses HTTP with httptools (C) when it is installed, as the serve extra
+        # makes sure: the event loop shares the GIL with the model worker.
     )
     server = uvicorn.Server(config)
     if sock is None:  # bind here so a taken port is one clear error, not a traceback

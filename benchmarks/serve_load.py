@@ -7,13 +7,19 @@ sample when the data is missing) and:
 
 1. translates them offline with ``Translator.translate`` (length-sorted batches of 64):
    the server's physical limit on this machine;
-2. starts ``aiayn serve`` (1 torch thread) with dynamic batching, and sends one sentence
-   per request from ``--clients`` concurrent clients (asyncio + httpx, one process);
-3. the same with batching off: ``--batch-wait-ms 0 --max-batch-tokens 1`` (each model
+2. starts ``aiayn serve`` (1 torch thread) with its default continuous batching, and
+   sends one sentence per request from ``--clients`` concurrent clients (asyncio + httpx,
+   one process);
+3. the same with whole-request batching (``--no-continuous``: a batch runs to its end
+   before queued requests start);
+4. the same with batching off: ``--batch-wait-ms 0 --max-batch-tokens 1`` (each model
    batch holds one request).
 
-Reports errors, p50/p99 latency, sentences/s, the served/offline and batched/unbatched
-ratios and whether the served translations equal the offline ones. Writes
+Runs 2 and 3 ``--rounds`` times and 4 once, with an offline run before the first and after
+each (the machine is shared: each served run is compared with the offline runs around
+it). Reports errors, p50/p99 latency, sentences/s, the served/offline and
+batched/unbatched ratios (each mode's median run) and whether every served translation
+equals the offline one. Writes
 OUT/serve_load.json and OUT/serve_load.md. Run the server and this client with one torch
 thread each (the client runs no model code while the server is up).
 """
@@ -44,7 +50,8 @@ sys.path.insert(0, str(ROOT / "tests"))  # the data locator is test support, sha
 from sample_data import PAIRS, multi30k_dir  # noqa: E402
 
 MODES = {
-    "batched": [],  # the defaults: --max-batch-tokens 4096 --batch-wait-ms 5
+    "batched": [],  # the defaults: continuous batching, --max-batch-tokens 4096
+    "whole batches": ["--no-continuous"],  # dynamic batching of whole requests only
     "one at a time": ["--batch-wait-ms", "0", "--max-batch-tokens", "1"],
 }
 
@@ -159,40 +166,52 @@ def run_mode(args, lines: list[str], flags: list[str]) -> dict:
         server.wait(timeout=60)
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median sentences/s (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r["sentences_per_s"])[(len(runs) - 1) // 2]
+
+
 def report(res: dict) -> str:
-    off = res["offline"]["sentences_per_s"]
     rows = [
         "| mode | errors | p50 latency | p99 latency | sentences/s | mean batch "
-        "| served / offline |",
+        "| served / offline (each round) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name in MODES:
-        m = res[name]
+        runs = res[name]
+        m = median_run(runs)
+        each = ", ".join(f"{r['ratio']:.0%}" for r in runs)
         rows.append(
-            f"| {name} | {m['errors']} / {m['requests']} | {m['p50_s'] * 1000:.0f} ms "
-            f"| {m['p99_s'] * 1000:.0f} ms | {m['sentences_per_s']:.1f} "
-            f"| {m['mean_batch_sentences']:.1f} | {m['sentences_per_s'] / off:.0%} |"
+            f"| {name} | {sum(r['errors'] for r in runs)} / {sum(r['requests'] for r in runs)} "
+            f"| {m['p50_s'] * 1000:.0f} ms | {m['p99_s'] * 1000:.0f} ms "
+            f"| {m['sentences_per_s']:.1f} | {m['mean_batch_sentences']:.1f} "
+            f"| **{m['ratio']:.0%}** ({each}) |"
         )
     o = res["offline"]
+    runs = ", ".join(f"{x:.1f}" for x in o["runs_sentences_per_s"])
     rows.append(
-        f"| offline `Translator.translate` (before {o['before_sentences_per_s']:.1f}, after "
-        f"{o['after_sentences_per_s']:.1f}) | | | | {off:.1f} | 64 (sorted) | 100% |"
+        f"| offline `Translator.translate` ({runs}) | | | | {o['sentences_per_s']:.1f} "
+        "| 64 (sorted) | 100% |"
     )
-    for size, rate in res["offline"]["chunks_sentences_per_s"].items():
+    for size, rate in o["chunks_sentences_per_s"].items():
         rows.append(
             f"| offline, {size} at a time in arrival order | | | | {rate:.1f} | {size} "
-            f"| {rate / off:.0%} |"
+            f"| {rate / o['sentences_per_s']:.0%} |"
         )
-    b, one = res["batched"], res["one at a time"]
+    speed = {name: median_run(res[name])["sentences_per_s"] for name in MODES}
+    same = ", ".join(f"{name} {res['same'][name]}" for name in MODES)
     lines = [
         *rows,
         "",
-        f"Batched / one at a time: {b['sentences_per_s'] / one['sentences_per_s']:.2f}x. "
-        f"Served translations equal to offline: batched {res['same_batched']}/{res['n']}, "
-        f"one at a time {res['same_one']}/{res['n']}.",
+        f"Continuous batching / one at a time: "
+        f"{speed['batched'] / speed['one at a time']:.2f}x; whole batches / one at a time: "
+        f"{speed['whole batches'] / speed['one at a time']:.2f}x. Served translations equal "
+        f"to offline, of {res['n']} per run: {same} (the worst run of each mode).",
         f"{res['n']} requests of one sentence ({res['data']}), {res['clients']} concurrent "
-        f"clients, beam {res['beam']}, 1 torch thread in the server; {res['machine']}; load "
-        f"average before {res['load_before']}, after {res['load_after']}.",
+        f"clients, beam {res['beam']}, 1 torch thread in the server; {res['rounds']} rounds "
+        f"(one at a time: 1); each run's ratio is to the mean of the offline runs before and "
+        f"after it; a mode's row is its median run. {res['machine']}; load average before "
+        f"{res['load_before']}, after {res['load_after']}.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -203,31 +222,48 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each batched mode")
     parser.add_argument("--out", default="bench_out/serve")
     parser.add_argument("--batch-wait-ms", type=float, help="batched mode (default: serve's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     lines, data = sentences(args.requests)
     res: dict = {"n": len(lines), "data": data, "clients": args.clients, "beam": args.beam}
+    res["rounds"] = args.rounds
     res["machine"] = f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
     res["load_before"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    before = offline(args.model, lines, args.beam)
-    print(f"offline before: {before['sentences_per_s']:.1f} sentences/s", flush=True)
-    for name, flags in MODES.items():
+    # The machine is shared and its speed drifts: every served run sits between two
+    # offline runs and is compared with their mean.
+    first = offline(args.model, lines, args.beam, chunks=True)
+    offline_runs = [first["sentences_per_s"]]
+    print(f"offline: {offline_runs[-1]:.1f} sentences/s", flush=True)
+    schedule = [name for _ in range(args.rounds) for name in MODES if name != "one at a time"]
+    schedule.append("one at a time")  # slow, and far from the goals: once
+    for name in schedule:
+        flags = MODES[name]
         if name == "batched" and args.batch_wait_ms is not None:
             flags = [*flags, "--batch-wait-ms", str(args.batch_wait_ms)]
-        res[name] = run_mode(args, lines, flags)
-        print(f"{name}: {res[name]['sentences_per_s']:.1f} sentences/s", flush=True)
-    res["offline"] = offline(args.model, lines, args.beam, chunks=True)
-    res["offline"]["before_sentences_per_s"] = before["sentences_per_s"]
-    res["offline"]["after_sentences_per_s"] = after = res["offline"]["sentences_per_s"]
-    res["offline"]["sentences_per_s"] = (before["sentences_per_s"] + after) / 2
-    print(f"offline after: {after:.1f} sentences/s", flush=True)
+        run = run_mode(args, lines, flags)
+        offline_runs.append(offline(args.model, lines, args.beam)["sentences_per_s"])
+        run["offline_sentences_per_s"] = (offline_runs[-2] + offline_runs[-1]) / 2
+        run["ratio"] = run["sentences_per_s"] / run["offline_sentences_per_s"]
+        res.setdefault(name, []).append(run)
+        print(
+            f"{name}: {run['sentences_per_s']:.1f} sentences/s, {run['ratio']:.0%} of offline "
+            f"({offline_runs[-1]:.1f} after)",
+            flush=True,
+        )
+    res["offline"] = {
+        "sentences_per_s": statistics.median(offline_runs),
+        "runs_sentences_per_s": offline_runs,
+        "chunks_sentences_per_s": first["chunks_sentences_per_s"],
+    }
     res["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    want = res["offline"]["translations"]
-    for key, name in (("same_batched", "batched"), ("same_one", "one at a time")):
-        got = res[name]["translations"]
-        res[key] = sum(got.get(i) == w for i, w in enumerate(want))
+    want = first["translations"]
+    res["same"] = {
+        name: min(sum(r["translations"].get(i) == w for i, w in enumerate(want)) for r in res[name])
+        for name in MODES
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_load.json").write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")

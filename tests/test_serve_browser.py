@@ -4,7 +4,9 @@ Selenium through the system chromedriver (`make test` installs both with apt-get
 Open the page, type a sentence, check that the translation and a heatmap appear, switch
 the attention kind, and save a screenshot. ``AIAYN_SERVE_MODEL`` picks another model
 directory (default: the small sample model) and ``AIAYN_SCREENSHOT`` a path to copy the
-screenshot to (the README's picture: docs/serve_screenshot.png).
+screenshot to (the README's picture: docs/serve_screenshot.png). With
+``AIAYN_REQUIRE_BROWSER=1`` (set by ``.ci/run``, which runs as root and so can install
+them) a missing browser fails the test instead of skipping it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def _browser(tmp_path):
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         missing.append("the selenium package")
+    if missing and os.environ.get("AIAYN_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"AIAYN_REQUIRE_BROWSER=1 but {', '.join(missing)} not installed")
     if missing:
         message = (
             f"BROWSER TEST SKIPPED: {', '.join(missing)} not installed "

@@ -43,13 +43,13 @@ class DecoderState:
         """Keep batch rows ``index [B']`` (in that order) of every cached tensor. With
         ``group > 1`` the encoder-decoder keys/values keep the source rows ``sources``
         instead (None: all of them, right when ``index`` only moves beams within their
-        sentences). A ragged state leaves the self-attention rows' order pending: the next
-        step gathers them as it appends its keys (one copy of the cache per step, not two).
+        sentences). The self-attention rows' order is left pending: the next step gathers
+        them as it appends its keys (one copy of the cache per step, not two).
         """
         ragged = self.positions is not None
         for layer in self.layers:
             for kind, cache in layer.items():
-                if kind == "self" and ragged:
+                if kind == "self":
                     cache["order"] = cache["order"][index] if "order" in cache else index
                     continue
                 rows = sources if kind == "cross" and self.group > 1 else index

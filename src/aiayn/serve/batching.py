@@ -287,7 +287,7 @@ class BatchWorker:
             self.metrics.set_running(0)
             return
         self._steps += 1
-        self.metrics.step_done(running)
+        self.metrics.batch_ran(running)
         for (job, i), hypotheses in done:
             job.ids[i] = [h.tokens for h in hypotheses[: job.settings.n_best]]
             job.left -= 1

@@ -56,20 +56,20 @@ class Metrics:
                 self.latency.observe(seconds)
 
     def batch_done(self, n_sentences: int, ok: bool) -> None:
-        with self._lock:
-            self.batch_sentences.observe(n_sentences)
-            if ok:
-                self.sentences += n_sentences
-            else:
-                self.batch_errors += 1
+        """A whole batch ran: its size, then its sentences or an error."""
+        self.batch_ran(n_sentences)
+        if ok:
+            self.sentences_done(n_sentences)
+        else:
+            self.batch_failed()
 
-    def step_done(self, n_sentences: int) -> None:
-        """One decoding step of the continuous batch (a model batch of its own)."""
+    def batch_ran(self, n_sentences: int) -> None:
+        """One model batch: a whole batch, or a decoding step of the continuous batch."""
         with self._lock:
             self.batch_sentences.observe(n_sentences)
 
     def sentences_done(self, n_sentences: int) -> None:
-        """A job of the continuous batch answered."""
+        """Sentences answered."""
         with self._lock:
             self.sentences += n_sentences
 

@@ -135,7 +135,9 @@ class Updater:
         its share, and ``load``s only its share: e.g. index arrays read into batches).
         Parameters change only when the loss and gradient are finite."""
         world = self.world
-        share = [(load(group[i]), weight) for i, weight in rank_share(group, world)]
+        plan = rank_share(group, world)
+        loaded = {i: load(group[i]) for i in dict.fromkeys(i for i, _ in plan)}  # once each
+        share = [(loaded[i], weight) for i, weight in plan]
         n_tokens = int(world.sum([sum(b.n_tgt_tokens for b, w in share if w)])[0])
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, device=self.device)

@@ -74,11 +74,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def offline(model: str, lines: list[str], beam: int, chunks: bool = False) -> dict:
-    """Offline throughput, measured before and after the server runs (the machine is
-    shared: the mean of the two is the reference), plus arrival-order chunks."""
-    translator = Translator.from_dir(model)
-    translator.translate(lines[:16], beam=beam)  # warm-up
+def offline(translator: Translator, lines: list[str], beam: int, chunks: bool = False) -> dict:
+    """Offline throughput (``translator`` already warmed up), plus arrival-order chunks."""
     start = time.perf_counter()
     out = translator.translate(lines, beam=beam)
     seconds = time.perf_counter() - start
@@ -234,7 +231,9 @@ def main() -> None:
     res["load_before"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     # The machine is shared and its speed drifts: every served run sits between two
     # offline runs and is compared with their mean.
-    first = offline(args.model, lines, args.beam, chunks=True)
+    translator = Translator.from_dir(args.model)  # the offline reference, loaded once
+    translator.translate(lines[:16], beam=args.beam)  # warm-up
+    first = offline(translator, lines, args.beam, chunks=True)
     offline_runs = [first["sentences_per_s"]]
     print(f"offline: {offline_runs[-1]:.1f} sentences/s", flush=True)
     schedule = [name for _ in range(args.rounds) for name in MODES if name != "one at a time"]
@@ -244,7 +243,7 @@ def main() -> None:
         if name == "batched" and args.batch_wait_ms is not None:
             flags = [*flags, "--batch-wait-ms", str(args.batch_wait_ms)]
         run = run_mode(args, lines, flags)
-        offline_runs.append(offline(args.model, lines, args.beam)["sentences_per_s"])
+        offline_runs.append(offline(translator, lines, args.beam)["sentences_per_s"])
         run["offline_sentences_per_s"] = (offline_runs[-2] + offline_runs[-1]) / 2
         run["ratio"] = run["sentences_per_s"] / run["offline_sentences_per_s"]
         res.setdefault(name, []).append(run)

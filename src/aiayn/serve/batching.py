@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,13 +67,19 @@ class Result:
     attention: list[AttentionMap | None] | None = None
 
 
+Reply = Callable[[Any, "BaseException | None"], None]
+
+
 @dataclass(eq=False)  # hashable by identity: its sentences are tagged (job, index)
 class Job:
+    """One request's work. ``reply(result, error)`` is called exactly once, from the worker
+    thread; ``cancelled`` is set when nobody waits for the answer any more."""
+
     src: list[list[int]]  # token ids per sentence; [] for a blank line
     settings: Settings
     attention: bool
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    reply: Reply
+    cancelled: bool = False
     queued_at: float = field(default_factory=time.perf_counter)
     queued_step: int = 0  # the continuous batch's step count when it was queued
     ids: list[list[list[int]]] = field(default_factory=list)  # filled in by the worker
@@ -82,18 +90,26 @@ class Job:
         return max((len(s) for s in self.src), default=0)
 
     def resolve(self, value: Any = None, error: BaseException | None = None) -> None:
-        """Complete the future from the worker thread (futures are not thread-safe)."""
+        self.reply(value, error)
 
+
+def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:
+    """A :class:`Job` reply that completes ``future`` on ``loop`` (futures are not
+    thread-safe, so the worker thread hands the result to the loop)."""
+
+    def reply(value: Any, error: BaseException | None) -> None:
         def complete() -> None:
-            if self.future.done():  # the client went away and the request was cancelled
+            if future.done():  # the client went away and the request was cancelled
                 return
             if error is not None:
-                self.future.set_exception(error)
+                future.set_exception(error)
             else:
-                self.future.set_result(value)
+                future.set_result(value)
 
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            self.loop.call_soon_threadsafe(complete)
+            loop.call_soon_threadsafe(complete)
+
+    return reply
 
 
 class BatchWorker:
@@ -157,6 +173,19 @@ class BatchWorker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def pid(self) -> int:
+        """The process the model runs in: this one."""
+        return os.getpid()
+
+    async def refresh_metrics(self) -> None:
+        """Nothing to do: this worker records straight into the server's metrics (a
+        :class:`~aiayn.serve.process.ProcessWorker` fetches them from its process)."""
+
+    def cancel(self, job: Job) -> None:
+        """Nobody waits for ``job`` any more: drop it from the queue or the batch."""
+        job.cancelled = True  # one store, read by the worker between steps
+
     def submit(self, job: Job) -> None:
         """Queue ``job`` (called on the event loop; takes the lock only briefly)."""
         n = len(job.src)
@@ -215,7 +244,7 @@ class BatchWorker:
                 if full or left <= 0 or self._stopping:
                     break
                 self._cond.wait(left)
-        return [job for job in batch if not job.future.cancelled()]
+        return [job for job in batch if not job.cancelled]
 
     def _admit(self) -> list[Job]:
         """The queued jobs that join the running continuous batch now: from the oldest on,
@@ -225,7 +254,7 @@ class BatchWorker:
         longest, joining = self._search.width, []
         with self._cond:
             for job in list(self._queue):
-                if job.future.cancelled():
+                if job.cancelled:
                     self._take(job)
                     continue
                 if self._key(job) != self._search_key:
@@ -265,11 +294,18 @@ class BatchWorker:
         """Let ``joining`` into the continuous batch, run one decoding step, and answer
         the jobs whose last sentence is done."""
         if joining and not self._running:  # a new batch: its first job sets the beam
-            self._search = self.translator.continuous_search(joining[0].settings.beam)
+            try:
+                self._search = self.translator.continuous_search(joining[0].settings.beam)
+            except Exception as e:  # these jobs fail; the worker carries on
+                self.metrics.batch_failed()
+                for job in joining:
+                    job.resolve(error=e)
+                self._search = None
+                return
             self._search_key = self._key(joining[0])
         if joining:
             self._join(joining)
-        gone = [job for job in self._running if job.future.cancelled()]
+        gone = [job for job in self._running if job.cancelled]
         if gone:  # nobody waits for these any more: stop decoding them
             self._search.remove({(job, i) for job in gone for i in range(len(job.src))})
             self._running = [job for job in self._running if job not in gone]

@@ -97,3 +97,14 @@ def live_server(translator: Translator, cfg: ServeConfig | None = None):
         thread.join(timeout=30)
         sock.close()
         assert not thread.is_alive(), "the server thread did not stop"
+
+
+class BrokenTranslator(Translator):
+    """A picklable Translator whose model always raises: for the worker process, which
+    gets a copy of its translator (a ControlledTranslator's events do not pickle)."""
+
+    def translate_ids(self, *args, **kwargs):
+        raise RuntimeError("the model fell over")
+
+    def continuous_search(self, *args, **kwargs):
+        raise RuntimeError("the model fell over")

@@ -190,7 +190,8 @@ def _post_in_thread(url: str, body: dict, out: list) -> threading.Thread:
 
 def test_full_queue_answers_429_with_retry_after(sample_model_dir):
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    with live_server(translator, ServeConfig(max_queue=3, batch_wait_ms=0)) as base:
+    cfg = ServeConfig(worker="thread", max_queue=3, batch_wait_ms=0)
+    with live_server(translator, cfg) as base:
         translator.gate.clear()
         translator.entered.clear()
         first, queued = [], []
@@ -214,7 +215,7 @@ def test_full_queue_answers_429_with_retry_after(sample_model_dir):
 
 def test_a_failing_model_answers_every_waiting_request(sample_model_dir):
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    with live_server(translator, ServeConfig(batch_wait_ms=0)) as base:
+    with live_server(translator, ServeConfig(worker="thread", batch_wait_ms=0)) as base:
         translator.gate.clear()
         translator.entered.clear()
         translator.fail = True
@@ -244,7 +245,7 @@ def test_a_failing_model_answers_every_waiting_request(sample_model_dir):
 def test_ready_fails_with_the_reason_when_the_first_translation_fails(sample_model_dir):
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
     translator.fail = True
-    with TestClient(create_app(translator)) as c:
+    with TestClient(create_app(translator, ServeConfig(worker="thread"))) as c:
         deadline = time.monotonic() + 30
         while "warming up" in c.get("/ready").text and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -276,7 +277,8 @@ def test_a_request_joining_a_running_batch_gets_the_offline_result(sample_model_
     b = {"src": ["Ein Hund.", ""], "beam": 3, "alpha": 1.0, "n_best": 2}
     want_a = translator.translate(a["src"], beam=3)
     want_b = translator.translate(b["src"], beam=3, alpha=1.0, n_best=2)
-    with live_server(translator, ServeConfig(batch_wait_ms=0, join_ratio=0)) as base:
+    cfg = ServeConfig(worker="thread", batch_wait_ms=0, join_ratio=0)
+    with live_server(translator, cfg) as base:
         translator.gate.clear()
         translator.entered.clear()
         answers: dict = {}
@@ -299,7 +301,8 @@ def test_a_request_joining_a_running_batch_gets_the_offline_result(sample_model_
 
 def test_a_failing_step_answers_every_job_in_the_running_batch(sample_model_dir):
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    with live_server(translator, ServeConfig(batch_wait_ms=0, join_ratio=0)) as base:
+    cfg = ServeConfig(worker="thread", batch_wait_ms=0, join_ratio=0)
+    with live_server(translator, cfg) as base:
         translator.gate.clear()
         translator.entered.clear()
         translator.fail_at_running = 3  # A and B together raise; A alone does not

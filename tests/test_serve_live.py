@@ -22,6 +22,7 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.serve import ServeConfig
+from aiayn.translator import Translator
 from sample_data import PAIRS
 from serve_util import ControlledTranslator, live_server, wait_ready
 
@@ -35,9 +36,18 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "whole-batches"])
-def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, continuous):
+@pytest.mark.parametrize(
+    "worker, continuous",
+    [("thread", True), ("thread", False), ("process", True)],
+    ids=["continuous", "whole-batches", "worker-process"],
+)
+def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, worker, continuous):
+    # The thread worker runs a ControlledTranslator here, which records its batches; the
+    # process worker needs a plain (picklable) Translator, and /metrics tells its batches.
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    served = translator
+    if worker == "process":
+        served = Translator(translator.model, translator.tokenizer)
     rng = random.Random(0)
     german = [de for de, _ in PAIRS]
     requests = []
@@ -56,8 +66,8 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, 
 
     # Requests of another beam size wait up to 100 steps for the running batch (not the
     # default 8): long enough, with these short runs of mixed settings, to see joins.
-    cfg = ServeConfig(batch_wait_ms=30, continuous=continuous, join_wait_steps=100)
-    with live_server(translator, cfg) as base:
+    cfg = ServeConfig(worker=worker, batch_wait_ms=30, continuous=continuous, join_wait_steps=100)
+    with live_server(served, cfg) as base:
         translator.batches.clear()
         with httpx.Client(timeout=60) as client, ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda r: client.post(f"{base}/translate", json=r), requests))
@@ -74,7 +84,12 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, 
     # beam-search sentences joined batches that were running, greedy ones (beam 1) went
     # in whole batches.
     most = max(len(r["src"]) for r in requests)
-    if continuous:
+    if worker == "process":
+        assert most <= 4
+        at_most = re.search(r'aiayn_batch_sentences_bucket\{le="4"\} (\d+)', metrics)
+        batches = re.search(r"aiayn_batch_sentences_count (\d+)", metrics)
+        assert int(at_most.group(1)) < int(batches.group(1)), metrics  # bigger ones ran
+    elif continuous:
         assert max(translator.steps) > most, translator.steps
         assert sum(running > 0 for running, _ in translator.joins) >= 5, translator.joins
         assert 0 < len(translator.batches) < len(requests) // 4, translator.batches

@@ -22,6 +22,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not api_key:
             raise AiaynError(f"the environment variable {args.api_key_env} holds no API key")
     cfg = ServeConfig(
+        worker=args.worker,
         max_batch_tokens=args.max_batch_tokens,
         batch_wait_ms=args.batch_wait_ms,
         continuous=not args.no_continuous,
@@ -63,6 +64,13 @@ def add_parsers(sub) -> None:
         "--no-continuous",
         action="store_true",
         help="batch whole requests only: new sentences wait for the running batch to finish",
+    )
+    p.add_argument(
+        "--worker",
+        choices=("process", "thread"),
+        default="process",
+        help="run the model in a process of its own (default: no GIL shared with the HTTP "
+        "side) or in a thread of the server's process",
     )
     p.add_argument("--max-queue", type=int, default=1024, help="sentences waiting; more: 429")
     p.add_argument("--max-sentences", type=int, default=64, help="per request")

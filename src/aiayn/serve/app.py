@@ -24,8 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
-from aiayn.serve.batching import BatchWorker, Job, QueueFullError, Settings, StoppedError
+from aiayn.serve.batching import (
+    BatchWorker,
+    Job,
+    QueueFullError,
+    Settings,
+    StoppedError,
+    future_reply,
+)
 from aiayn.serve.metrics import Metrics
+from aiayn.serve.process import ProcessWorker
 from aiayn.translator import ATTENTION_KINDS, AttentionMap, Translator
 
 STATIC = Path(__file__).parent / "static"
@@ -37,6 +45,7 @@ WARMUP_SENTENCE = "Hallo Welt."
 class ServeConfig:
     """Limits and batching of one server (see ``aiayn serve --help``)."""
 
+    worker: str = "process"  # where the model runs: "process" (its own) or "thread"
     max_batch_tokens: int = 4096
     batch_wait_ms: float = 5.0
     continuous: bool = True  # beam search: sentences join and leave between steps
@@ -182,26 +191,37 @@ def parse_request(body: bytes, cfg: ServeConfig) -> TranslateRequest:
 
 def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAPI:
     """The app around a loaded ``translator``; its batching worker starts and stops with
-    the app (lifespan), and a first real translation through it makes ``/ready`` pass."""
+    the app (lifespan), and a first real translation through it makes ``/ready`` pass.
+    With ``cfg.worker == "process"`` (the default) the model runs in a child process
+    that gets a copy of ``translator``, which must therefore be picklable."""
     cfg = cfg or ServeConfig()
     metrics = Metrics()
-    worker = BatchWorker(
-        translator,
-        metrics,
-        cfg.max_batch_tokens,
-        cfg.batch_wait_ms,
-        cfg.max_queue,
-        cfg.continuous,
-        cfg.join_ratio,
-        cfg.join_wait_steps,
-    )
+    batching = {
+        "max_batch_tokens": cfg.max_batch_tokens,
+        "batch_wait_ms": cfg.batch_wait_ms,
+        "max_queue": cfg.max_queue,
+        "continuous": cfg.continuous,
+        "join_ratio": cfg.join_ratio,
+        "join_wait_steps": cfg.join_wait_steps,
+    }
+    if cfg.worker == "process":  # no GIL shared between the model and the HTTP side
+        worker: BatchWorker | ProcessWorker = ProcessWorker(translator, metrics, **batching)
+    elif cfg.worker == "thread":
+        worker = BatchWorker(translator, metrics, **batching)
+    else:
+        raise AiaynError(f'worker must be "process" or "thread", got {cfg.worker!r}')
     state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 
     async def submit(src: list[list[int]], settings: Settings, attention: bool):
         loop = asyncio.get_running_loop()
-        job = Job(src, settings, attention, loop, loop.create_future())
+        future = loop.create_future()
+        job = Job(src, settings, attention, future_reply(loop, future))
         worker.submit(job)
-        return await job.future
+        try:
+            return await future
+        except asyncio.CancelledError:  # the client went away: stop decoding its sentences
+            worker.cancel(job)
+            raise
 
     async def warm_up() -> None:
         try:
@@ -215,7 +235,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker.start()
+        await asyncio.to_thread(worker.start)  # spawning a process takes a moment
         task = asyncio.create_task(warm_up())
         yield
         task.cancel()
@@ -312,6 +332,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
                 "parameters": translator.model.num_parameters(),
                 "device": str(translator.device),
             },
+            "worker": {"kind": cfg.worker, "pid": worker.pid},
             "limits": {k: v for k, v in asdict(cfg).items() if k != "api_key"},
             "api_key_required": cfg.api_key is not None,
         }
@@ -319,6 +340,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         """Prometheus text: requests by status, latency, batch sizes, queue length."""
+        await worker.refresh_metrics()
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/", include_in_schema=False)

@@ -4,12 +4,21 @@ and the batching worker both record."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from bisect import bisect_left
 from collections import defaultdict
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Recorded by the batching worker, wherever it runs; the rest by the HTTP side.
+WORKER_FIELDS = (
+    "batch_sentences",
+    "sentences",
+    "batch_errors",
+    "queue_sentences",
+    "running_sentences",
+)
 
 
 class Histogram:
@@ -86,6 +95,18 @@ class Metrics:
 
     def set_queue(self, n_sentences: int) -> None:
         self.queue_sentences = n_sentences  # one int store: atomic under the GIL
+
+    def worker_state(self) -> dict:
+        """What the batching worker records (a copy): sent to the server process when the
+        worker runs in a process of its own."""
+        with self._lock:
+            return copy.deepcopy({name: getattr(self, name) for name in WORKER_FIELDS})
+
+    def set_worker_state(self, state: dict) -> None:
+        """Take the worker's record from :meth:`worker_state` of the worker's process."""
+        with self._lock:
+            for name in WORKER_FIELDS:
+                setattr(self, name, state[name])
 
     def render(self) -> str:
         """The text exposition format."""

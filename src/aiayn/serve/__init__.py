@@ -1,8 +1,10 @@
 """A translation server: FastAPI + uvicorn, dynamic batching across requests in one
-worker thread that owns the model, Prometheus metrics and a web page (``static/``)."""
+worker that owns the model (in a process of its own, or a thread), Prometheus metrics and
+a web page (``static/``)."""
 
 from aiayn.serve.app import ServeConfig, create_app
 from aiayn.serve.batching import BatchWorker
+from aiayn.serve.process import ProcessWorker
 from aiayn.serve.server import serve
 
-__all__ = ["BatchWorker", "ServeConfig", "create_app", "serve"]
+__all__ = ["BatchWorker", "ProcessWorker", "ServeConfig", "create_app", "serve"]

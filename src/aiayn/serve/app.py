@@ -111,7 +111,7 @@ class RequestCounter:
     """ASGI middleware: counts every HTTP response by path and status and times
     ``/translate``. Plain ASGI rather than ``@app.middleware``: Starlette's
     BaseHTTPMiddleware costs a task and a stream per request, on the event loop that
-    shares the GIL with the model worker."""
+    shares the GIL with a worker thread."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics

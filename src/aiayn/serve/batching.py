@@ -1,7 +1,9 @@
 """Batching across requests: one worker thread owns the model.
 
 Requests put a :class:`Job` (their sentences' token ids and decoding settings) on a queue
-and await an asyncio future. The event loop never runs model code.
+and await its reply (an asyncio future, through :func:`future_reply`). The event loop never
+runs model code. The server runs this worker in a process of its own by default
+(:mod:`aiayn.serve.process`), or in a thread beside the event loop.
 
 Beam search (beam >= 2) is batched *continuously*: the worker runs one
 :class:`~aiayn.decode.ContinuousBeamSearch`, and between two decoding steps the queued jobs

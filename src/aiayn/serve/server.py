@@ -1,4 +1,5 @@
-"""Running the app under uvicorn: one process, one event loop, one model worker."""
+"""Running the app under uvicorn: one event loop, one model worker (by default in a
+process of its own)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def serve(
 ) -> None:
     """Serve until SIGINT/SIGTERM. On a signal uvicorn stops accepting connections, lets
     requests in flight finish (up to ``graceful_s`` seconds), then the worker stops.
-    ``threads`` sets torch's intra-op threads (default: torch's choice); ``sock`` is an
+    ``threads`` sets torch's intra-op threads, here and in a worker process (default:
+    torch's choice); ``sock`` is an
     already bound socket to serve on instead of ``host``/``port``."""
     import uvicorn
 
@@ -41,7 +43,7 @@ def serve(
         timeout_graceful_shutdown=graceful_s,
         access_log=False,  # /metrics counts requests; a line per request costs throughput
         # uvicorn parses HTTP with httptools (C) when it is installed, as the serve extra
-        # makes sure: the event loop shares the GIL with the model worker.
+        # makes sure: less CPU beside the model on the event loop.
     )
     server = uvicorn.Server(config)
     if sock is None:  # bind here so a taken port is one clear error, not a traceback

@@ -74,6 +74,15 @@ def wait_ready(base: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"{base} never became ready")
 
 
+def wait_warmed_up(client, timeout: float = 60.0):
+    """``GET /ready`` once the warm-up translation has finished (or failed), through a
+    TestClient; returns that response."""
+    deadline = time.monotonic() + timeout
+    while "warming up" in (r := client.get("/ready")).text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return r
+
+
 @contextlib.contextmanager
 def live_server(translator: Translator, cfg: ServeConfig | None = None):
     """Serve ``translator`` on 127.0.0.1 (a free port) in a thread; yields the base URL."""

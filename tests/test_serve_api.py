@@ -3,6 +3,7 @@ server keeps serving), the queue limit, and a model that raises."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.serve import ServeConfig, create_app
 from aiayn.translator import Translator
-from serve_util import ControlledTranslator, live_server
+from serve_util import ControlledTranslator, live_server, wait_warmed_up
 
 pytestmark = pytest.mark.timeout(120)  # a hang fails instead of blocking the suite
 
@@ -188,20 +189,31 @@ def _post_in_thread(url: str, body: dict, out: list) -> threading.Thread:
     return thread
 
 
-def test_full_queue_answers_429_with_retry_after(sample_model_dir):
+def _wait_for_metric(base: str, line: str) -> None:
+    deadline = time.monotonic() + 10
+    while line not in httpx.get(f"{base}/metrics").text:
+        assert time.monotonic() < deadline, f"never saw {line!r}"
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _held_server(sample_model_dir, **settings):
+    """A live server (worker thread) on a ControlledTranslator whose model batches wait at
+    its closed gate; yields (translator, base URL)."""
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    cfg = ServeConfig(worker="thread", max_queue=3, batch_wait_ms=0)
-    with live_server(translator, cfg) as base:
+    with live_server(translator, ServeConfig(worker="thread", **settings)) as base:
         translator.gate.clear()
         translator.entered.clear()
+        yield translator, base
+
+
+def test_full_queue_answers_429_with_retry_after(sample_model_dir):
+    with _held_server(sample_model_dir, max_queue=3, batch_wait_ms=0) as (translator, base):
         first, queued = [], []
         threads = [_post_in_thread(f"{base}/translate", {"src": ["Ein Hund."]}, first)]
         assert translator.entered.wait(10), "the worker never took the first request"
         threads.append(_post_in_thread(f"{base}/translate", {"src": ["a", "b", "c"]}, queued))
-        deadline = time.monotonic() + 10
-        while "aiayn_queue_sentences 3" not in httpx.get(f"{base}/metrics").text:
-            assert time.monotonic() < deadline, "the second request never queued"
-            time.sleep(0.02)
+        _wait_for_metric(base, "aiayn_queue_sentences 3")  # the second request queued
         r = httpx.post(f"{base}/translate", json={"src": ["Noch einer."]}, timeout=10)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert "queue is full" in r.json()["error"]["message"]
@@ -214,10 +226,7 @@ def test_full_queue_answers_429_with_retry_after(sample_model_dir):
 
 
 def test_a_failing_model_answers_every_waiting_request(sample_model_dir):
-    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    with live_server(translator, ServeConfig(worker="thread", batch_wait_ms=0)) as base:
-        translator.gate.clear()
-        translator.entered.clear()
+    with _held_server(sample_model_dir, batch_wait_ms=0) as (translator, base):
         translator.fail = True
         answers: list = []
         threads = [_post_in_thread(f"{base}/translate", {"src": ["Ein Hund."]}, answers)]
@@ -225,10 +234,7 @@ def test_a_failing_model_answers_every_waiting_request(sample_model_dir):
         threads += [
             _post_in_thread(f"{base}/translate", {"src": [f"Satz {i}."]}, answers) for i in range(5)
         ]
-        deadline = time.monotonic() + 10
-        while "aiayn_queue_sentences 5" not in httpx.get(f"{base}/metrics").text:
-            assert time.monotonic() < deadline, "the requests never queued"
-            time.sleep(0.02)
+        _wait_for_metric(base, "aiayn_queue_sentences 5")  # the requests queued
         translator.gate.set()  # the held batch and the next one (the 5 queued) both raise
         for t in threads:
             t.join(30)
@@ -246,10 +252,7 @@ def test_ready_fails_with_the_reason_when_the_first_translation_fails(sample_mod
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
     translator.fail = True
     with TestClient(create_app(translator, ServeConfig(worker="thread"))) as c:
-        deadline = time.monotonic() + 30
-        while "warming up" in c.get("/ready").text and time.monotonic() < deadline:
-            time.sleep(0.02)
-        r = c.get("/ready")
+        r = wait_warmed_up(c)
         assert r.status_code == 503 and r.json()["ready"] is False
         assert "warm-up translation failed: the model fell over" in r.json()["reason"]
         assert c.get("/health").status_code == 200  # the process still answers
@@ -261,26 +264,16 @@ def test_alpha_takes_an_integer_but_no_boolean(client):
     assert r.status_code == 422 and "alpha" in r.json()["error"]["message"]
 
 
-def _wait_for_metric(base: str, line: str) -> None:
-    deadline = time.monotonic() + 10
-    while line not in httpx.get(f"{base}/metrics").text:
-        assert time.monotonic() < deadline, f"never saw {line!r}"
-        time.sleep(0.02)
-
-
 def test_a_request_joining_a_running_batch_gets_the_offline_result(sample_model_dir):
     """A is held at its first decoding step; B (another length penalty and n_best) queues,
     joins A's running batch, and both get what the Translator gives them on their own;
     each job is answered at the step its last sentence is done, the other going on."""
-    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    offline = Translator(*load_model(resolve_checkpoint(sample_model_dir())))
     a = {"src": [*SENTENCES, "Eine Frau liest ein Buch im Park."], "beam": 3}
     b = {"src": ["Ein Hund.", ""], "beam": 3, "alpha": 1.0, "n_best": 2}
-    want_a = translator.translate(a["src"], beam=3)
-    want_b = translator.translate(b["src"], beam=3, alpha=1.0, n_best=2)
-    cfg = ServeConfig(worker="thread", batch_wait_ms=0, join_ratio=0)
-    with live_server(translator, cfg) as base:
-        translator.gate.clear()
-        translator.entered.clear()
+    want_a = offline.translate(a["src"], beam=3)
+    want_b = offline.translate(b["src"], beam=3, alpha=1.0, n_best=2)
+    with _held_server(sample_model_dir, batch_wait_ms=0, join_ratio=0) as (translator, base):
         answers: dict = {}
         threads = [_post_in_thread(f"{base}/translate", a, answers.setdefault("a", []))]
         assert translator.entered.wait(10), "the worker never took A"
@@ -300,11 +293,7 @@ def test_a_request_joining_a_running_batch_gets_the_offline_result(sample_model_
 
 
 def test_a_failing_step_answers_every_job_in_the_running_batch(sample_model_dir):
-    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    cfg = ServeConfig(worker="thread", batch_wait_ms=0, join_ratio=0)
-    with live_server(translator, cfg) as base:
-        translator.gate.clear()
-        translator.entered.clear()
+    with _held_server(sample_model_dir, batch_wait_ms=0, join_ratio=0) as (translator, base):
         translator.fail_at_running = 3  # A and B together raise; A alone does not
         answers: list = []
         threads = [_post_in_thread(f"{base}/translate", {"src": SENTENCES}, answers)]

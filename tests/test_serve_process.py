@@ -21,7 +21,7 @@ from aiayn.errors import AiaynError
 from aiayn.serve import ServeConfig, create_app
 from aiayn.translator import Translator
 from sample_data import PAIRS
-from serve_util import BrokenTranslator, ControlledTranslator, live_server
+from serve_util import BrokenTranslator, ControlledTranslator, live_server, wait_warmed_up
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,17 +31,10 @@ def parts(sample_model_dir):
     return load_model(resolve_checkpoint(sample_model_dir()))
 
 
-def _wait_not_warming(client) -> httpx.Response:
-    deadline = time.monotonic() + 60
-    while "warming up" in (r := client.get("/ready")).text and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return r
-
-
 @pytest.mark.parametrize("worker", ["process", "thread"])
 def test_a_failing_model_is_a_500_and_ready_says_why(parts, worker):
     with TestClient(create_app(BrokenTranslator(*parts), ServeConfig(worker=worker))) as c:
-        r = _wait_not_warming(c)
+        r = wait_warmed_up(c)
         assert r.status_code == 503
         assert "warm-up translation failed: the model fell over" in r.json()["reason"]
         for beam in (1, 4):  # a whole batch, and a continuous one
@@ -56,7 +49,7 @@ def test_a_failing_model_is_a_500_and_ready_says_why(parts, worker):
 
 def test_the_queue_limit_holds_across_the_pipe(parts):
     with TestClient(create_app(Translator(*parts), ServeConfig(max_queue=2))) as c:
-        assert _wait_not_warming(c).status_code == 200
+        assert wait_warmed_up(c).status_code == 200
         r = c.post("/translate", json={"src": ["Ein Hund.", "Eine Katze.", "Ein Mann."]})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert "the queue is full" in r.json()["error"]["message"]

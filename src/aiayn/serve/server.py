@@ -25,8 +25,8 @@ def serve(
     """Serve until SIGINT/SIGTERM. On a signal uvicorn stops accepting connections, lets
     requests in flight finish (up to ``graceful_s`` seconds), then the worker stops.
     ``threads`` sets torch's intra-op threads, here and in a worker process (default:
-    torch's choice); ``sock`` is an
-    already bound socket to serve on instead of ``host``/``port``."""
+    torch's choice); ``sock`` is an already bound socket to serve on instead of
+    ``host``/``port``."""
     import uvicorn
 
     if threads is not None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from aiayn.errors import AiaynError
-from aiayn.serve.batching import BatchWorker, Job, StoppedError
+from aiayn.serve.batching import BatchWorker, Job, Reply, StoppedError, future_reply
 from aiayn.serve.metrics import Metrics
 from aiayn.translator import Translator
 
@@ -137,9 +137,8 @@ class ProcessWorker:
             ) from None
         self.metrics, self._kwargs = metrics, worker_kwargs
         self._ids = itertools.count()
-        self._pending: dict[int, Job] = {}
-        self._id_of: dict[Job, int] = {}
-        self._metric_waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
+        self._pending: dict[int, Job] = {}  # sent, not answered yet
+        self._metric_waiters: deque[Reply] = deque()  # answers to "metrics", in order
         self._lock = threading.Lock()
         self._stopping = False
         self._process = None
@@ -176,7 +175,7 @@ class ProcessWorker:
             if self._stopping or not self._reader.is_alive():
                 raise StoppedError("the server is shutting down")
             job_id = next(self._ids)
-            self._pending[job_id], self._id_of[job] = job, job_id
+            self._pending[job_id] = job
         try:
             self._pipe.send("job", job_id, job.src, job.settings, job.attention)
         except OSError:
@@ -186,18 +185,15 @@ class ProcessWorker:
     def cancel(self, job: Job) -> None:
         """Nobody waits for ``job`` any more: the worker drops it from its queue or batch."""
         job.cancelled = True
-        with self._lock:
-            job_id = self._id_of.get(job)
+        with self._lock:  # a rare event: a scan, rather than a second map to keep in step
+            job_id = next((i for i, pending in self._pending.items() if pending is job), None)
         if job_id is not None:
             with contextlib.suppress(OSError):
                 self._pipe.send("cancel", job_id)
 
     def _forget(self, job_id: int) -> Job | None:
         with self._lock:
-            job = self._pending.pop(job_id, None)
-            if job is not None:
-                del self._id_of[job]
-        return job
+            return self._pending.pop(job_id, None)
 
     async def refresh_metrics(self, timeout: float = 5.0) -> None:
         """Copy the worker's counters and gauges (batches, queue) into this process's
@@ -207,7 +203,7 @@ class ProcessWorker:
         with self._lock:
             if not self.alive:
                 return
-            self._metric_waiters.append((loop, future))
+            self._metric_waiters.append(future_reply(loop, future))
         try:
             self._pipe.send("metrics")
             state = await asyncio.wait_for(future, timeout)
@@ -242,9 +238,8 @@ class ProcessWorker:
                         job.resolve(result, error)
                 elif kind == "metrics":
                     with self._lock:
-                        loop, future = self._metric_waiters.popleft()
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(_set_result, future, message[1])
+                        reply = self._metric_waiters.popleft()
+                    reply(message[1], None)
                 elif kind == "failed":
                     self._fail(f"the model worker process failed to start: {message[1]}")
                     return
@@ -260,11 +255,6 @@ class ProcessWorker:
         """Answer every waiting job: no request is left hanging."""
         with self._lock:
             self._stopping = True
-            pending, self._pending, self._id_of = self._pending, {}, {}
+            pending, self._pending = self._pending, {}
         for job in pending.values():
             job.resolve(error=StoppedError(message))
-
-
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)

@@ -74,15 +74,15 @@ Reply = Callable[[Any, "BaseException | None"], None]
 
 @dataclass(eq=False)  # hashable by identity: its sentences are tagged (job, index)
 class Job:
-    """One request's work. ``reply(result, error)`` is called exactly once, from the worker
-    thread; ``cancelled`` is set when nobody waits for the answer any more."""
+    """One request's work. ``reply(result, error)`` is called exactly once, from a thread
+    that is not the event loop's (the worker, or a worker process's pipe reader);
+    ``cancelled`` is set when nobody waits for the answer any more."""
 
     src: list[list[int]]  # token ids per sentence; [] for a blank line
     settings: Settings
     attention: bool
     reply: Reply
     cancelled: bool = False
-    queued_at: float = field(default_factory=time.perf_counter)
     queued_step: int = 0  # the continuous batch's step count when it was queued
     ids: list[list[list[int]]] = field(default_factory=list)  # filled in by the worker
     left: int = 0  # sentences still in the continuous batch

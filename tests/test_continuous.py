@@ -38,7 +38,14 @@ def padded(rows, pad_id):
 
 
 def summary(hyps):
-    return [(h.tokens, round(h.score, 3)) for h in hyps]
+    return [(h.tokens, h.score) for h in hyps]
+
+
+def expected(hyps):
+    """``summary`` of the offline result, scores to float noise: padding differs between a
+    continuous batch and an offline one, which moves the last bits (rounding both sides to
+    a fixed number of decimals can split two equal scores across a rounding boundary)."""
+    return [(h.tokens, pytest.approx(h.score, abs=1e-4)) for h in hyps]
 
 
 def test_ragged_rows_get_the_logits_of_their_own_decoding(tiny_model):
@@ -93,7 +100,7 @@ def test_joining_sentences_get_their_beam_search_results(varied_model):
             assert bool(search.state.keys[:, 0].any()) or search.state.offset == 0
             assert bool((search.src[:, -1] != cfg.pad_id).any())
     assert joined_running > 10 and steps < 150
-    assert [summary(got[i]) for i in range(len(rows))] == [summary(w) for w in want]
+    assert [summary(got[i]) for i in range(len(rows))] == [expected(w) for w in want]
 
 
 def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
@@ -119,7 +126,7 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
     results = dict(pair for step in done for pair in step)
     for tag, src in (("A", a), ("B", b)):
         want = beam_search(tiny_model, src[None], 2, max_len_a=0.0, max_len_b=6, n_best=2)[0]
-        assert summary(results[tag][:2]) == summary(want)
+        assert summary(results[tag][:2]) == expected(want)
         assert len(want[0].tokens) == 5  # the limit of 6 counts the EOS
 
 
@@ -135,8 +142,8 @@ def test_remove_and_a_failing_step(varied_model):
     while len(search):
         results.update(search.step())
     want = beam_search(varied_model, padded([rows[0], rows[2]], cfg.pad_id), 2, max_len_b=20)
-    assert summary(results["a"][:1]) == summary(want[0])
-    assert summary(results["c"][:1]) == summary(want[1])
+    assert summary(results["a"][:1]) == expected(want[0])
+    assert summary(results["c"][:1]) == expected(want[1])
     search.add(padded(rows, cfg.pad_id), [1, 2, 3])
     search.step()
     with pytest.raises(ModelInputError):  # a bad source is refused; the batch goes on

@@ -45,7 +45,7 @@ def expected(hyps):
     """``summary`` of the offline result, scores to float noise: padding differs between a
     continuous batch and an offline one, which moves the last bits (rounding both sides to
     a fixed number of decimals can split two equal scores across a rounding boundary)."""
-    return [(h.tokens, pytest.approx(h.score, abs=1e-4)) for h in hyps]
+    return [(h.tokens, pytest.approx(h.score, rel=1e-4, abs=1e-4)) for h in hyps]
 
 
 def test_ragged_rows_get_the_logits_of_their_own_decoding(tiny_model):

@@ -27,6 +27,7 @@ class ControlledTranslator(Translator):
         self.fail = False
         self.batches: list[int] = []  # sentences per whole batch
         self.steps: list[int] = []  # sentences per continuous decoding step
+        self.widths: list[int] = []  # longest source running, per step
         self.joins: list[tuple[int, int]] = []  # (sentences running, joining) per add
         self.left: list[tuple[list, int]] = []  # (tags done, sentences still running)
         self.fail_at_running: int | None = None  # a step with this many sentences raises
@@ -53,6 +54,7 @@ class ControlledTranslator(Translator):
 
         def held_step():
             self.steps.append(len(search))
+            self.widths.append(search.width)
             self._hold()
             if self.fail_at_running is not None and len(search) >= self.fail_at_running:
                 raise RuntimeError("the model fell over")
@@ -64,11 +66,11 @@ class ControlledTranslator(Translator):
         return search
 
 
-def wait_ready(base: str, timeout: float = 30.0) -> None:
+def wait_ready(base: str, timeout: float = 30.0, path: str = "/ready") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base}/ready", timeout=5).status_code == 200:
+            if httpx.get(f"{base}{path}", timeout=5).status_code == 200:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"{base} never became ready")
@@ -86,20 +88,26 @@ def wait_warmed_up(client, timeout: float = 60.0):
 @contextlib.contextmanager
 def live_server(translator: Translator, cfg: ServeConfig | None = None):
     """Serve ``translator`` on 127.0.0.1 (a free port) in a thread; yields the base URL."""
+    with serving(create_app(translator, cfg)) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def serving(app, ready: bool = True):
+    """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields the base URL once
+    ``/ready`` passes (with ``ready``) or ``/health`` answers."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(translator, cfg), log_level="warning", access_log=False, lifespan="on"
-    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base)
+        wait_ready(base, path="/ready" if ready else "/health")
         yield base
     finally:
         server.should_exit = True
@@ -117,3 +125,67 @@ class BrokenTranslator(Translator):
 
     def continuous_search(self, *args, **kwargs):
         raise RuntimeError("the model fell over")
+
+
+def open_request(base: str, body: dict) -> socket.socket:
+    """Send ``POST /translate`` with ``body`` on a raw connection and return the socket
+    without reading the answer: closing it is a client that goes away."""
+    import json
+
+    host, port = base.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = (
+        f"POST /translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def gauges(base: str) -> dict[str, float]:
+    """The unlabelled samples of ``GET /metrics`` (gauges and plain counters) by name."""
+    found = {}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if not line.startswith("#") and "{" not in line:
+            name, value = line.split()
+            found[name] = float(value)
+    return found
+
+
+def wait_for(condition, what: str, timeout: float = 20.0, every: float = 0.02):
+    """Poll ``condition()`` until it returns something true; that value."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what} within {timeout} s")
+        time.sleep(every)
+    return value
+
+
+class SlowTranslator(Translator):
+    """A picklable Translator (so it serves in a worker process too) whose continuous
+    decoding steps take at least ``step_s`` seconds each: a running batch that lasts long
+    enough to be cancelled in the middle. With ``fail_remove``, taking sentences out of
+    the running batch raises: an error outside any model call, which must not leave a
+    request waiting."""
+
+    def __init__(self, model, tokenizer, step_s: float = 0.1, fail_remove: bool = False):
+        super().__init__(model, tokenizer)
+        self.step_s, self.fail_remove = step_s, fail_remove
+
+    def continuous_search(self, *args, **kwargs):
+        search = super().continuous_search(*args, **kwargs)
+        step, step_s, fail_remove = search.step, self.step_s, self.fail_remove
+
+        def slow_step():
+            time.sleep(step_s)
+            return step()
+
+        def failing_remove(tags):
+            raise RuntimeError("remove fell over")
+
+        search.step = slow_step
+        if fail_remove:
+            search.remove = failing_remove
+        return search

@@ -21,9 +21,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise AiaynError(f"the environment variable {args.api_key_env} holds no API key")
+    if not args.request_timeout > 0:
+        raise AiaynError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    cache: dict[str, int] = {}  # the server's default unless given
+    if args.max_cache_tokens is not None:
+        if args.max_cache_tokens < 1:
+            raise AiaynError(f"--max-cache-tokens must be >= 1, got {args.max_cache_tokens}")
+        cache["max_cache_tokens"] = args.max_cache_tokens
     cfg = ServeConfig(
         worker=args.worker,
         max_batch_tokens=args.max_batch_tokens,
+        request_timeout_s=args.request_timeout,
+        **cache,
         batch_wait_ms=args.batch_wait_ms,
         continuous=not args.no_continuous,
         max_queue=args.max_queue,
@@ -32,8 +41,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.threads is not None and args.threads < 1:
         raise AiaynError(f"threads must be >= 1, got {args.threads}")
-    translator = translator_for(args)  # loaded once, before the port opens
-    serve(translator, cfg, args.host, args.port, args.threads)
+    # Loaded once, before the port opens; no name holds it here, so that with a worker
+    # process its weights live in that process alone.
+    serve(translator_for(args), cfg, args.host, args.port, args.threads)
     return 0
 
 
@@ -58,7 +68,24 @@ def add_parsers(sub) -> None:
     add_inference_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch-tokens", type=int, default=4096, help="padded source tokens")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=4096,
+        help="padded source tokens of a batch (a request over it runs alone)",
+    )
+    p.add_argument(
+        "--max-cache-tokens",
+        type=int,
+        help="decoder-cache positions of a batch: sentences x beam x (longest source + longest "
+        "output); a request over it alone gets 413 (default 131072: 3 GiB for a base model)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a request may take; then 504, and its sentences are dropped (default 60)",
+    )
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="wait for more requests")
     p.add_argument(
         "--no-continuous",

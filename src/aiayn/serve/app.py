@@ -3,41 +3,62 @@
 
 Every error is a JSON body ``{"error": {"status": N, "message": "..."}}`` with a 4xx or
 5xx status, never a 200 with an error inside; the server keeps serving after each.
+
+A request's job ends one way or another, and always in the model worker: with its
+result, with an error, when its client goes away (the worker stops decoding it), or at its
+deadline (``request_timeout_s``: a 504, and the worker drops it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
-import math
-import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.config import TransformerConfig
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import AiaynError
-from aiayn.serve.batching import (
-    BatchWorker,
+from aiayn.serve.batching import DEFAULT_CACHE_TOKENS, BatchWorker
+from aiayn.serve.jobs import (
+    CancelledJobError,
+    DeadlineError,
     Job,
+    Outcome,
     QueueFullError,
+    Result,
     Settings,
+    Status,
     StoppedError,
+    TooLargeError,
     future_reply,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.process import ProcessWorker
-from aiayn.translator import ATTENTION_KINDS, AttentionMap, Translator
+from aiayn.serve.protocol import (
+    CLIENT_GONE,
+    ApiError,
+    RequestCounter,
+    TranslateRequest,
+    attention_json,
+    check_key,
+    client_gone,
+    error_response,
+    parse_request,
+    read_body,
+)
+from aiayn.translator import Translator
 
 STATIC = Path(__file__).parent / "static"
-KNOWN_PATHS = {"/", "/translate", "/health", "/ready", "/info", "/metrics", "/docs"}
 WARMUP_SENTENCE = "Hallo Welt."
 
 
@@ -46,7 +67,8 @@ class ServeConfig:
     """Limits and batching of one server (see ``aiayn serve --help``)."""
 
     worker: str = "process"  # where the model runs: "process" (its own) or "thread"
-    max_batch_tokens: int = 4096
+    max_batch_tokens: int = 4096  # padded source tokens of a batch
+    max_cache_tokens: int = DEFAULT_CACHE_TOKENS  # decoder-cache positions of a batch
     batch_wait_ms: float = 5.0
     continuous: bool = True  # beam search: sentences join and leave between steps
     join_ratio: float = 0.25  # queued sentences join once they are this x those running
@@ -56,177 +78,131 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     max_beam: int = 16
     max_alpha: float = 10.0
+    request_timeout_s: float = 60.0  # a request's deadline: then 504, and its job is dropped
     api_key: str | None = None
     retry_after_s: int = 1
 
 
-class TranslateRequest(BaseModel):
-    """The body of ``POST /translate``."""
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the HTTP side keeps of the translator: its tokenizer, the model's configuration
+    and size and where it runs; no weights (a worker process holds the only copy)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    src: list[str] = Field(description="sentences to translate, one per entry")
-    beam: int = Field(4, description="beam size; 1 = greedy")
-    alpha: float = Field(0.6, description="length penalty (GNMT), >= 0")
-    n_best: int = Field(1, description="candidates per sentence, 1..beam")
-    attention: bool = Field(False, description="also return every layer's attention weights")
+    tokenizer: Tokenizer
+    cfg: TransformerConfig
+    parameters: int
+    device: str
 
+    @classmethod
+    def of(cls, translator: Translator) -> ModelInfo:
+        model = translator.model
+        return cls(translator.tokenizer, model.cfg, model.num_parameters(), str(translator.device))
 
-class ApiError(Exception):
-    """An HTTP error response with a one-line message."""
+    @property
+    def max_source_tokens(self) -> int:
+        return self.cfg.max_len - 1  # as Translator.max_source_tokens
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers
-
-
-def error_response(status: int, message: str, headers=None) -> JSONResponse:
-    body = {"error": {"status": status, "message": message}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def attention_json(amap: AttentionMap | None) -> dict | None:
-    """Pieces and weights ``[layer][head][row][col]``, rounded to 4 decimals."""
-    if amap is None:
-        return None
-    out: dict = {"source": amap.source, "target": amap.target, "target_in": amap.target_in}
-    for kind in ATTENTION_KINDS:
-        out[kind] = [(w * 1e4).round().div(1e4).tolist() for w in amap.weights[kind]]
-    return out
+    def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
+        """Texts of one line's n-best ids, padded with "" to ``n_best`` (as the
+        Translator's)."""
+        texts = [self.tokenizer.decode(list(tokens)) for tokens in candidates]
+        return texts + [""] * (n_best - len(texts))
 
 
-def _check_key(request: Request, key: str | None) -> None:
-    if key is None:
-        return
-    given = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
-    if given is None and auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    if not given:
-        raise ApiError(401, "an API key is required", {"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(given.encode(), key.encode()):
-        raise ApiError(403, "the API key is wrong")
-
-
-class RequestCounter:
-    """ASGI middleware: counts every HTTP response by path and status and times
-    ``/translate``. Plain ASGI rather than ``@app.middleware``: Starlette's
-    BaseHTTPMiddleware costs a task and a stream per request, on the event loop that
-    shares the GIL with a worker thread."""
-
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
-        timed = path == "/translate"
-        start, status = time.perf_counter(), 500  # an exception that escapes is a 500
-
-        async def send_and_note(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        if timed:
-            self.metrics.add_in_flight(1)
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            if timed:
-                self.metrics.add_in_flight(-1)
-            seconds = time.perf_counter() - start if timed else None
-            self.metrics.request_done(path, status, seconds)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413 as soon as it passes ``limit`` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the body has {declared} bytes, more than the limit of {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def parse_request(body: bytes, cfg: ServeConfig) -> TranslateRequest:
-    """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON, 422
-    for JSON of the wrong shape or settings out of range."""
+def _answer(outcome: Outcome) -> Result:
+    """The result of a job that ended, or the HTTP error that says why there is none."""
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"the body is not UTF-8 (byte {e.start})") from None
-    try:
-        data = json.loads(text, parse_constant=_no_constants)
-    except ValueError as e:
-        raise ApiError(400, f"the body is not valid JSON ({e})") from None
-    try:
-        req = TranslateRequest.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ApiError(422, f"{where}: {first['msg']}") from None
-    if not req.src:
-        raise ApiError(422, "src: the list of sentences is empty")
-    if len(req.src) > cfg.max_sentences:
-        raise ApiError(422, f"src: {len(req.src)} sentences, at most {cfg.max_sentences}")
-    if not 1 <= req.beam <= cfg.max_beam:
-        raise ApiError(422, f"beam: {req.beam} is out of range 1..{cfg.max_beam}")
-    if not 1 <= req.n_best <= req.beam:
-        raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({req.beam})")
-    if not (math.isfinite(req.alpha) and 0 <= req.alpha <= cfg.max_alpha):
-        raise ApiError(422, f"alpha: {req.alpha} is out of range 0..{cfg.max_alpha}")
-    return req
+        return outcome.unwrap()
+    except TooLargeError as e:
+        raise ApiError(413, str(e)) from None
+    except StoppedError as e:
+        raise ApiError(503, str(e)) from None
+    except DeadlineError as e:
+        raise ApiError(504, str(e)) from None
+    except CancelledJobError as e:
+        raise ApiError(CLIENT_GONE, str(e)) from None
+    except QueueFullError:
+        raise
+    except AiaynError as e:
+        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+    except Exception as e:  # the model raised: this request fails, the server goes on
+        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
 
 
 def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAPI:
     """The app around a loaded ``translator``; its batching worker starts and stops with
     the app (lifespan), and a first real translation through it makes ``/ready`` pass.
     With ``cfg.worker == "process"`` (the default) the model runs in a child process
-    that gets a copy of ``translator``, which must therefore be picklable."""
+    that gets a copy of ``translator``, which must therefore be picklable; the app then
+    keeps no reference to the model (drop yours, and a GPU holds its weights once)."""
     cfg = cfg or ServeConfig()
     metrics = Metrics()
-    batching = {
+    batching: dict[str, Any] = {
         "max_batch_tokens": cfg.max_batch_tokens,
+        "max_cache_tokens": cfg.max_cache_tokens,
         "batch_wait_ms": cfg.batch_wait_ms,
         "max_queue": cfg.max_queue,
         "continuous": cfg.continuous,
         "join_ratio": cfg.join_ratio,
         "join_wait_steps": cfg.join_wait_steps,
     }
+    if not cfg.request_timeout_s > 0:
+        raise AiaynError(f"the request timeout must be > 0 seconds, got {cfg.request_timeout_s}")
+    info = ModelInfo.of(translator)
     if cfg.worker == "process":  # no GIL shared between the model and the HTTP side
         worker: BatchWorker | ProcessWorker = ProcessWorker(translator, metrics, **batching)
+        on_cuda = info.device.startswith("cuda")
+        del translator  # the worker process has its copy: keep none here
+        if on_cuda:  # what the weights held here returns to the GPU once they are freed
+            torch.cuda.empty_cache()
     elif cfg.worker == "thread":
         worker = BatchWorker(translator, metrics, **batching)
+        del translator  # the worker holds it
     else:
         raise AiaynError(f'worker must be "process" or "thread", got {cfg.worker!r}')
     state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 
-    async def submit(src: list[list[int]], settings: Settings, attention: bool):
+    async def run(
+        src: list[list[int]],
+        settings: Settings,
+        attention: bool,
+        request: Request | None = None,
+        deadline: float | None = None,
+    ) -> Outcome:
+        """Submit a job and wait for whichever comes first: its outcome, its client going
+        away (ApiError 499) or the deadline (ApiError 504, on the loop's clock). Whichever
+        it is, the job ends in the worker (the other two cancel it)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[Outcome] = loop.create_future()
         job = Job(src, settings, attention, future_reply(loop, future))
         worker.submit(job)
+        gone = asyncio.ensure_future(client_gone(request.receive)) if request else None
+        timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
         try:
-            return await future
-        except asyncio.CancelledError:  # the client went away: stop decoding its sentences
+            await asyncio.wait(
+                [future] if gone is None else [future, gone],
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except asyncio.CancelledError:  # the server stops (past its grace period)
             worker.cancel(job)
             raise
+        finally:
+            left = gone is not None and gone.done()
+            if gone is not None:
+                gone.cancel()
+        if future.done():
+            return future.result()
+        if left:  # stop decoding its sentences: nobody will read them
+            worker.cancel(job, Status.CANCELLED)
+            raise ApiError(CLIENT_GONE, "the client closed the connection")
+        worker.cancel(job, Status.TIMED_OUT)
+        raise ApiError(504, f"no translation within the {cfg.request_timeout_s:g} s deadline")
 
     async def warm_up() -> None:
         try:
-            ids = [translator.encode(WARMUP_SENTENCE)]
-            result = await submit(ids, Settings(beam=1), attention=False)
+            ids = [info.tokenizer.encode(WARMUP_SENTENCE)]
+            result = (await run(ids, Settings(beam=1), attention=False)).unwrap()
             if len(result.ids) != 1:
                 raise AiaynError("the warm-up translation returned no result")
             state.update(ready=True, reason="")
@@ -234,7 +210,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             state.update(ready=False, reason=f"warm-up translation failed: {e}")
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(worker.start)  # spawning a process takes a moment
         task = asyncio.create_task(warm_up())
         yield
@@ -250,15 +226,15 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     app.state.worker, app.state.metrics, app.state.ready = worker, metrics, state
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError):
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(422, str(exc.errors()[0].get("msg", "invalid request")))
 
     app.add_middleware(RequestCounter, metrics=metrics)
@@ -271,66 +247,74 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
                 "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
             }
         },
-        responses={400: {}, 401: {}, 403: {}, 413: {}, 422: {}, 429: {}, 500: {}, 503: {}},
+        responses={code: {} for code in (400, 401, 403, 408, 413, 422, 429, 500, 503, 504)},
     )
-    async def translate(request: Request):
+    async def translate(request: Request) -> dict[str, Any]:
         """Translate ``src``; with ``attention`` also every layer's attention weights of the
         best translation (``[layer][head][row][col]`` per kind, with the pieces)."""
-        _check_key(request, cfg.api_key)
-        req = parse_request(await _read_body(request, cfg.max_body_bytes), cfg)
+        deadline = asyncio.get_running_loop().time() + cfg.request_timeout_s
+        check_key(request, cfg.api_key)
+        try:
+            body = await asyncio.wait_for(
+                read_body(request, cfg.max_body_bytes), cfg.request_timeout_s
+            )
+        except asyncio.TimeoutError:
+            raise ApiError(408, "the body did not arrive within the request's deadline") from None
+        req = parse_request(body, cfg.max_sentences, cfg.max_beam, cfg.max_alpha)
         src = []
-        limit = translator.max_source_tokens
+        limit = info.max_source_tokens
         for i, line in enumerate(req.src):
-            ids = translator.tokenizer.encode(line) if line.strip() else []
+            ids = info.tokenizer.encode(line) if line.strip() else []
             if len(ids) > limit:
                 raise ApiError(422, f"src.{i}: {len(ids)} tokens, the model takes at most {limit}")
             src.append(ids)
+        settings = Settings(req.beam, req.alpha, req.n_best)
         try:
-            result = await submit(src, Settings(req.beam, req.alpha, req.n_best), req.attention)
+            result = _answer(await run(src, settings, req.attention, request, deadline))
+        except ApiError:
+            raise
         except QueueFullError as e:
             raise ApiError(429, str(e), {"Retry-After": str(cfg.retry_after_s)}) from None
-        except StoppedError as e:
-            raise ApiError(503, str(e)) from None
-        except Exception as e:  # the model raised: this request fails, the server goes on
-            raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
-        n_best = [translator.detokenize(c, req.n_best) for c in result.ids]
-        body: dict = {"translations": [c[0] for c in n_best]}
+        except (TooLargeError, StoppedError) as e:  # refused by submit
+            raise ApiError(413 if isinstance(e, TooLargeError) else 503, str(e)) from None
+        n_best = [info.detokenize(c, req.n_best) for c in result.ids]
+        body_out: dict[str, Any] = {"translations": [c[0] for c in n_best]}
         if req.n_best > 1:
-            body["n_best"] = n_best
+            body_out["n_best"] = n_best
         if req.attention:
-            body["attention"] = await asyncio.to_thread(
+            body_out["attention"] = await asyncio.to_thread(
                 lambda: [attention_json(a) for a in result.attention or []]
             )
-        return body
+        return body_out
 
     @app.get("/health")
-    async def health():
+    async def health() -> dict[str, str]:
         """The process answers (it does not check the model: see /ready)."""
         return {"status": "ok"}
 
     @app.get("/ready", responses={503: {}})
-    async def ready():
+    async def ready() -> Any:
         """200 once the model is loaded and a real translation went through the worker."""
         if not worker.alive:
-            state.update(ready=False, reason="the batching worker has stopped")
+            reason = worker.failure or "the batching worker has stopped"
+            state.update(ready=False, reason=reason)
         if state["ready"]:
             return {"ready": True}
         return JSONResponse({"ready": False, "reason": state["reason"]}, status_code=503)
 
     @app.get("/info")
-    async def info():
+    async def model_info() -> dict[str, Any]:
         """The model's configuration and this server's limits."""
-        model_cfg = translator.model.cfg
         return {
             "model": {
-                "encoder_layers": model_cfg.encoder_layers,
-                "decoder_layers": model_cfg.decoder_layers,
-                "heads": model_cfg.n_heads,
-                "d_model": model_cfg.d_model,
-                "vocab_size": translator.tokenizer.vocab_size,
-                "max_source_tokens": translator.max_source_tokens,
-                "parameters": translator.model.num_parameters(),
-                "device": str(translator.device),
+                "encoder_layers": info.cfg.encoder_layers,
+                "decoder_layers": info.cfg.decoder_layers,
+                "heads": info.cfg.n_heads,
+                "d_model": info.cfg.d_model,
+                "vocab_size": info.tokenizer.vocab_size,
+                "max_source_tokens": info.max_source_tokens,
+                "parameters": info.parameters,
+                "device": info.device,
             },
             "worker": {"kind": cfg.worker, "pid": worker.pid},
             "limits": {k: v for k, v in asdict(cfg).items() if k != "api_key"},
@@ -338,13 +322,13 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def prometheus():
-        """Prometheus text: requests by status, latency, batch sizes, queue length."""
+    async def prometheus() -> PlainTextResponse:
+        """Prometheus text: requests by status, latency, batch sizes, queue length, jobs."""
         await worker.refresh_metrics()
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/", include_in_schema=False)
-    async def page():
+    async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,123 +1,71 @@
 """Batching across requests: one worker thread owns the model.
 
-Requests put a :class:`Job` (their sentences' token ids and decoding settings) on a queue
-and await its reply (an asyncio future, through :func:`future_reply`). The event loop never
-runs model code. The server runs this worker in a process of its own by default
-(:mod:`aiayn.serve.process`), or in a thread beside the event loop.
+Requests put a :class:`~aiayn.serve.jobs.Job` (their sentences' token ids and decoding
+settings) on a queue and await its reply (an asyncio future, through
+:func:`~aiayn.serve.jobs.future_reply`). The event loop never runs model code. The server
+runs this worker in a process of its own by default (:mod:`aiayn.serve.process`), or in a
+thread beside the event loop.
 
 Beam search (beam >= 2) is batched *continuously*: the worker runs one
-:class:`~aiayn.decode.ContinuousBeamSearch`, and between two decoding steps the queued jobs
-with the same beam size join it (within a padded-token budget); a job
-gets its results as soon as its last sentence is done, while the others go on. So a new
-request never waits for a whole batch to finish, and the batch stays full under steady
-load. Each sentence's result is the one the Translator gives it offline.
+:class:`~aiayn.serve.running.RunningBatch`, and between two decoding steps the queued jobs
+with the same beam size join it (within the budgets); a job gets its results as soon as
+its last sentence is done, while the others go on. So a new request never waits for a
+whole batch to finish, and the batch stays full under steady load. Each sentence's result
+is the one the Translator gives it offline.
 
 Greedy requests (beam 1), and every request when continuous batching is off, go the
 *whole-batch* way: the worker takes the oldest job, adds the queued jobs with the same
-settings within the budget, waits up to a short window for more, translates them in one
+settings within the budgets, waits up to a short window for more, translates them in one
 length-sorted pass and hands each job its own results.
 
 A queued job that cannot join the running batch (another beam size, or greedy) lets later
 jobs join for up to ``join_wait_steps`` steps, then stops admission: the batch drains and
-the oldest job starts the next one, so nobody waits for long. If the model raises, every
-job of that batch gets the exception: nothing is left waiting.
+the oldest job starts the next one, so nobody waits for long.
+
+Every job ends in :meth:`BatchWorker.finish`: done, failed (the model raised: every job of
+that batch gets the error), cancelled or timed out (:meth:`BatchWorker.cancel`: a queued
+job ends at once, a running one leaves the batch before the next step). If anything else
+goes wrong in the worker thread, it fails every job it holds and stops, saying why
+(:attr:`BatchWorker.failure`): no request is left waiting.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from aiayn.data.batching import pad
-from aiayn.decode import ContinuousBeamSearch
 from aiayn.errors import AiaynError
+from aiayn.serve.jobs import (
+    CacheBudget,
+    ContinuousKey,
+    Job,
+    Outcome,
+    QueueFullError,
+    Result,
+    Status,
+    StoppedError,
+    WholeKey,
+    batch_key,
+)
 from aiayn.serve.metrics import Metrics
+from aiayn.serve.running import Left, Outputs, RunningBatch
 from aiayn.translator import AttentionMap, Translator
 
-
-class QueueFullError(AiaynError):
-    """The queue holds as many sentences as allowed; the client should retry later."""
-
-
-class StoppedError(AiaynError):
-    """The worker is shutting down and takes no new work."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Decoding settings; only jobs with equal settings share a whole batch. A continuous
-    batch needs an equal beam only: alpha only scores a sentence's finished hypotheses,
-    and n_best only picks among them."""
-
-    beam: int = 4
-    alpha: float = 0.6
-    n_best: int = 1
-
-
-@dataclass
-class Result:
-    """One job's outputs: per sentence its n-best ids, and attention maps when asked."""
-
-    ids: list[list[list[int]]]
-    attention: list[AttentionMap | None] | None = None
-
-
-Reply = Callable[[Any, "BaseException | None"], None]
-
-
-@dataclass(eq=False)  # hashable by identity: its sentences are tagged (job, index)
-class Job:
-    """One request's work. ``reply(result, error)`` is called exactly once, from a thread
-    that is not the event loop's (the worker, or a worker process's pipe reader);
-    ``cancelled`` is set when nobody waits for the answer any more."""
-
-    src: list[list[int]]  # token ids per sentence; [] for a blank line
-    settings: Settings
-    attention: bool
-    reply: Reply
-    cancelled: bool = False
-    queued_step: int = 0  # the continuous batch's step count when it was queued
-    ids: list[list[list[int]]] = field(default_factory=list)  # filled in by the worker
-    left: int = 0  # sentences still in the continuous batch
-
-    @property
-    def longest(self) -> int:
-        return max((len(s) for s in self.src), default=0)
-
-    def resolve(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.reply(value, error)
-
-
-def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:
-    """A :class:`Job` reply that completes ``future`` on ``loop`` (futures are not
-    thread-safe, so the worker thread hands the result to the loop)."""
-
-    def reply(value: Any, error: BaseException | None) -> None:
-        def complete() -> None:
-            if future.done():  # the client went away and the request was cancelled
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            loop.call_soon_threadsafe(complete)
-
-    return reply
+# Decoder-cache positions a batch may hold (see CacheBudget): 3 GiB for a base model in
+# fp32, 0.6 GiB for the quarter-size Multi30k model.
+DEFAULT_CACHE_TOKENS = 1 << 17
 
 
 class BatchWorker:
-    """The thread that owns the model. ``max_batch_tokens`` bounds a batch's padded size
+    """The thread that owns the model. ``max_batch_tokens`` bounds a batch's padded source
     (sentences x longest source; for a continuous batch, those running plus those joining);
-    a job over the budget runs alone, so a budget of 1 means one request per batch.
+    a job over it runs alone, so a budget of 1 means one request per batch.
+    ``max_cache_tokens`` bounds what a batch holds in its decoder cache (see
+    :class:`~aiayn.serve.jobs.CacheBudget`): a job that alone is over it is refused at
+    :meth:`submit`, so memory stays bounded whatever the beam and lengths.
     ``batch_wait_ms`` is how long to wait for more jobs when a batch starts with room;
     ``max_queue`` bounds the sentences waiting; ``continuous=False`` batches whole
     requests only (the scheduler before continuous batching, kept for comparison).
@@ -125,7 +73,8 @@ class BatchWorker:
     Joining a running batch costs a copy of its decoder cache, so queued sentences join
     together once they number ``join_ratio`` x the sentences running, or once the oldest
     of them has waited ``join_wait_steps`` decoding steps (as TGI's waiting_served_ratio
-    and max_waiting_tokens); an idle worker starts at once."""
+    and max_waiting_tokens); an idle worker starts at once. ``on_death(reason)`` is
+    called if the thread dies (after every job it held has been failed)."""
 
     def __init__(
         self,
@@ -137,6 +86,8 @@ class BatchWorker:
         continuous: bool = True,
         join_ratio: float = 0.25,
         join_wait_steps: int = 8,
+        max_cache_tokens: int = DEFAULT_CACHE_TOKENS,
+        on_death: Callable[[str], None] | None = None,
     ):
         if max_batch_tokens < 1 or batch_wait_ms < 0 or max_queue < 1:
             raise AiaynError(
@@ -145,20 +96,24 @@ class BatchWorker:
         if not (join_ratio >= 0 and join_wait_steps >= 0):
             raise AiaynError("batching needs join_ratio >= 0 and join_wait_steps >= 0")
         self.translator, self.metrics = translator, metrics
+        self.budget = CacheBudget.for_model(max_cache_tokens, translator.model.cfg)
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.wait_s = batch_wait_ms / 1000.0
         self.continuous = continuous
         self.join_ratio, self.join_wait_steps = join_ratio, join_wait_steps
+        self.on_death = on_death
+        self.failure: str | None = None  # why the worker thread died
         self._steps = 0  # decoding steps of continuous batches so far
-        self._queue: deque[Job] = deque()
+        # Under the lock: the queue (oldest first), every job not ended yet, and the
+        # cancellations of running jobs that the worker thread has still to apply.
+        self._queue: dict[Job, None] = {}
         self._queued_sentences = 0
+        self._jobs: dict[int, Job] = {}
+        self._cancels: list[tuple[Job, Status]] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
-        # The continuous batch (worker thread only): its search and the jobs in it.
-        self._search: ContinuousBeamSearch | None = None
-        self._search_key: tuple = ()
-        self._running: list[Job] = []
+        self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
 
     def start(self) -> None:
         self._thread.start()
@@ -184,39 +139,146 @@ class BatchWorker:
         """Nothing to do: this worker records straight into the server's metrics (a
         :class:`~aiayn.serve.process.ProcessWorker` fetches them from its process)."""
 
-    def cancel(self, job: Job) -> None:
-        """Nobody waits for ``job`` any more: drop it from the queue or the batch."""
-        job.cancelled = True  # one store, read by the worker between steps
+    def job(self, job_id: int) -> Job | None:
+        """The job with this id, if it has not ended."""
+        with self._cond:
+            return self._jobs.get(job_id)
+
+    def held(self) -> dict[str, int]:
+        """How many jobs each of the worker's records holds, a snapshot (all 0 when
+        idle: a job that ended is in none of them)."""
+        with self._cond:
+            return {
+                "jobs": len(self._jobs),
+                "queued": len(self._queue),
+                "cancels": len(self._cancels),
+                "running": len(self._batch.jobs),
+                "running_sentences": len(self._batch),
+            }
 
     def submit(self, job: Job) -> None:
-        """Queue ``job`` (called on the event loop; takes the lock only briefly)."""
+        """Queue ``job`` (called on the event loop; takes the lock only briefly). Raises
+        TooLargeError for a job that could never run, QueueFullError or StoppedError."""
+        self.budget.check(job)
         n = len(job.src)
         with self._cond:
             if self._stopping:
-                raise StoppedError("the server is shutting down")
+                raise StoppedError(self.failure or "the server is shutting down")
             if self._queued_sentences + n > self.max_queue:
                 raise QueueFullError(
                     f"the queue is full ({self._queued_sentences} sentences waiting, "
                     f"at most {self.max_queue})"
                 )
-            job.queued_step = self._steps
-            self._queue.append(job)
+            job.queued_step, job.status = self._steps, Status.QUEUED
+            self._queue[job] = None
             self._queued_sentences += n
+            self._jobs[job.id] = job
             self.metrics.set_queue(self._queued_sentences)
+            self.metrics.set_jobs_open(len(self._jobs))
             self._cond.notify()
 
-    # -- the worker thread: taking jobs off the queue ----------------------------------
-    def _key(self, job: Job) -> tuple:
-        """Jobs with equal keys may share a batch."""
-        s = job.settings
-        if self.continuous and s.beam > 1:
-            return ("continuous", s.beam)
-        return ("whole", s, job.attention)
+    def cancel(self, job: Job, why: Status = Status.CANCELLED) -> None:
+        """Nobody waits for ``job`` any more (``why``: CANCELLED or TIMED_OUT). A queued
+        job ends here; a running one leaves its batch before the worker's next step (a
+        whole batch being translated runs to its end, and the job's answer is dropped)."""
+        with self._cond:
+            if job.status is Status.RUNNING:
+                self._cancels.append((job, why))
+                self._cond.notify()
+                return
+            if job.status is not Status.QUEUED:
+                return  # ended already
+            self._dequeue(job)  # the worker can no longer take it
+        self.finish(job, Outcome(why))
+
+    def finish(self, job: Job, outcome: Outcome) -> None:
+        """The one place where a job ends, whatever the ending: out of every record (the
+        queue, the running batch), counted, and answered, exactly once. A running job is
+        the worker thread's: only that thread finishes it."""
+        if job.status is Status.RUNNING:
+            self._batch.cancel(job)  # no-op unless its sentences are still decoding
+        with self._cond:
+            if job.status.ended:
+                return
+            self._dequeue(job)
+            self._jobs.pop(job.id, None)
+            job.status = outcome.status
+            self.metrics.set_jobs_open(len(self._jobs))
+        self.metrics.job_ended(outcome.status.value)
+        if outcome.status is Status.DONE:
+            self.metrics.sentences_done(len(job.src))
+        job.reply(outcome)
+
+    # -- the queue (under the lock) -----------------------------------------------------
+    def _dequeue(self, job: Job) -> None:
+        if job in self._queue:
+            del self._queue[job]
+            self._queued_sentences -= len(job.src)
+            self.metrics.set_queue(self._queued_sentences)
 
     def _take(self, job: Job) -> None:
-        self._queue.remove(job)
-        self._queued_sentences -= len(job.src)
-        self.metrics.set_queue(self._queued_sentences)
+        """The worker takes ``job`` off the queue into a batch: from now on it is the
+        worker thread's, and only that thread ends it."""
+        self._dequeue(job)
+        job.status = Status.RUNNING
+
+    def _fits(self, rows: int, longest: int, beam: int) -> bool:
+        return (
+            rows * longest <= self.max_batch_tokens
+            and self.budget.cost(rows, beam, longest) <= self.budget.max_tokens
+        )
+
+    # -- the worker thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._turn():
+                pass
+        except BaseException as e:  # anything at all: no job may be left waiting
+            self._die(f"{type(e).__name__}: {e}")
+
+    def _turn(self) -> bool:
+        """One decoding step of the continuous batch (queued jobs joining it first), or
+        one whole batch; False once stopping with nothing left to do."""
+        self._apply_cancels()
+        if len(self._batch):
+            self._continue(self._admit())
+            return True
+        batch = self._next_batch()
+        if not batch:
+            with self._cond:
+                return not (self._stopping and not self._queue)
+        self._apply_cancels()  # of jobs taken while the batch gathered
+        batch = [job for job in batch if not job.status.ended]
+        if not batch:
+            return True
+        if isinstance(batch_key(batch[0], self.continuous), ContinuousKey):
+            self._continue(batch)
+        else:
+            self._translate(batch)
+        return True
+
+    def _apply_cancels(self) -> None:
+        with self._cond:
+            cancels, self._cancels = self._cancels, []
+        for job, why in cancels:
+            self.finish(job, Outcome(why))
+        if cancels:
+            self.metrics.set_running(len(self._batch))
+
+    def _die(self, reason: str) -> None:
+        """Fail every job the worker holds, refuse new ones, and say why."""
+        self.failure = f"the batching worker failed: {reason}"
+        with self._cond:
+            self._stopping = True
+            jobs, self._cancels = list(self._jobs.values()), []
+        self._batch.clear()  # no model call here: the batch may be what broke
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                self.finish(job, Outcome.failed(StoppedError(self.failure)))
+        self.metrics.set_running(0)
+        if self.on_death is not None:
+            with contextlib.suppress(Exception):
+                self.on_death(self.failure)
 
     def _next_batch(self) -> list[Job]:
         """Block for the oldest job, then gather compatible ones (see the class)."""
@@ -225,49 +287,49 @@ class BatchWorker:
                 self._cond.wait()
             if not self._queue:
                 return []  # stopping and drained
-            first = self._queue[0]
+            first = next(iter(self._queue))
             self._take(first)
-            key, batch = self._key(first), [first]
-            rows, longest = len(first.src), first.longest
+            key, batch = batch_key(first, self.continuous), [first]
+            beam = first.settings.beam
+            rows, longest = first.rows, first.longest
             deadline = time.perf_counter() + self.wait_s
             full = False
             while not full:
                 for job in list(self._queue):
-                    if self._key(job) != key:
+                    if batch_key(job, self.continuous) != key:
                         continue
                     grow = max(longest, job.longest)
-                    if (rows + len(job.src)) * grow > self.max_batch_tokens:
+                    if not self._fits(rows + job.rows, grow, beam):
                         full = True  # keep arrival order: no smaller job jumps ahead
                         break
                     self._take(job)
                     batch.append(job)
-                    rows, longest = rows + len(job.src), grow
+                    rows, longest = rows + job.rows, grow
                 left = deadline - time.perf_counter()
-                if full or left <= 0 or self._stopping:
+                if full or left <= 0 or self._stopping or self._cancels:
                     break
                 self._cond.wait(left)
-        return [job for job in batch if not job.cancelled]
+        return batch
 
+    # -- continuous batching -----------------------------------------------------------
     def _admit(self) -> list[Job]:
         """The queued jobs that join the running continuous batch now: from the oldest on,
-        those with its beam size while the budget allows; none until enough of them wait
+        those with its beam size while the budgets allow; none until enough of them wait
         or the oldest has waited long enough (see the class). Never blocks."""
-        running = rows = len(self._search)
-        longest, joining = self._search.width, []
+        key = self._batch.key
+        running = rows = len(self._batch)
+        longest, joining = self._batch.width, []
         with self._cond:
-            for job in list(self._queue):
-                if job.cancelled:
-                    self._take(job)
-                    continue
-                if self._key(job) != self._search_key:
+            for job in self._queue:
+                if batch_key(job, self.continuous) != key:
                     if self._steps - job.queued_step >= self.join_wait_steps:
                         break  # it has waited enough: let the batch drain, it starts next
                     continue  # it may wait a few steps while later jobs join
                 grow = max(longest, job.longest)
-                if (rows + len(job.src)) * grow > self.max_batch_tokens:
+                if key is None or not self._fits(rows + job.rows, grow, key.beam):
                     break
                 joining.append(job)
-                rows, longest = rows + len(job.src), grow
+                rows, longest = rows + job.rows, grow
             waited = self._steps - joining[0].queued_step if joining else 0
             if rows - running < self.join_ratio * running and waited < self.join_wait_steps:
                 return []
@@ -275,102 +337,40 @@ class BatchWorker:
                 self._take(job)
         return joining
 
-    def _run(self) -> None:
-        while True:
-            if self._search is not None and self._running:
-                self._continue(self._admit())
-                continue
-            batch = self._next_batch()
-            if not batch:
-                with self._cond:
-                    if self._stopping and not self._queue:
-                        return
-                continue
-            if self._key(batch[0])[0] == "continuous":
-                self._continue(batch)
-            else:
-                self._translate(batch)
-
-    # -- continuous batching -----------------------------------------------------------
     def _continue(self, joining: list[Job]) -> None:
-        """Let ``joining`` into the continuous batch, run one decoding step, and answer
-        the jobs whose last sentence is done."""
-        if joining and not self._running:  # a new batch: its first job sets the beam
-            try:
-                self._search = self.translator.continuous_search(joining[0].settings.beam)
-            except Exception as e:  # these jobs fail; the worker carries on
-                self.metrics.batch_failed()
-                for job in joining:
-                    job.resolve(error=e)
-                self._search = None
-                return
-            self._search_key = self._key(joining[0])
-        if joining:
-            self._join(joining)
-        gone = [job for job in self._running if job.cancelled]
-        if gone:  # nobody waits for these any more: stop decoding them
-            self._search.remove({(job, i) for job in gone for i in range(len(job.src))})
-            self._running = [job for job in self._running if job not in gone]
-        running = len(self._search)
+        """Let ``joining`` into the continuous batch, run one decoding step, and end the
+        jobs whose last sentence is done."""
+        self._leave(self._batch.admit(joining))
+        running = len(self._batch)
         self.metrics.set_running(running)
         if not running:
             return
-        try:
-            done = self._search.step()
-        except Exception as e:  # every job in the batch gets it; the worker carries on
-            self.metrics.batch_failed()
-            for job in self._running:
-                job.resolve(error=e)
-            self._running, self._search = [], None
-            self.metrics.set_running(0)
-            return
+        left = self._batch.step()
         self._steps += 1
         self.metrics.batch_ran(running)
-        for (job, i), hypotheses in done:
-            job.ids[i] = [h.tokens for h in hypotheses[: job.settings.n_best]]
-            job.left -= 1
-            if not job.left:
-                self._finish(job)
-        self._running = [job for job in self._running if job.left]
-        self.metrics.set_running(len(self._search))
+        self._leave(left)
+        self.metrics.set_running(len(self._batch))
 
-    def _join(self, joining: list[Job]) -> None:
-        """Add the jobs' sentences to the search: one add (one copy of the batch's cache)
-        per length penalty among them."""
-        for alpha in dict.fromkeys(job.settings.alpha for job in joining):
-            jobs = [job for job in joining if job.settings.alpha == alpha]
-            rows, tags = [], []
-            for job in jobs:
-                job.ids = [[] for _ in job.src]  # a blank line gets no candidates
-                job.left = sum(1 for src in job.src if src)
-                rows += [src for src in job.src if src]
-                tags += [(job, i) for i, src in enumerate(job.src) if src]
-            try:
-                if rows:
-                    pad_id = self.translator.model.cfg.pad_id
-                    self._search.add(pad(rows, pad_id), tags, alpha)
-            except Exception as e:  # the running batch is unchanged: only these jobs fail
-                self.metrics.batch_failed()
-                for job in jobs:
-                    job.resolve(error=e)
-                continue
-            for job in jobs:
-                if job.left:
-                    self._running.append(job)
-                else:
-                    self._finish(job)
+    def _leave(self, left: list[Left]) -> None:
+        """End the jobs that left the running batch: with their results, or failed."""
+        for _ in {id(gone.error) for gone in left if gone.error is not None}:
+            self.metrics.batch_failed()  # once per model error, however many jobs it hit
+        for gone in left:
+            if gone.error is not None:
+                self.finish(gone.job, Outcome.failed(gone.error))
+            else:
+                self.finish(gone.job, self._result(gone.job, gone.outputs))
 
-    def _finish(self, job: Job) -> None:
+    def _result(self, job: Job, outputs: Outputs) -> Outcome:
+        if not job.attention:
+            return Outcome.done(Result(outputs))
         try:
-            maps = self._attention(job.src, job.ids) if job.attention else None
+            return Outcome.done(Result(outputs, self._attention(job.src, outputs)))
         except Exception as e:
             self.metrics.batch_failed()
-            job.resolve(error=e)
-            return
-        self.metrics.sentences_done(len(job.src))
-        job.resolve(Result(job.ids, maps))
+            return Outcome.failed(e)
 
-    def _attention(self, rows: list[list[int]], outputs: list[list[list[int]]]):
+    def _attention(self, rows: list[list[int]], outputs: Outputs) -> list[AttentionMap | None]:
         """The attention maps of each row's best output (None for a blank row)."""
         real = [i for i, src in enumerate(rows) if src]
         found = self.translator.attention_maps(
@@ -384,20 +384,24 @@ class BatchWorker:
     # -- whole batches -----------------------------------------------------------------
     def _translate(self, batch: list[Job]) -> None:
         rows = [src for job in batch for src in job.src]
-        s = batch[0].settings
+        key = batch_key(batch[0], self.continuous)
+        assert isinstance(key, WholeKey)
+        s = key.settings
         try:
             outputs = self.translator.translate_ids(
                 rows, s.beam, s.alpha, s.n_best, batch_size=max(len(rows), 1)
             )
-            maps = self._attention(rows, outputs) if batch[0].attention else None
-        except Exception as e:  # every waiting request gets it; the worker carries on
+            maps = self._attention(rows, outputs) if key.attention else None
+        except Exception as e:  # every job of the batch gets it; the worker carries on
             self.metrics.batch_done(len(rows), ok=False)
             for job in batch:
-                job.resolve(error=e)
+                self.finish(job, Outcome.failed(e))
             return
-        self.metrics.batch_done(len(rows), ok=True)
+        self.metrics.batch_ran(len(rows))
+        self._apply_cancels()  # jobs cancelled meanwhile end as such, not as done
         start = 0
         for job in batch:
             end = start + len(job.src)
-            job.resolve(Result(outputs[start:end], maps[start:end] if maps else None))
+            result = Result(outputs[start:end], maps[start:end] if maps else None)
+            self.finish(job, Outcome.done(result))
             start = end

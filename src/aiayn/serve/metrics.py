@@ -18,7 +18,10 @@ WORKER_FIELDS = (
     "batch_errors",
     "queue_sentences",
     "running_sentences",
+    "jobs_open",
+    "jobs_ended",
 )
+JOB_ENDINGS = ("done", "failed", "cancelled", "timed_out")  # aiayn.serve.jobs.ENDINGS
 
 
 class Histogram:
@@ -56,6 +59,9 @@ class Metrics:
         self.batch_errors = 0
         self.queue_sentences = 0  # set by the worker's queue
         self.running_sentences = 0  # in the continuous batch
+        self.jobs_open = 0  # jobs the batching worker holds (queued or running)
+        self.jobs_ended: dict[str, int] = dict.fromkeys(JOB_ENDINGS, 0)
+        self.jobs_pending = 0  # sent to a worker process, not answered yet
         self.in_flight = 0
 
     def request_done(self, path: str, status: int, seconds: float | None) -> None:
@@ -85,6 +91,17 @@ class Metrics:
     def batch_failed(self) -> None:
         with self._lock:
             self.batch_errors += 1
+
+    def job_ended(self, ending: str) -> None:
+        """A job ended: "done", "failed", "cancelled" or "timed_out"."""
+        with self._lock:
+            self.jobs_ended[ending] += 1
+
+    def set_jobs_open(self, n_jobs: int) -> None:
+        self.jobs_open = n_jobs  # one int store: atomic under the GIL
+
+    def set_jobs_pending(self, n_jobs: int) -> None:
+        self.jobs_pending = n_jobs
 
     def set_running(self, n_sentences: int) -> None:
         self.running_sentences = n_sentences  # one int store: atomic under the GIL
@@ -137,6 +154,17 @@ class Metrics:
                 "# HELP aiayn_running_sentences Sentences in the continuous batch.",
                 "# TYPE aiayn_running_sentences gauge",
                 f"aiayn_running_sentences {self.running_sentences}",
+                "# HELP aiayn_jobs_total Jobs (requests given to the model worker) ended, by "
+                "outcome.",
+                "# TYPE aiayn_jobs_total counter",
+                *(f'aiayn_jobs_total{{outcome="{k}"}} {n}' for k, n in self.jobs_ended.items()),
+                "# HELP aiayn_jobs_open Jobs the model worker holds, queued or running.",
+                "# TYPE aiayn_jobs_open gauge",
+                f"aiayn_jobs_open {self.jobs_open}",
+                "# HELP aiayn_jobs_pending Jobs sent to the worker process and not answered "
+                "yet (0 with a worker thread).",
+                "# TYPE aiayn_jobs_pending gauge",
+                f"aiayn_jobs_pending {self.jobs_pending}",
                 "# HELP aiayn_requests_in_flight POST /translate requests being served.",
                 "# TYPE aiayn_requests_in_flight gauge",
                 f"aiayn_requests_in_flight {self.in_flight}",

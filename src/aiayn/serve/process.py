@@ -3,35 +3,44 @@
 In one process the model worker shares the GIL with the event loop: every HTTP request's
 parsing, JSON and socket work holds up the decoding between two torch calls. Here a child
 process (spawned, so no thread or OpenMP state is forked) runs a :class:`BatchWorker` on its
-own copy of the translator; the server process keeps the HTTP side and tokenization. They
-talk over a pipe in small pickled messages:
+own copy of the translator; the server process keeps the HTTP side and tokenization, and
+no copy of the model. They talk over a pipe in small pickled messages:
 
-    server -> worker:  ("job", id, src, settings, attention) | ("cancel", id)
+    server -> worker:  ("job", id, src, settings, attention) | ("cancel", id, status)
                        | ("metrics",) | ("stop",)
-    worker -> server:  ("done", id, result, error) | ("metrics", state) | ("stopped",)
+    worker -> server:  ("finished", id, outcome) | ("metrics", state) | ("died", reason)
+                       | ("failed", reason) | ("stopped",)
 
-:class:`ProcessWorker` has the BatchWorker's interface (``start``, ``submit``, ``cancel``,
-``stop``, ``alive``), so the app does not care where the model runs. Errors keep their type
-across the pipe (a queue over its limit is still a :class:`QueueFullError`). If the child
-dies, every waiting request gets a :class:`StoppedError` and ``alive`` turns False.
+Every job sent is answered with one "finished" message, whatever its ending (done,
+failed, cancelled, timed out): the child's :meth:`BatchWorker.finish` sends it, and the
+server's :meth:`ProcessWorker.finish` forgets the job and answers the request, so both
+processes forget it. :class:`ProcessWorker` has the BatchWorker's interface (``start``,
+``submit``, ``cancel``, ``stop``, ``alive``, ``failure``), so the app does not care where
+the model runs. Errors keep their type across the pipe (a queue over its limit is still a
+:class:`QueueFullError`). If the child dies, its worker thread dies, or either end's pipe
+reader raises, every waiting request gets a :class:`StoppedError` and ``alive`` turns
+False, with the reason in ``failure``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import multiprocessing as mp
 import pickle
 import signal
 import threading
 from collections import deque
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
 
 from aiayn.errors import AiaynError
-from aiayn.serve.batching import BatchWorker, Job, Reply, StoppedError, future_reply
+from aiayn.serve.batching import BatchWorker
+from aiayn.serve.jobs import CacheBudget, Job, Outcome, Reply, Status, StoppedError, future_reply
 from aiayn.serve.metrics import Metrics
 from aiayn.translator import Translator
 
@@ -40,13 +49,17 @@ class WorkerProcessError(AiaynError):
     """The model worker process could not be started."""
 
 
-def _portable(error: BaseException) -> BaseException:
-    """``error`` if it survives pickling, else a RuntimeError with its type and text."""
+def _portable(outcome: Outcome) -> Outcome:
+    """``outcome`` with an error that survives pickling (else a RuntimeError with its
+    type and text)."""
+    error = outcome.error
+    if error is None:
+        return outcome
     try:
         pickle.loads(pickle.dumps(error))
-        return error
+        return outcome
     except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
+        return replace(outcome, error=RuntimeError(f"{type(error).__name__}: {error}"))
 
 
 class _Pipe:
@@ -54,7 +67,7 @@ class _Pipe:
     threads send). Plain pickle, not multiprocessing's: tensors in attention maps are
     copied, not moved to shared memory."""
 
-    def __init__(self, conn):
+    def __init__(self, conn: Connection):
         self.conn, self._lock = conn, threading.Lock()
 
     def send(self, *message: Any) -> None:
@@ -62,11 +75,11 @@ class _Pipe:
         with self._lock:
             self.conn.send_bytes(data)
 
-    def recv(self) -> tuple:
+    def recv(self) -> tuple[Any, ...]:
         return pickle.loads(self.conn.recv_bytes())
 
 
-def _child(conn, translator_bytes: bytes, worker_kwargs: dict, threads: int) -> None:
+def _child(conn: Connection, translator_bytes: bytes, worker_kwargs: dict, threads: int) -> None:
     """The worker process: load the translator, run a BatchWorker, answer messages until
     told to stop (or until the server process goes away)."""
     # A Ctrl-C reaches the whole process group, and systemd's SIGTERM the whole cgroup:
@@ -76,23 +89,24 @@ def _child(conn, translator_bytes: bytes, worker_kwargs: dict, threads: int) -> 
     pipe = _Pipe(conn)
     torch.set_num_threads(threads)
     metrics = Metrics()
+
+    def tell(*message: Any) -> None:
+        with contextlib.suppress(OSError):  # the server is gone: nobody to tell
+            pipe.send(*message)
+
     try:
         translator = pickle.loads(translator_bytes)
-        worker = BatchWorker(translator, metrics, **worker_kwargs)
+        worker = BatchWorker(
+            translator, metrics, on_death=lambda reason: tell("died", reason), **worker_kwargs
+        )
     except Exception as e:
-        pipe.send("failed", f"{type(e).__name__}: {e}")
+        tell("failed", f"{type(e).__name__}: {e}")
         return
     del translator_bytes
     worker.start()
-    jobs: dict[int, Job] = {}
 
-    def reply_for(job_id: int):
-        def reply(value: Any, error: BaseException | None) -> None:
-            jobs.pop(job_id, None)
-            with contextlib.suppress(OSError):  # the server is gone: nobody to tell
-                pipe.send("done", job_id, value, None if error is None else _portable(error))
-
-        return reply
+    def reply_for(job_id: int) -> Reply:
+        return lambda outcome: tell("finished", job_id, _portable(outcome))
 
     try:
         while True:
@@ -100,34 +114,36 @@ def _child(conn, translator_bytes: bytes, worker_kwargs: dict, threads: int) -> 
             kind = message[0]
             if kind == "job":
                 _, job_id, src, settings, attention = message
-                job = Job(src, settings, attention, reply_for(job_id))
-                jobs[job_id] = job
+                job = Job(src, settings, attention, reply_for(job_id), id=job_id)
                 try:
                     worker.submit(job)
                 except AiaynError as e:  # queue full, stopping: answered at once
-                    job.resolve(error=e)
+                    worker.finish(job, Outcome.failed(e))
             elif kind == "cancel":
-                job = jobs.get(message[1])
+                job = worker.job(message[1])
                 if job is not None:
-                    worker.cancel(job)
+                    worker.cancel(job, Status(message[2]))
             elif kind == "metrics":
-                pipe.send("metrics", metrics.worker_state())
+                tell("metrics", metrics.worker_state())
             elif kind == "stop":
                 break
     except (EOFError, OSError):  # the server process is gone: nobody waits for answers
         return
+    except BaseException as e:  # the server fails every waiting request, then stops us
+        tell("died", f"the worker process's pipe reader failed: {type(e).__name__}: {e}")
+        return
     worker.stop()  # the queued and running jobs finish first
-    with contextlib.suppress(OSError):
-        pipe.send("stopped")
+    tell("stopped")
 
 
 class ProcessWorker:
     """A :class:`BatchWorker` in a child process (see the module). ``translator`` must be
-    picklable; it is copied to the child once, at construction. The child uses as many
-    torch threads as this process has when :meth:`start` runs."""
+    picklable; it is copied to the child once, at construction, and not kept here. The
+    child uses as many torch threads as this process has when :meth:`start` runs."""
 
     def __init__(self, translator: Translator, metrics: Metrics, **worker_kwargs: Any):
-        BatchWorker(translator, metrics, **worker_kwargs)  # check the settings here
+        checked = BatchWorker(translator, metrics, **worker_kwargs)  # check the settings here
+        self.budget: CacheBudget = checked.budget  # a job too large is refused here
         try:
             self._translator_bytes = pickle.dumps(translator, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
@@ -136,12 +152,12 @@ class ProcessWorker:
                 f"{e}); serve it with a worker thread instead"
             ) from None
         self.metrics, self._kwargs = metrics, worker_kwargs
-        self._ids = itertools.count()
         self._pending: dict[int, Job] = {}  # sent, not answered yet
         self._metric_waiters: deque[Reply] = deque()  # answers to "metrics", in order
         self._lock = threading.Lock()
         self._stopping = False
-        self._process = None
+        self.failure: str | None = None  # why the worker stopped serving, if it did
+        self._process: BaseProcess | None = None
         self._pipe: _Pipe | None = None
         self._reader = threading.Thread(target=self._read, name="aiayn-worker-pipe", daemon=True)
 
@@ -162,38 +178,57 @@ class ProcessWorker:
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.is_alive() and self._reader.is_alive()
+        return (
+            self.failure is None
+            and self._process is not None
+            and self._process.is_alive()
+            and self._reader.is_alive()
+        )
 
     @property
     def pid(self) -> int | None:
         """The worker process's id (None before :meth:`start`)."""
         return self._process.pid if self._process is not None else None
 
-    def submit(self, job: Job) -> None:
-        """Send ``job`` to the worker process; its reply comes back through ``job.reply``."""
+    def held(self) -> dict[str, int]:
+        """Jobs sent and not answered, and metric requests not answered (0 when idle)."""
         with self._lock:
-            if self._stopping or not self._reader.is_alive():
-                raise StoppedError("the server is shutting down")
-            job_id = next(self._ids)
-            self._pending[job_id] = job
+            return {"pending": len(self._pending), "metric_waiters": len(self._metric_waiters)}
+
+    def submit(self, job: Job) -> None:
+        """Send ``job`` to the worker process; its outcome comes back through
+        :meth:`finish`. Raises TooLargeError for a job that could never run."""
+        self.budget.check(job)
+        with self._lock:
+            if self._stopping or self._pipe is None:
+                raise StoppedError(self.failure or "the server is shutting down")
+            self._pending[job.id] = job
+            self.metrics.set_jobs_pending(len(self._pending))
         try:
-            self._pipe.send("job", job_id, job.src, job.settings, job.attention)
+            self._pipe.send("job", job.id, job.src, job.settings, job.attention)
         except OSError:
-            self._forget(job_id)
+            with self._lock:
+                self._pending.pop(job.id, None)
+                self.metrics.set_jobs_pending(len(self._pending))
             raise StoppedError("the model worker process has stopped") from None
 
-    def cancel(self, job: Job) -> None:
-        """Nobody waits for ``job`` any more: the worker drops it from its queue or batch."""
-        job.cancelled = True
-        with self._lock:  # a rare event: a scan, rather than a second map to keep in step
-            job_id = next((i for i, pending in self._pending.items() if pending is job), None)
-        if job_id is not None:
-            with contextlib.suppress(OSError):
-                self._pipe.send("cancel", job_id)
-
-    def _forget(self, job_id: int) -> Job | None:
+    def cancel(self, job: Job, why: Status = Status.CANCELLED) -> None:
+        """Nobody waits for ``job`` any more: the worker drops it from its queue or batch,
+        and answers it (as ``why``), which ends it here too."""
         with self._lock:
-            return self._pending.pop(job_id, None)
+            if job.id not in self._pending or self._pipe is None:
+                return
+        with contextlib.suppress(OSError):
+            self._pipe.send("cancel", job.id, why.value)
+
+    def finish(self, job_id: int, outcome: Outcome) -> None:
+        """This side's end of a job: forget it and answer its request."""
+        with self._lock:
+            job = self._pending.pop(job_id, None)
+            self.metrics.set_jobs_pending(len(self._pending))
+        if job is not None:
+            job.status = outcome.status
+            job.reply(outcome)
 
     async def refresh_metrics(self, timeout: float = 5.0) -> None:
         """Copy the worker's counters and gauges (batches, queue) into this process's
@@ -201,21 +236,22 @@ class ProcessWorker:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
-            if not self.alive:
+            if not self.alive or self._pipe is None:
                 return
             self._metric_waiters.append(future_reply(loop, future))
         try:
             self._pipe.send("metrics")
-            state = await asyncio.wait_for(future, timeout)
+            outcome = await asyncio.wait_for(future, timeout)
         except (OSError, asyncio.TimeoutError):
             return
-        self.metrics.set_worker_state(state)
+        if outcome.status is Status.DONE:
+            self.metrics.set_worker_state(outcome.value)
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Let the worker finish its queued and running jobs, then end it."""
         with self._lock:
             self._stopping = True
-        if self._process is None:
+        if self._process is None or self._pipe is None:
             return
         with contextlib.suppress(OSError):
             self._pipe.send("stop")
@@ -227,34 +263,54 @@ class ProcessWorker:
 
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:
+        assert self._pipe is not None and self._process is not None
         try:
             while True:
                 message = self._pipe.recv()
-                kind = message[0]
-                if kind == "done":
-                    _, job_id, result, error = message
-                    job = self._forget(job_id)
-                    if job is not None:
-                        job.resolve(result, error)
-                elif kind == "metrics":
-                    with self._lock:
-                        reply = self._metric_waiters.popleft()
-                    reply(message[1], None)
-                elif kind == "failed":
-                    self._fail(f"the model worker process failed to start: {message[1]}")
-                    return
-                elif kind == "stopped":
+                if not self._handle(message):
                     break
         except (EOFError, OSError):
             pass
+        except BaseException as e:  # anything at all: no request may be left waiting
+            self._fail(f"the worker pipe's reader failed: {type(e).__name__}: {e}")
+            self._process.kill()  # nobody reads its answers any more
         self._process.join(1)
         code = self._process.exitcode
         self._fail(f"the model worker process has stopped (exit code {code})")
 
-    def _fail(self, message: str) -> None:
-        """Answer every waiting job: no request is left hanging."""
+    def _handle(self, message: tuple[Any, ...]) -> bool:
+        """Act on one message from the worker; False when it has stopped."""
+        kind = message[0]
+        if kind == "finished":
+            self.finish(message[1], message[2])
+        elif kind == "metrics":
+            with self._lock:  # none left when a failure answered them already
+                reply = self._metric_waiters.popleft() if self._metric_waiters else None
+            if reply is not None:
+                reply(Outcome.done(message[1]))
+        elif kind == "died":  # its worker thread failed every job it held; it goes
+            self._fail(message[1])
+            with contextlib.suppress(OSError):
+                assert self._pipe is not None
+                self._pipe.send("stop")
+        elif kind == "failed":
+            self._fail(f"the model worker process failed to start: {message[1]}")
+            return False
+        elif kind == "stopped":
+            return False
+        return True
+
+    def _fail(self, reason: str) -> None:
+        """Answer every waiting job and metrics request, and take no more: no request is
+        left hanging. The first reason given is kept."""
         with self._lock:
             self._stopping = True
-            pending, self._pending = self._pending, {}
-        for job in pending.values():
-            job.resolve(error=StoppedError(message))
+            if self.failure is None:
+                self.failure = reason
+            reason = self.failure
+            pending = list(self._pending)
+            waiters, self._metric_waiters = self._metric_waiters, deque()
+        for job_id in pending:
+            self.finish(job_id, Outcome.failed(StoppedError(reason)))
+        for reply in waiters:
+            reply(Outcome.failed(StoppedError(reason)))

@@ -35,8 +35,10 @@ def serve(
         torch.set_num_threads(threads)
     if not 0 <= port <= 65535:
         raise AiaynError(f"port {port} is out of range 0..65535")
+    app = create_app(translator, cfg)
+    del translator  # with a worker process, the weights now live in that process alone
     config = uvicorn.Config(
-        create_app(translator, cfg),
+        app,
         host=host,
         port=port,
         log_level=log_level,

@@ -1,0 +1,224 @@
+"""One request's work in the model worker, and the one way it ends.
+
+A :class:`Job` is queued, may run (its sentences in a batch), and ends exactly once with
+an :class:`Outcome`: done (a :class:`Result`), failed (an error), cancelled (nobody waits
+for it: the client went away) or timed out (past the request's deadline). vLLM's
+scheduler keeps one status per request and one abort path that frees what the request
+holds; here the status is :attr:`Job.status` and that path is the workers' ``finish``.
+
+Jobs with equal :func:`batch_key` may share a batch, and :class:`CacheBudget` says what a
+batch of them costs in decoder-cache positions, which bounds its memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from aiayn.config import TransformerConfig
+from aiayn.errors import AiaynError
+from aiayn.translator import AttentionMap
+
+
+class QueueFullError(AiaynError):
+    """The queue holds as many sentences as allowed; the client should retry later."""
+
+
+class StoppedError(AiaynError):
+    """The worker is shutting down, or has died, and takes no new work."""
+
+
+class TooLargeError(AiaynError):
+    """A request whose batch alone would hold more decoder cache than a batch may."""
+
+
+class CancelledJobError(AiaynError):
+    """The job was cancelled: nobody waits for its answer any more."""
+
+
+class DeadlineError(AiaynError):
+    """The job ran past its request's deadline and was dropped."""
+
+
+class Status(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"  # in the continuous batch, or in a whole batch being translated
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (Status.QUEUED, Status.RUNNING)
+
+
+ENDINGS = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Decoding settings of one request; only jobs with equal settings share a whole batch.
+    A continuous batch needs an equal beam only: alpha only scores a sentence's finished
+    hypotheses, and n_best only picks among them."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    n_best: int = 1
+
+
+@dataclass(frozen=True)
+class ContinuousKey:
+    """Beam search, continuously batched: sentences of one beam size share the search."""
+
+    beam: int
+
+
+@dataclass(frozen=True)
+class WholeKey:
+    """A whole batch: requests with equal settings (and attention or not) are translated
+    together, start to end."""
+
+    settings: Settings
+    attention: bool
+
+
+BatchKey = ContinuousKey | WholeKey
+
+
+@dataclass
+class Result:
+    """One job's outputs: per sentence its n-best ids, and attention maps when asked."""
+
+    ids: list[list[list[int]]]
+    attention: list[AttentionMap | None] | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: ``status`` is one of :data:`ENDINGS`; ``value`` is the
+    :class:`Result` of a done job, ``error`` what made it fail (picklable: an outcome
+    crosses the worker process's pipe)."""
+
+    status: Status
+    value: Any = None
+    error: BaseException | None = None
+
+    @classmethod
+    def done(cls, value: Any) -> Outcome:
+        return cls(Status.DONE, value)
+
+    @classmethod
+    def failed(cls, error: BaseException) -> Outcome:
+        return cls(Status.FAILED, error=error)
+
+    def unwrap(self) -> Any:
+        """The value of a done job; else the error that says why there is none."""
+        if self.status is Status.DONE:
+            return self.value
+        if self.status is Status.FAILED:
+            raise self.error if self.error is not None else AiaynError("the job failed")
+        if self.status is Status.TIMED_OUT:
+            raise DeadlineError("the request ran past its deadline")
+        raise CancelledJobError("the request was cancelled")
+
+
+Reply = Callable[[Outcome], None]
+_ids = itertools.count()
+
+
+@dataclass(eq=False)  # hashable by identity: its sentences are tagged (job, index)
+class Job:
+    """One request's work. ``reply(outcome)`` is called exactly once, by the worker's
+    ``finish``, from any thread (a :func:`future_reply` hands it to the event loop).
+    ``status`` is written under the worker's lock only."""
+
+    src: list[list[int]]  # token ids per sentence; [] for a blank line
+    settings: Settings
+    attention: bool
+    reply: Reply
+    id: int = field(default_factory=lambda: next(_ids))  # unique in this process
+    status: Status = Status.QUEUED
+    queued_step: int = 0  # the continuous batch's step count when it was queued
+
+    @property
+    def longest(self) -> int:
+        return max((len(s) for s in self.src), default=0)
+
+    @property
+    def rows(self) -> int:
+        """Sentences that the model decodes (blank lines get no candidates)."""
+        return sum(1 for s in self.src if s)
+
+
+def batch_key(job: Job, continuous: bool) -> BatchKey:
+    """Jobs with equal keys may share a batch: beam search joins the continuous batch of
+    its beam size (when ``continuous``), the rest go in whole batches of equal settings."""
+    if continuous and job.settings.beam > 1:
+        return ContinuousKey(job.settings.beam)
+    return WholeKey(job.settings, job.attention)
+
+
+def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:
+    """A :class:`Job` reply that sets ``future``'s result to the outcome, on ``loop``
+    (futures are not thread-safe, so whichever thread ends the job hands it over)."""
+
+    def complete(outcome: Outcome) -> None:
+        if not future.done():  # the request gave up already (client gone, deadline)
+            future.set_result(outcome)
+
+    def reply(outcome: Outcome) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(complete, outcome)
+
+    return reply
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    """What a batch may hold in its decoder cache: ``max_tokens`` positions, counted as
+    rows x beam x (longest source + longest allowed output), the self-attention keys
+    and values every beam row may reach plus the encoder-decoder ones it attends to
+    (for a base model in fp32, 24 KiB a position). ``max_len_a``/``max_len_b`` are the
+    output-length rule of the decoding (fairseq's; see
+    :func:`aiayn.decode.core.length_limits`), capped by the model's ``max_len``."""
+
+    max_tokens: int
+    max_len: int
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+
+    @classmethod
+    def for_model(cls, max_tokens: int, cfg: TransformerConfig) -> CacheBudget:
+        if max_tokens < 1:
+            raise AiaynError(f"the decoder-cache budget must be >= 1 position, got {max_tokens}")
+        return cls(max_tokens, cfg.max_len)
+
+    def output_limit(self, src_len: int) -> int:
+        """The most tokens (EOS included) a sentence of ``src_len`` tokens may produce."""
+        return min(int(src_len * self.max_len_a + self.max_len_b), self.max_len)
+
+    def cost(self, rows: int, beam: int, longest: int) -> int:
+        """Positions that ``rows`` sentences, the longest ``longest`` tokens, hold at
+        beam size ``beam``."""
+        return rows * beam * (longest + self.output_limit(longest)) if rows else 0
+
+    def cost_of(self, jobs: Sequence[Job], beam: int) -> int:
+        rows = sum(job.rows for job in jobs)
+        return self.cost(rows, beam, max((job.longest for job in jobs), default=0))
+
+    def check(self, job: Job) -> None:
+        """TooLargeError when ``job`` alone is over the budget: it could never run."""
+        need = self.cost_of([job], job.settings.beam)
+        if need > self.max_tokens:
+            raise TooLargeError(
+                f"this request needs {need} decoder-cache positions ({job.rows} sentences x "
+                f"beam {job.settings.beam} x ({job.longest} source + "
+                f"{self.output_limit(job.longest)} output tokens)), more than a batch may "
+                f"hold ({self.max_tokens}): send fewer or shorter sentences, or a smaller beam"
+            )

@@ -1,0 +1,182 @@
+"""The HTTP side of a request, before and after the model: the body and its checks, the
+error responses, the API key, the request counter, and noticing a client that went away.
+
+Every error is a JSON body ``{"error": {"status": N, "message": "..."}}`` with a 4xx or
+5xx status, never a 200 with an error inside.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
+
+from aiayn.serve.metrics import Metrics
+from aiayn.translator import ATTENTION_KINDS, AttentionMap
+
+KNOWN_PATHS = {"/", "/translate", "/health", "/ready", "/info", "/metrics", "/docs"}
+CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, sent to nobody
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class TranslateRequest(BaseModel):
+    """The body of ``POST /translate``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    src: list[str] = Field(description="sentences to translate, one per entry")
+    beam: int = Field(4, description="beam size; 1 = greedy")
+    alpha: float = Field(0.6, description="length penalty (GNMT), >= 0")
+    n_best: int = Field(1, description="candidates per sentence, 1..beam")
+    attention: bool = Field(False, description="also return every layer's attention weights")
+
+
+class ApiError(Exception):
+    """An HTTP error response with a one-line message."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": {"status": status, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def attention_json(amap: AttentionMap | None) -> dict | None:
+    """Pieces and weights ``[layer][head][row][col]``, rounded to 4 decimals."""
+    if amap is None:
+        return None
+    out: dict = {"source": amap.source, "target": amap.target, "target_in": amap.target_in}
+    for kind in ATTENTION_KINDS:
+        out[kind] = [(w * 1e4).round().div(1e4).tolist() for w in amap.weights[kind]]
+    return out
+
+
+def check_key(request: Request, key: str | None) -> None:
+    if key is None:
+        return
+    given = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if given is None and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    if not given:
+        raise ApiError(401, "an API key is required", {"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise ApiError(403, "the API key is wrong")
+
+
+class RequestCounter:
+    """ASGI middleware: counts every HTTP response by path and status and times
+    ``/translate``. Plain ASGI rather than ``@app.middleware``: Starlette's
+    BaseHTTPMiddleware costs a task and a stream per request, on the event loop that
+    shares the GIL with a worker thread (and it would hide a client's disconnect from
+    the endpoint, which reads it from ``receive``)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+        timed = path == "/translate"
+        start, status = time.perf_counter(), 500  # an exception that escapes is a 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if timed:
+            self.metrics.add_in_flight(1)
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            if timed:
+                self.metrics.add_in_flight(-1)
+            seconds = time.perf_counter() - start if timed else None
+            self.metrics.request_done(path, status, seconds)
+
+
+async def client_gone(receive: Receive) -> None:
+    """Return once the client has closed its connection (call it after the body is read).
+
+    uvicorn does not cancel a request's task when its client goes away, and Starlette does
+    not either for a plain (non-streaming) endpoint: the endpoint runs to its end and its
+    response is dropped. All it is told is that ``receive()``, which waits once the body
+    has been read, returns ``http.disconnect`` when the connection is lost (or when the
+    response has been sent, which is why this must stop before then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it passes ``limit`` bytes (declared or streamed); 499
+    if the client goes away while sending it."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body has {declared} bytes, more than the limit of {limit}")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(CLIENT_GONE, "the client closed the connection") from None
+    return b"".join(chunks)
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_request(
+    body: bytes, max_sentences: int, max_beam: int, max_alpha: float
+) -> TranslateRequest:
+    """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON, 422
+    for JSON of the wrong shape or settings out of range."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the body is not UTF-8 (byte {e.start})") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constants)
+    except ValueError as e:
+        raise ApiError(400, f"the body is not valid JSON ({e})") from None
+    try:
+        req = TranslateRequest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ApiError(422, f"{where}: {first['msg']}") from None
+    if not req.src:
+        raise ApiError(422, "src: the list of sentences is empty")
+    if len(req.src) > max_sentences:
+        raise ApiError(422, f"src: {len(req.src)} sentences, at most {max_sentences}")
+    if not 1 <= req.beam <= max_beam:
+        raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
+    if not 1 <= req.n_best <= req.beam:
+        raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({req.beam})")
+    if not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
+        raise ApiError(422, f"alpha: {req.alpha} is out of range 0..{max_alpha}")
+    return req

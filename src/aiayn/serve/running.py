@@ -1,0 +1,145 @@
+"""The continuous batch: which jobs are in it, what they cost, and their outputs so far.
+
+One :class:`RunningBatch` owns one :class:`~aiayn.decode.ContinuousBeamSearch` and the
+jobs whose sentences are in it, so there is one record of what is running: a job joins
+whole (:meth:`~RunningBatch.admit`), leaves when its last sentence is done
+(:meth:`~RunningBatch.step`) or when it is cancelled (:meth:`~RunningBatch.cancel`).
+It never answers a job: it hands back the jobs that left with what they got, and the
+worker ends them (its one ``finish`` path). Used by the worker thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiayn.data.batching import pad
+from aiayn.decode import ContinuousBeamSearch
+from aiayn.serve.jobs import CacheBudget, ContinuousKey, Job
+from aiayn.translator import Translator
+
+Outputs = list[list[list[int]]]  # per sentence of a job, its n-best ids
+
+
+@dataclass
+class _Running:
+    """A job in the batch: its outputs so far and how many of its sentences still run."""
+
+    outputs: Outputs
+    left: int
+
+
+@dataclass
+class Left:
+    """A job that left the batch: with all its outputs, or with the error that stopped it."""
+
+    job: Job
+    outputs: Outputs = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class RunningBatch:
+    """The jobs of one beam size that decode together, a step at a time (see the module).
+    Empty, it holds no search; the first job admitted sets the key (its beam size)."""
+
+    def __init__(self, translator: Translator, budget: CacheBudget):
+        self.translator, self.budget = translator, budget
+        self.key: ContinuousKey | None = None
+        self._search: ContinuousBeamSearch | None = None
+        self._jobs: dict[Job, _Running] = {}
+
+    def __len__(self) -> int:
+        """Sentences running."""
+        return len(self._search) if self._search is not None else 0
+
+    def __contains__(self, job: Job) -> bool:
+        return job in self._jobs
+
+    @property
+    def jobs(self) -> list[Job]:
+        return list(self._jobs)
+
+    @property
+    def width(self) -> int:
+        """The longest source running (0 when empty)."""
+        return max((job.longest for job in self._jobs), default=0)
+
+    def cost(self, joining: Sequence[Job] = ()) -> int:
+        """Decoder-cache positions the batch holds at most, with ``joining`` in it too."""
+        if self.key is None and not joining:
+            return 0
+        beam = self.key.beam if self.key is not None else joining[0].settings.beam
+        return self.budget.cost_of([*self._jobs, *joining], beam)
+
+    def admit(self, jobs: list[Job]) -> list[Left]:
+        """Let ``jobs`` (of this batch's beam size; any when empty) join between two steps.
+        Returns those that leave at once: all-blank jobs (done, no outputs) and jobs whose
+        sentences the model rejected (with the error; the running ones are unchanged)."""
+        if not jobs:
+            return []
+        if self._search is None:
+            beam = jobs[0].settings.beam
+            try:
+                self._search = self.translator.continuous_search(beam)
+            except Exception as e:  # these jobs fail; nothing was running
+                return [Left(job, error=e) for job in jobs]
+            self.key = ContinuousKey(beam)
+        left: list[Left] = []
+        # One add (one copy of the batch's cache) per length penalty among them.
+        for alpha in dict.fromkeys(job.settings.alpha for job in jobs):
+            group = [job for job in jobs if job.settings.alpha == alpha]
+            rows = [src for job in group for src in job.src if src]
+            tags = [(job, i) for job in group for i, src in enumerate(job.src) if src]
+            try:
+                if rows:
+                    self._search.add(pad(rows, self.translator.model.cfg.pad_id), tags, alpha)
+            except Exception as e:
+                left += [Left(job, error=e) for job in group]
+                continue
+            for job in group:
+                outputs: Outputs = [[] for _ in job.src]  # a blank line gets no candidates
+                if job.rows:
+                    self._jobs[job] = _Running(outputs, job.rows)
+                else:
+                    left.append(Left(job, outputs))
+        self._drop_search_if_empty()
+        return left
+
+    def step(self) -> list[Left]:
+        """One decoding step of every running sentence; returns the jobs whose last
+        sentence is done, with their outputs. If the model raises, every job leaves with
+        the error and the batch is empty."""
+        if self._search is None or not len(self._search):
+            return []
+        try:
+            done = self._search.step()
+        except Exception as e:
+            return [Left(job, error=e) for job in self.clear()]
+        finished = []
+        for (job, i), hypotheses in done:
+            running = self._jobs[job]
+            running.outputs[i] = [h.tokens for h in hypotheses[: job.settings.n_best]]
+            running.left -= 1
+            if not running.left:
+                finished.append(Left(job, self._jobs.pop(job).outputs))
+        self._drop_search_if_empty()
+        return finished
+
+    def cancel(self, job: Job) -> None:
+        """Stop decoding ``job``'s sentences (nobody waits for them any more)."""
+        if self._jobs.pop(job, None) is None or self._search is None:
+            return
+        self._search.remove({(job, i) for i in range(len(job.src))})
+        self._drop_search_if_empty()
+
+    def clear(self) -> list[Job]:
+        """Drop every job (and the search); returns them."""
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        self._search, self.key = None, None
+        return jobs
+
+    def _drop_search_if_empty(self) -> None:
+        """A search with no sentences goes: the next job may bring another beam size."""
+        if not self._jobs:
+            self._search, self.key = None, None

@@ -1,0 +1,201 @@
+"""The serving worker's parts on their own (no HTTP): the decoder-cache budget, the
+continuous batch (:class:`RunningBatch`: admit, cancel, step -> finished jobs), and the
+job lifecycle of :class:`BatchWorker` (every job ends once, through ``finish``; a cancel
+while queued or running; a worker thread that dies fails every job it holds)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.decode.core import length_limits
+from aiayn.serve.batching import BatchWorker
+from aiayn.serve.jobs import (
+    CacheBudget,
+    ContinuousKey,
+    Job,
+    Outcome,
+    Settings,
+    Status,
+    StoppedError,
+    TooLargeError,
+    WholeKey,
+    batch_key,
+)
+from aiayn.serve.metrics import Metrics
+from aiayn.serve.running import RunningBatch
+from aiayn.translator import Translator
+from conftest import tiny_config
+from sample_data import PAIRS
+from serve_util import ControlledTranslator
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def translator(sample_model_dir) -> Translator:
+    return Translator(*load_model(resolve_checkpoint(sample_model_dir())))
+
+
+class Outcomes:
+    """Replies that record each job's outcome (and that each job is answered once)."""
+
+    def __init__(self) -> None:
+        self.got: dict[int, list[Outcome]] = {}
+        self.event = threading.Condition()
+
+    def job(self, src: list[list[int]], beam: int = 4, **kwargs) -> Job:
+        holder: list[Job] = []
+
+        def reply(outcome: Outcome) -> None:
+            with self.event:
+                self.got.setdefault(holder[0].id, []).append(outcome)
+                self.event.notify_all()
+
+        job = Job(src, Settings(beam=beam, **kwargs), False, reply)
+        holder.append(job)
+        return job
+
+    def wait(self, job: Job, timeout: float = 30.0) -> Outcome:
+        with self.event:
+            assert self.event.wait_for(lambda: job.id in self.got, timeout), "no answer"
+            return self.got[job.id][0]
+
+
+@pytest.mark.parametrize("max_len", [64, 256])
+def test_the_budget_uses_the_decoders_length_rule(max_len):
+    cfg = tiny_config(max_len=max_len)
+    for a, b in [(1.0, 50), (1.2, 10), (0.5, 0), (2.0, 200)]:
+        budget = CacheBudget(10**9, max_len, a, b)
+        lengths = list(range(1, 300))
+        src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+        for i, n in enumerate(lengths):
+            src[i, :n] = 3
+        want = length_limits(cfg, src, None, a, b).tolist()
+        assert [budget.output_limit(n) for n in lengths] == want
+    budget = CacheBudget(1000, max_len)
+    assert budget.cost(3, 4, 10) == 3 * 4 * (10 + 60)
+    with pytest.raises(TooLargeError, match="2 sentences x beam 4 x \\(100 source \\+ "):
+        budget.check(Outcomes().job([[5] * 100, [], [5] * 7]))
+
+
+def test_batch_keys_are_frozen_dataclasses():
+    outcomes = Outcomes()
+    a, b = outcomes.job([[5]], beam=4, alpha=0.2), outcomes.job([[6]], beam=4, alpha=1.0)
+    assert batch_key(a, True) == batch_key(b, True) == ContinuousKey(4)  # alpha may differ
+    assert batch_key(a, False) == WholeKey(Settings(4, 0.2), False) != batch_key(b, False)
+    greedy = outcomes.job([[5]], beam=1)
+    assert isinstance(batch_key(greedy, True), WholeKey)
+    assert len({batch_key(a, True), batch_key(b, True), batch_key(greedy, True)}) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch_key(a, True).beam = 5  # type: ignore[misc]
+
+
+def test_a_running_batch_admits_steps_and_cancels(translator):
+    ids = [translator.encode(de) for de, _ in PAIRS[:6]]
+    outcomes = Outcomes()
+    a = outcomes.job([ids[0], [], ids[1]], beam=3)
+    b = outcomes.job([ids[2]], beam=3, alpha=1.0, n_best=2)
+    c = outcomes.job([ids[3], ids[4]], beam=3)
+    blank = outcomes.job([[]], beam=3)
+    batch = RunningBatch(translator, CacheBudget.for_model(10**6, translator.model.cfg))
+    assert batch.admit([a, blank]) and batch.key == ContinuousKey(3)  # blank leaves at once
+    assert len(batch) == 2 and batch.jobs == [a]
+    batch.step()
+    assert batch.admit([b, c]) == []  # two length penalties: two adds
+    assert len(batch) == 5 and batch.width == max(len(s) for s in ids[:5])
+    batch.step()
+    batch.cancel(c)  # its two sentences leave; nobody gets its outputs
+    assert len(batch) == 3 and c not in batch
+    finished = {}
+    while len(batch):
+        for gone in batch.step():
+            assert gone.error is None
+            finished[gone.job.id] = gone.outputs
+    assert set(finished) == {a.id, b.id}
+    assert finished[a.id] == translator.translate_ids(a.src, beam=3)
+    assert finished[b.id] == translator.translate_ids(b.src, beam=3, alpha=1.0, n_best=2)
+    assert batch.key is None and batch.jobs == [] and batch.width == 0
+
+
+def test_a_failing_step_empties_the_batch_and_names_every_job(translator):
+    controlled = ControlledTranslator(translator.model, translator.tokenizer)
+    controlled.fail_at_running = 1
+    outcomes = Outcomes()
+    jobs = [outcomes.job([translator.encode(de)], beam=2) for de, _ in PAIRS[:2]]
+    batch = RunningBatch(controlled, CacheBudget.for_model(10**6, translator.model.cfg))
+    batch.admit(jobs)
+    left = batch.step()
+    assert [gone.job for gone in left] == jobs
+    assert all("fell over" in str(gone.error) for gone in left)
+    assert len(batch) == 0 and batch.key is None
+
+
+def test_cancel_while_queued_and_while_running_ends_each_job_once(translator):
+    controlled = ControlledTranslator(translator.model, translator.tokenizer)
+    metrics = Metrics()
+    worker = BatchWorker(controlled, metrics, batch_wait_ms=0, join_ratio=0)
+    outcomes = Outcomes()
+    ids = [translator.encode(de) for de, _ in PAIRS[:3]]
+    running, queued, late = (outcomes.job([s], beam=b) for s, b in zip(ids, (4, 2, 4)))
+    controlled.gate.clear()
+    worker.start()
+    try:
+        worker.submit(running)
+        assert controlled.entered.wait(10)  # its first step waits at the gate
+        worker.submit(queued)  # another beam size: waits for the batch to drain
+        worker.submit(late)
+        assert worker.held()["queued"] == 2 and metrics.queue_sentences == 2
+        worker.cancel(queued)  # queued: ends here and now
+        assert outcomes.wait(queued).status is Status.CANCELLED
+        assert worker.held()["queued"] == 1 and metrics.queue_sentences == 1
+        worker.cancel(running, Status.TIMED_OUT)  # running: leaves before the next step
+        controlled.gate.set()
+        assert outcomes.wait(running).status is Status.TIMED_OUT
+        assert outcomes.wait(late).status is Status.DONE
+        worker.cancel(late)  # ended already: nothing happens
+        worker.cancel(queued)
+    finally:
+        controlled.gate.set()
+        worker.stop()
+    assert all(len(got) == 1 for got in outcomes.got.values()), outcomes.got
+    assert set(worker.held().values()) == {0}, worker.held()
+    assert metrics.jobs_ended == {"done": 1, "failed": 0, "cancelled": 1, "timed_out": 1}
+    assert metrics.jobs_open == metrics.queue_sentences == metrics.running_sentences == 0
+
+
+def test_a_worker_that_dies_fails_every_job_and_refuses_new_ones(translator):
+    controlled = ControlledTranslator(translator.model, translator.tokenizer)
+    deaths: list[str] = []
+    worker = BatchWorker(controlled, Metrics(), batch_wait_ms=0, on_death=deaths.append)
+    outcomes = Outcomes()
+    ids = [translator.encode(de) for de, _ in PAIRS[:2]]
+    first, second = outcomes.job([ids[0]], beam=4), outcomes.job([ids[1]], beam=2)
+
+    def broken_admit():
+        raise ZeroDivisionError("a bug in the scheduler")
+
+    worker._admit = broken_admit  # runs between two steps, outside any model call
+    controlled.gate.clear()
+    worker.start()
+    try:
+        worker.submit(first)
+        assert controlled.entered.wait(10)
+        worker.submit(second)
+        controlled.gate.set()
+        for job in (first, second):
+            outcome = outcomes.wait(job)
+            assert outcome.status is Status.FAILED and isinstance(outcome.error, StoppedError)
+            assert "the batching worker failed: ZeroDivisionError: a bug" in str(outcome.error)
+        worker._thread.join(10)
+        assert not worker.alive and deaths == [worker.failure]
+        with pytest.raises(StoppedError, match="ZeroDivisionError"):
+            worker.submit(outcomes.job([ids[0]]))
+    finally:
+        controlled.gate.set()
+        worker.stop()
+    assert set(worker.held().values()) == {0}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,73 @@ def test_torchrun_refuses_stdin(sample_model_dir):
     done = torchrun("translate", "--model", str(sample_model_dir(False)), "--quiet")
     assert done.returncode != 0
     assert "several processes read an input file, not stdin" in done.stderr
+
+
+def test_the_collective_timeout_is_passed_to_the_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from aiayn import distributed
+    from aiayn.errors import AiaynError
+
+    joined: dict = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: joined.update(kwargs))
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    world = distributed.init_from_env("cpu", timeout_minutes=2.5)
+    assert world == World(1, 2, 1)
+    assert joined == {"backend": "gloo", "timeout": timedelta(minutes=2.5)}
+    with pytest.raises(AiaynError, match="collective timeout must be > 0 minutes"):
+        distributed.init_from_env("cpu", timeout_minutes=0)
+
+
+class _UnpicklableError(Exception):
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+def _forwarding(rank: int, store: str, out_dir: str) -> None:
+    """Rank ``rank`` of 2 (spawned): what on_main and on_every_rank raise where."""
+    import torch.distributed as dist
+
+    from aiayn.train.rundir import RunDirectory
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    run = RunDirectory(Path(out_dir), World(rank, 2), lambda _: None)
+    assert run.on_main(lambda: rank * 10 + 7) == 7  # rank 0's result, everywhere
+
+    def fails_on_main() -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/nowhere/data")
+
+    with pytest.raises(FileNotFoundError) as raised:
+        run.on_main(fails_on_main)
+    assert raised.value.filename == "/nowhere/data" and raised.value.errno == 2
+
+    def unpicklable() -> None:
+        raise _UnpicklableError("a bug on rank 0")
+
+    with pytest.raises(_UnpicklableError if rank == 0 else RuntimeError, match="a bug on rank 0"):
+        run.on_main(unpicklable)
+
+    def fails_on_rank_1() -> int:
+        if rank == 1:
+            raise ValueError("rank 1 cannot read it")
+        return 1
+
+    with pytest.raises(ValueError, match="rank 1 cannot read it"):
+        run.on_every_rank(fails_on_rank_1)
+    assert run.on_every_rank(lambda: rank) == rank  # no error: each its own result
+    (Path(out_dir) / f"ok{rank}").write_text("ok")
+    dist.destroy_process_group()
+
+
+def test_any_error_of_rank_0_or_any_rank_is_raised_on_every_rank(tmp_path, monkeypatch):
+    import torch.multiprocessing as tmp
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "run"
+    tmp.start_processes(
+        _forwarding, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="spawn"
+    )
+    assert (out / "ok0").is_file() and (out / "ok1").is_file()

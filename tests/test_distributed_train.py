@@ -272,3 +272,75 @@ def test_resume_auto_starts_or_resumes(tmp_path, data, max_tokens):
     argv[argv.index("max_steps=2")] = "max_steps=4"
     assert main(argv) == 0  # resumed
     assert [r["step"] for r in records(out)] == [1, 2, 3, 4]
+
+
+def test_an_error_on_rank_0_during_set_up_ends_every_rank_at_once(tmp_path, data, max_tokens):
+    """Rank 0 cannot write the run's recipe (an OSError, not a library error): every rank
+    exits with that message within seconds, none waits for the collective timeout."""
+    out = tmp_path / "run"
+    (out / "recipe.yaml").mkdir(parents=True)  # so writing the recipe there fails
+    logs = tmp_path / "logs"
+    args = train_args(data, out, max_tokens, "collective_timeout_minutes=10")
+    command = torchrun_command(
+        "--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), "--redirects", "3"
+    )
+    start = time.monotonic()
+    done = subprocess.run([*command, *args], env=env(), capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    assert done.returncode != 0
+    assert seconds < 90, f"{seconds:.0f} s: a rank waited for one that had failed"
+    errs = sorted(logs.rglob("stderr.log"))
+    assert len(errs) == 2, errs
+    for err in errs:  # both ranks: rank 0's error, with its message
+        text = err.read_text()
+        assert "IsADirectoryError" in text and f"{out / 'recipe.yaml'}" in text, text[-2000:]
+
+
+VALIDATE = """\
+import json, sys
+from pathlib import Path
+from aiayn.train.recipe import Recipe
+from aiayn.train.trainer import Trainer
+
+out, dest = Path(sys.argv[1]), Path(sys.argv[2])
+recipe = Recipe.from_yaml(out / "recipe.yaml", sys.argv[3:])
+trainer = Trainer(recipe, out, resume=True, log=lambda *_: None)
+(dest / f"rank{trainer.world.rank}.json").write_text(json.dumps(trainer.validate()))
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data, max_tokens) -> Path:
+    """A run trained long enough that its validation BLEU is not 0."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    longer = ("max_steps=150", "max_epochs=100", "valid_every_steps=1000")
+    assert main(["train", *train_args(data, run, max_tokens, *longer)]) == 0
+    assert records(run, "valid")[-1]["bleu"] > 0
+    return run
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_validation_on_two_processes_equals_one(tmp_path, trained, beam):
+    """The same weights validated by 1 process and by 2 (each its share of the batches
+    and sentences): the same loss, perplexity and BLEU, on every rank."""
+    run = trained  # resumed read-only: validation writes nothing
+    script = tmp_path / "validate.py"
+    script.write_text(VALIDATE)
+    results = {}
+    for nproc in (1, 2):
+        dest = tmp_path / f"valid{nproc}"
+        dest.mkdir()
+        argv = [str(script), str(run), str(dest), f"valid_beam={beam}"]
+        if nproc == 1:
+            command = [sys.executable, *argv]
+        else:
+            launcher = ["--standalone", "--nproc-per-node", "2"]
+            command = [sys.executable, "-m", "torch.distributed.run", *launcher, *argv]
+        done = subprocess.run(command, env=env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        results[nproc] = [json.loads(p.read_text()) for p in sorted(dest.glob("rank*.json"))]
+    (one,), (first, second) = results[1], results[2]
+    assert first == second  # every rank has the figures
+    assert first["bleu"] == one["bleu"] and one["bleu"] > 0
+    assert first["loss"] == pytest.approx(one["loss"], rel=1e-9)
+    assert first["ppl"] == pytest.approx(one["ppl"], rel=1e-9)

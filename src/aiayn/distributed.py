@@ -7,6 +7,7 @@ Backends: NCCL between GPUs, gloo on CPUs.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +17,11 @@ import torch
 import torch.distributed as dist
 
 from aiayn.errors import AiaynError
+
+# How long a rank waits in a collective (or at start-up, for the others to join) before
+# the job fails. Long enough for rank 0 to prepare raw text while the others wait; a
+# recipe sets its own (``collective_timeout_minutes``).
+COLLECTIVE_TIMEOUT_MINUTES = 30.0
 
 
 @dataclass(frozen=True)
@@ -84,23 +90,33 @@ def _env_int(name: str, default: int) -> int:
         raise AiaynError(f"environment variable {name}={value!r} is not a number") from None
 
 
-def init_from_env(device: str = "cpu") -> World:
+def init_from_env(
+    device: str = "cpu", timeout_minutes: float = COLLECTIVE_TIMEOUT_MINUTES
+) -> World:
     """Join the process group that torchrun's environment describes (gloo on the CPU, NCCL
-    for ``cuda``); a world of one when there is none. Safe to call twice."""
+    for ``cuda``); a world of one when there is none. Safe to call twice (the first call's
+    timeout holds). A collective that waits longer than ``timeout_minutes`` for another
+    rank raises, instead of hanging the job (torch's default is 30 min for gloo, 10 for
+    NCCL: here it is explicit)."""
+    if not (timeout_minutes > 0 and math.isfinite(timeout_minutes)):
+        raise AiaynError(f"the collective timeout must be > 0 minutes, got {timeout_minutes}")
     world = World(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
     if world.size > 1 and not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
-        store = _attempt_store(world)
+        timeout = timedelta(minutes=timeout_minutes)
+        store = _attempt_store(world, timeout)
         if store is None:
-            dist.init_process_group(backend=backend)
+            dist.init_process_group(backend=backend, timeout=timeout)
         else:
-            dist.init_process_group(backend, store=store, rank=world.rank, world_size=world.size)
+            dist.init_process_group(
+                backend, store=store, rank=world.rank, world_size=world.size, timeout=timeout
+            )
     return world
 
 
-def _attempt_store(world: World) -> dist.Store | None:
+def _attempt_store(world: World, timeout: timedelta) -> dist.Store | None:
     """Under torchrun, the rendezvous store seen through a prefix of its own for this
     restart (TORCHELASTIC_RESTART_COUNT); None elsewhere (plain env:// set-up).
 
@@ -116,7 +132,7 @@ def _attempt_store(world: World) -> dist.Store | None:
         _env_int("MASTER_PORT", 29500),
         world.size,
         is_master=not agent_hosts_store and world.rank == 0,
-        timeout=timedelta(minutes=30),
+        timeout=timeout,
         multi_tenant=not agent_hosts_store,
     )
     return dist.PrefixStore(f"aiayn/attempt{restart}/", store)

@@ -38,6 +38,12 @@ class MetricsLog:
                 if isinstance(value, (int, float)):
                     self.tb.add_scalar(f"{kind}/{key}", value, step)
 
+    def flush(self) -> None:
+        """Put every line written so far on disk (before a checkpoint: a run resumed from
+        it after a kill then has the log of every step up to it)."""
+        if self.enabled:
+            self.file.flush()
+
     def close(self) -> None:
         if not self.enabled:
             return

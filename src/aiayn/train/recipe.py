@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
 
 
@@ -62,6 +63,9 @@ class Recipe:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a dynamic loss scale)
     compile: bool = False  # the training step through torch.compile (inductor)
     max_skipped_updates: int = 20  # stop after this many non-finite updates in a row
+    # Several processes: a rank that waits longer than this in a collective (for a rank
+    # that hangs or is gone) fails the job, naming the collective, instead of hanging it.
+    collective_timeout_minutes: float = COLLECTIVE_TIMEOUT_MINUTES
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:

@@ -3,9 +3,11 @@ warmup schedule, validation with BLEU, atomic checkpoints and exact resume.
 
 Under ``torchrun`` the same loop runs data-parallel: every rank plans the same epoch,
 each update takes the next ``world size x update_freq`` batches of that plan and each rank
-runs its share (:mod:`aiayn.train.update`). Rank 0 alone prints, writes metrics, validates
-and saves; the others wait at a fence after each save. The saved position is a position in
-the global plan, so a run resumes with any number of processes."""
+runs its share (:mod:`aiayn.train.update`). Validation is split the same way: each rank
+scores and translates its share of the validation set. Rank 0 alone prints, writes metrics
+and saves; the others wait until each save is done, and an error rank 0 meets there is
+raised on every rank. The saved position is a position in the global plan, so a run
+resumes with any number of processes, each reading the checkpoint itself."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from aiayn.checkpoint import (
 )
 from aiayn.config import TransformerConfig
 from aiayn.distributed import World, init_from_env
-from aiayn.errors import TrainingError
+from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
@@ -74,11 +76,15 @@ class Trainer:
         if r.threads > 0:
             torch.set_num_threads(r.threads)
         device = resolve_device(r.device)
-        self.world = world or init_from_env(device.type)
+        if not r.collective_timeout_minutes > 0:
+            raise RecipeError(
+                f"collective_timeout_minutes must be > 0, got {r.collective_timeout_minutes}"
+            )
+        self.world = world or init_from_env(device.type, r.collective_timeout_minutes)
         self.device = torch.device(self.world.device(str(device)))
         self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
-        run = RunDirectory(self.out_dir, self.world, self.log)
-        state = run.previous_state(resume)
+        self.run = run = RunDirectory(self.out_dir, self.world, self.log)
+        state = run.previous_state(resume, self.device)
         self.data = run.prepared_data(r, state)
         self.tokenizer = run.tokenizer(r, self.data, state)
         V = self.tokenizer.vocab_size
@@ -104,6 +110,7 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.best_bleu, self.elapsed, self.skipped, self.bad_in_a_row = -1.0, 0.0, 0, 0
         self.epoch_checkpoints: list[str] = []
+        self._metrics: MetricsLog | None = None  # while train() runs
         if state is not None:
             self._restore(state)
             self.log(
@@ -147,13 +154,14 @@ class Trainer:
         }
 
     def _restore(self, state: dict) -> None:
+        """Continue from ``state`` (read onto this rank's device)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["rng"]["torch"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())  # generator states live on the CPU
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
         self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
@@ -162,12 +170,19 @@ class Trainer:
 
     def save(self, name: str, fence: bool = True) -> Path:
         """Rank 0 writes checkpoint ``name`` (atomically); with ``fence``, every rank waits
-        until it is on disk, so no rank runs ahead of the last saved state."""
+        until it is on disk, so no rank runs ahead of the last saved state, and an error in
+        the writing (a full disk) is raised on every rank."""
         path = self.out_dir / name
-        if self.world.is_main:
+
+        def write() -> None:
+            if self._metrics is not None:
+                self._metrics.flush()  # the log of every step up to this state first
             save_checkpoint(self._state(), path)
+
         if fence:
-            self.world.barrier()
+            self.run.on_main(write)
+        elif self.world.is_main:
+            write()
         return path
 
     def _save_kept(self, name: str) -> None:
@@ -183,21 +198,21 @@ class Trainer:
 
     # -- validation -----------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Loss and perplexity on the validation set, and BLEU of its translations."""
+        """Loss and perplexity on the validation set, and BLEU of its translations (with
+        the recipe's ``valid_beam``), the same on every rank; each rank does its share."""
         return validate(
-            self.model, self.valid_data, self.translate_valid(), self.valid_ref,
-            self.recipe.max_tokens, self.recipe.label_smoothing,
+            self.model, self.tokenizer, self.valid_data, self.valid_src, self.valid_ref,
+            self.recipe.valid_beam, self.recipe.max_tokens, self.recipe.label_smoothing,
+            self.world,
         )  # fmt: skip
 
     def translate_valid(self) -> list[str]:
-        """The validation sources translated with the recipe's ``valid_beam``, in order."""
+        """The validation sources translated with the recipe's ``valid_beam``, in order
+        (by this process alone)."""
         return translate_texts(self.model, self.tokenizer, self.valid_src, self.recipe.valid_beam)
 
     def _validate_and_keep_best(self, metrics: MetricsLog) -> None:
-        """Rank 0 validates (and saves the best); the other ranks go on to the next
-        update's first collective, where they wait for it."""
-        if not self.world.is_main:
-            return
+        """Every rank validates its share; rank 0 logs, and saves the best."""
         v = self.validate()
         metrics.write("valid", self.step, epoch=self.epoch + 1, seconds=round(self.elapsed, 2), **v)
         improved = v["bleu"] > self.best_bleu
@@ -208,14 +223,17 @@ class Trainer:
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
         )
         if improved:
-            self.save(BEST, fence=False)  # rank 0 alone validates: the others are not here
+            self.save(BEST)
 
     # -- the loop -------------------------------------------------------------------------
     def train(self, progress: bool = True) -> TrainResult:
         """Train until the recipe's max_epochs, max_steps or time limit; validation and an
         epoch checkpoint at the end of every epoch (or at a stop), checkpoint_last.pt every
         ``save_every_steps`` updates."""
-        metrics = MetricsLog(self.out_dir, enabled=self.world.is_main)
+        opened: list[MetricsLog] = []  # rank 0 opens the log; a failure stops every rank
+        self.run.on_main(lambda: opened.append(MetricsLog(self.out_dir)))
+        metrics = opened[0] if opened else MetricsLog(self.out_dir, enabled=False)
+        self._metrics = metrics
         self._start = time.perf_counter() - self.elapsed
         period = self.recipe.save_every_minutes * 60  # the next multiple of it, after a resume
         self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period if period else 0
@@ -226,6 +244,7 @@ class Trainer:
                 stopped_by = self._run_epoch(metrics, progress)
         finally:
             metrics.close()
+            self._metrics = None
         self.log(
             f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
             f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"

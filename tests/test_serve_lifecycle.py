@@ -317,7 +317,9 @@ def test_the_continuous_batch_stays_within_the_cache_budget(parts):
 def test_with_a_worker_process_the_server_keeps_no_model(parts, sample_model_dir):
     model, tokenizer = load_model(resolve_checkpoint(sample_model_dir()))
     alive = weakref.ref(model)
-    app = create_app(Translator(model, tokenizer), ServeConfig(worker="process"))
+    # The worker process moves the model to its device (a GPU, where the CLI serves one).
+    cfg = ServeConfig(worker="process", worker_device="cpu")
+    app = create_app(Translator(model, tokenizer), cfg)
     del model
     gc.collect()
     assert alive() is None, "the server process still holds the model"
@@ -328,3 +330,10 @@ def test_with_a_worker_process_the_server_keeps_no_model(parts, sample_model_dir
         assert info["device"] == "cpu" and info["heads"] == 4
         r = c.post("/translate", json={"src": ["Ein Hund."]})
         assert r.json()["translations"] == [Translator(*parts).translate(["Ein Hund."])[0][0]]
+
+
+def test_a_worker_device_needs_the_worker_process(parts):
+    from aiayn.errors import AiaynError
+
+    with pytest.raises(AiaynError, match="a worker device needs the worker process"):
+        create_app(Translator(*parts), ServeConfig(worker="thread", worker_device="cpu"))

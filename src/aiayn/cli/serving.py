@@ -41,9 +41,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.threads is not None and args.threads < 1:
         raise AiaynError(f"threads must be >= 1, got {args.threads}")
-    # Loaded once, before the port opens; no name holds it here, so that with a worker
-    # process its weights live in that process alone.
-    serve(translator_for(args), cfg, args.host, args.port, args.threads)
+    if args.worker == "process" and args.device != "cpu":
+        # Loaded on the CPU here and moved to the GPU by the worker process: the server
+        # process never holds the weights on the GPU (nor a CUDA context).
+        from aiayn.checkpoint import resolve_device
+
+        device = str(resolve_device(args.device))  # a device this machine has, or an error
+        if args.quantize and device != "cpu":
+            raise AiaynError(f"int8 quantization runs on the CPU only, not on {device}")
+        cfg.worker_device = device if device != "cpu" else None
+        translator = translator_for(args, device="cpu")
+    else:
+        translator = translator_for(args)  # loaded once, before the port opens
+    serve(translator, cfg, args.host, args.port, args.threads)
     return 0
 
 

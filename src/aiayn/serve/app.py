@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -67,6 +66,7 @@ class ServeConfig:
     """Limits and batching of one server (see ``aiayn serve --help``)."""
 
     worker: str = "process"  # where the model runs: "process" (its own) or "thread"
+    worker_device: str | None = None  # process: move the model there, in that process
     max_batch_tokens: int = 4096  # padded source tokens of a batch
     max_cache_tokens: int = DEFAULT_CACHE_TOKENS  # decoder-cache positions of a batch
     batch_wait_ms: float = 5.0
@@ -94,9 +94,11 @@ class ModelInfo:
     device: str
 
     @classmethod
-    def of(cls, translator: Translator) -> ModelInfo:
+    def of(cls, translator: Translator, device: str | None = None) -> ModelInfo:
+        """``translator``'s, running on ``device`` (default: where it is)."""
         model = translator.model
-        return cls(translator.tokenizer, model.cfg, model.num_parameters(), str(translator.device))
+        device = device or str(translator.device)
+        return cls(translator.tokenizer, model.cfg, model.num_parameters(), device)
 
     @property
     def max_source_tokens(self) -> int:
@@ -133,8 +135,10 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     """The app around a loaded ``translator``; its batching worker starts and stops with
     the app (lifespan), and a first real translation through it makes ``/ready`` pass.
     With ``cfg.worker == "process"`` (the default) the model runs in a child process
-    that gets a copy of ``translator``, which must therefore be picklable; the app then
-    keeps no reference to the model (drop yours, and a GPU holds its weights once)."""
+    that gets a copy of ``translator``, which must therefore be picklable, and the app
+    keeps no reference to the model; with ``cfg.worker_device`` that process moves it to
+    that device (load it on the CPU, and the server process never holds its weights on
+    a GPU)."""
     cfg = cfg or ServeConfig()
     metrics = Metrics()
     batching: dict[str, Any] = {
@@ -148,13 +152,17 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     }
     if not cfg.request_timeout_s > 0:
         raise AiaynError(f"the request timeout must be > 0 seconds, got {cfg.request_timeout_s}")
-    info = ModelInfo.of(translator)
+    info = ModelInfo.of(translator, cfg.worker_device)
     if cfg.worker == "process":  # no GIL shared between the model and the HTTP side
-        worker: BatchWorker | ProcessWorker = ProcessWorker(translator, metrics, **batching)
-        on_cuda = info.device.startswith("cuda")
+        worker: BatchWorker | ProcessWorker = ProcessWorker(
+            translator, metrics, cfg.worker_device, **batching
+        )
         del translator  # the worker process has its copy: keep none here
-        if on_cuda:  # what the weights held here returns to the GPU once they are freed
-            torch.cuda.empty_cache()
+    elif cfg.worker_device is not None:
+        raise AiaynError(
+            "a worker device needs the worker process; with a worker thread, "
+            "load the translator on its device"
+        )
     elif cfg.worker == "thread":
         worker = BatchWorker(translator, metrics, **batching)
         del translator  # the worker holds it

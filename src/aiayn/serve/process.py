@@ -79,9 +79,16 @@ class _Pipe:
         return pickle.loads(self.conn.recv_bytes())
 
 
-def _child(conn: Connection, translator_bytes: bytes, worker_kwargs: dict, threads: int) -> None:
-    """The worker process: load the translator, run a BatchWorker, answer messages until
-    told to stop (or until the server process goes away)."""
+def _child(
+    conn: Connection,
+    translator_bytes: bytes,
+    worker_kwargs: dict,
+    threads: int,
+    device: str | None,
+) -> None:
+    """The worker process: load the translator (onto ``device``, if given), run a
+    BatchWorker, answer messages until told to stop (or until the server process goes
+    away)."""
     # A Ctrl-C reaches the whole process group, and systemd's SIGTERM the whole cgroup:
     # the server process decides when this one stops (a "stop" message, or its exit).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -96,6 +103,9 @@ def _child(conn: Connection, translator_bytes: bytes, worker_kwargs: dict, threa
 
     try:
         translator = pickle.loads(translator_bytes)
+        if device is not None:
+            translator.model.to(device)
+            translator.device = next(translator.model.parameters()).device
         worker = BatchWorker(
             translator, metrics, on_death=lambda reason: tell("died", reason), **worker_kwargs
         )
@@ -138,10 +148,18 @@ def _child(conn: Connection, translator_bytes: bytes, worker_kwargs: dict, threa
 
 class ProcessWorker:
     """A :class:`BatchWorker` in a child process (see the module). ``translator`` must be
-    picklable; it is copied to the child once, at construction, and not kept here. The
-    child uses as many torch threads as this process has when :meth:`start` runs."""
+    picklable; it is copied to the child once, at construction, and not kept here. With
+    ``device``, the child moves the model there (so a translator loaded on the CPU here
+    runs on a GPU that this process never touches). The child uses as many torch threads
+    as this process has when :meth:`start` runs."""
 
-    def __init__(self, translator: Translator, metrics: Metrics, **worker_kwargs: Any):
+    def __init__(
+        self,
+        translator: Translator,
+        metrics: Metrics,
+        device: str | None = None,
+        **worker_kwargs: Any,
+    ):
         checked = BatchWorker(translator, metrics, **worker_kwargs)  # check the settings here
         self.budget: CacheBudget = checked.budget  # a job too large is refused here
         try:
@@ -151,7 +169,7 @@ class ProcessWorker:
                 f"the translator cannot be copied to a worker process ({type(e).__name__}: "
                 f"{e}); serve it with a worker thread instead"
             ) from None
-        self.metrics, self._kwargs = metrics, worker_kwargs
+        self.metrics, self._kwargs, self._device = metrics, worker_kwargs, device
         self._pending: dict[int, Job] = {}  # sent, not answered yet
         self._metric_waiters: deque[Reply] = deque()  # answers to "metrics", in order
         self._lock = threading.Lock()
@@ -166,7 +184,13 @@ class ProcessWorker:
         ours, theirs = context.Pipe(duplex=True)
         self._process = context.Process(
             target=_child,
-            args=(theirs, self._translator_bytes, self._kwargs, torch.get_num_threads()),
+            args=(
+                theirs,
+                self._translator_bytes,
+                self._kwargs,
+                torch.get_num_threads(),
+                self._device,
+            ),
             name="aiayn-model-worker",
             daemon=True,
         )

@@ -33,6 +33,7 @@ check_noam_rate                 ``fn(step, d_model, warmup)``                   
 """
 
 from aiayn.tour.attention import check_attention, check_causal_mask, check_padding_mask
+from aiayn.tour.example import SOURCE_PIECES, TARGET_PIECES, WORKED_SENTENCE, WORKED_VECTORS
 from aiayn.tour.heads import check_multi_head_attention, check_split_heads
 from aiayn.tour.layers import (
     check_decoder_layer,
@@ -50,6 +51,10 @@ from aiayn.tour.training import (
 )
 
 __all__ = [
+    "SOURCE_PIECES",
+    "TARGET_PIECES",
+    "WORKED_SENTENCE",
+    "WORKED_VECTORS",
     "Report",
     "Stage",
     "check_attention",

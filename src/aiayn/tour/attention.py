@@ -72,7 +72,8 @@ def check_attention(fn: Callable[..., object]) -> Report:
         elif torch.allclose(rows, torch.full_like(rows, 1 / math.sqrt(D_K)), atol=1e-4):
             raise FoundBugError(
                 "scale_after_softmax",
-                f"each row of weights sums to {rows.mean():.3f} = 1/sqrt(d_k), not 1: the "
+                f"with d_k = {D_K}, each row of weights sums to {rows.mean():.3f} = "
+                "1/sqrt(d_k), not 1: the "
                 "division by sqrt(d_k) comes after the softmax. It belongs to the scores, "
                 "before the softmax: softmax(q @ k.transpose(-2, -1) / sqrt(d_k)).",
                 "03-scaled-dot-product.md",

@@ -77,8 +77,9 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
             return
         longest = 2 * math.pi / float(w[-1]) if float(w[-1]) > 0 else math.inf
         said = (
-            f"the longest wavelength is {longest:.0f} positions; the paper's run from 2 pi "
-            f"to 10000 * 2 pi (here {2 * math.pi / float(expected[-1]):.0f})"
+            f"the longest wavelength is {longest:.0f} positions; the paper's wavelengths run "
+            f"from 2 pi up to 10000 * 2 pi ({2 * math.pi / float(expected[-1]):.0f} for "
+            f"d_model = {d})"
         )
         if torch.allclose(w, 10000.0 ** (-i / d), rtol=1e-4, atol=1e-9):
             raise FoundBugError(
@@ -106,7 +107,7 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
         f"check_positional_encoding({name_of(fn)})",
         [
             ("returns [max_len, d_model]", table),
-            ("position 0 is sin(0), cos(0), sin(0), ...", position_zero),
+            ("position 0 is sin(0) = 0 and cos(0) = 1, alternately", position_zero),
             ("pair i has the frequency 1/10000^(2i/d_model)", frequencies),
             ("every position follows the formula", every_position),
         ],

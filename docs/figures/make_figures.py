@@ -176,8 +176,9 @@ def training_curves(model_dir: Path) -> None:
         if warmup and warmup <= steps[-1]:
             ax.axvline(warmup, color="#888", ls=":", lw=1)
     if warmup and warmup <= steps[-1]:
-        axes[2].text(warmup, 0, f" end of warmup ({warmup})", fontsize=8, color="#555",
-                     va="bottom")
+        axes[2].text(warmup, 0, f"end of warmup ({warmup}) ", fontsize=8, color="#555",
+                     va="bottom", ha="right")
+
     fig.suptitle(f"training of {model_dir.name} (metrics.jsonl)", fontsize=10)
     save(fig, "training_curves.png")
 
@@ -286,7 +287,7 @@ def attention(model_dir: Path) -> None:
     src = [p.replace("\u2581", "_") for p in m.source]
     tgt = [p.replace("\u2581", "_") for p in m.target]
     size = 0.3 * max(len(src), len(tgt)) + 2
-    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size), layout="constrained")
     for ax, (kind, layer, head), what in (
         (axes[0], prev_key, "a previous-word head"),
         (axes[1], far_key, "a long-range head"),
@@ -312,7 +313,9 @@ def attention(model_dir: Path) -> None:
     cols, rows = 3, (len(panels) + 2) // 3
     width = 0.25 * len(src) + 1.5
     height = 0.25 * len(tgt) + 1.0
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(cols * width, rows * height + 0.6), squeeze=False, layout="constrained"
+    )
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, data, title in zip(axes.flat, panels, titles):

@@ -143,11 +143,22 @@ def test_every_concept_has_a_page():
         assert f"]({page.name})" in index, f"docs/tour/README.md does not link {page.name}"
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown page."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
 def test_links_and_pictures_exist():
-    """Every relative link and picture of the tour (code, figures, other pages) exists."""
+    """Every relative link and picture of the tour (code, figures, other pages) exists, and
+    so does the heading a link to a tour page names."""
     for page in [*PAGES, TOUR / "README.md", TOUR / "glossary.md"]:
-        for target in re.findall(r"\](?!\([a-z]+:)\(([^)#]+)", page.read_text(encoding="utf-8")):
-            assert (TOUR / target).resolve().exists(), f"{page.name}: broken link {target}"
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\](?!\([a-z]+:)\(([^)#]*)#?([^)]*)\)", text):
+            path = (TOUR / target).resolve() if target else page
+            assert path.exists(), f"{page.name}: broken link {target}"
+            if anchor and path.parent == TOUR:
+                assert anchor in _anchors(path), f"{page.name}: no heading #{anchor} in {path.name}"
 
 
 def test_every_page_ends_with_exercises():

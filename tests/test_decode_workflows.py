@@ -261,3 +261,19 @@ def test_cli_decoding_errors_are_one_line(sample_model_dir, tmp_path, capsys, ex
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_forced_eos_ends_outputs_at_the_limit_with_eos_scored_zero(tiny_model, beam):
+    """Hugging Face's forced_eos_token_id: a random model rarely says EOS, so its outputs
+    reach the limit; there the last token is EOS and adds nothing to the log-prob."""
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [4, 6], [1, 1], seed=12)
+    options = DecodeOptions(beam=beam, max_len_a=0.0, max_len_b=5, forced_eos=True)
+    for row, (h, *_) in zip(src, search(tiny_model, src, options)):
+        assert h.eos and len(h.tokens) <= 4
+        if len(h.tokens) == 4:  # reached the limit: EOS forced, scored 0
+            want = teacher_forced_log_prob(tiny_model, row, h.tokens, eos=False)
+            assert h.log_prob == pytest.approx(want, abs=1e-4)
+    free = search(tiny_model, src, options.replace(forced_eos=False))
+    assert any(not h[0].eos for h in free) or beam > 1  # greedy runs to the limit freely

@@ -51,6 +51,7 @@ def decode_options(args: argparse.Namespace, n_best: int = 1):
         max_len_a=args.max_len_a,
         max_len_b=args.max_len_b,
         length_penalty=args.length_penalty,
+        forced_eos=args.forced_eos,
         sampling=args.sampling,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -141,6 +142,12 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         choices=["gnmt", "hf"],
         default="gnmt",
         help="gnmt: ((5+|Y|)/6)^alpha (the paper's); hf: |Y|^alpha (Hugging Face's)",
+    )
+    g.add_argument(
+        "--forced-eos",
+        action="store_true",
+        help="an output that reaches its length limit ends with EOS scored 0 (generate()'s "
+        "forced_eos_token_id)",
     )
     g = p.add_argument_group("sampling")
     g.add_argument(

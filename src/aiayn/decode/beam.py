@@ -122,7 +122,9 @@ def _beam_search(model, src, options, limit, forced, use_cache):
             now = forced.at(t)
             force(logp, now.repeat_interleave(K) if now is not None else None)
         ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
-        top_scores, beam, is_eos, scores, parent, token = select(scores, logp, ending, cfg.eos_id)
+        top_scores, beam, is_eos, scores, parent, token = select(
+            scores, logp, ending, cfg.eos_id, options.forced_eos
+        )
 
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:
@@ -151,15 +153,18 @@ def _beam_search(model, src, options, limit, forced, use_cache):
     return [sorted(h, key=lambda h: h.score, reverse=True)[: options.n_best] for h in finished]
 
 
-def select(scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int):
+def select(
+    scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int, eos_scores_zero: bool = False
+):
     """One step's choice for n sentences of K beams (shared with continuous batching).
 
     ``scores [n, K]`` are the beams' log-probs so far, ``logp [n*K, V]`` the next-token
     log-probs (banned ids at -inf); the beams of sentences with ``ending[i]`` may only take
-    EOS (``logp`` is changed in place for them). Returns the 2K best candidates of each
-    sentence (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``)
-    and the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
-    ``[n*K]`` and ``token [n*K, 1]``.
+    EOS (``logp`` is changed in place for them), which adds its log-prob to the score, or 0
+    with ``eos_scores_zero`` (Hugging Face's ``forced_eos_token_id``). Returns the 2K best
+    candidates of each sentence (``top_scores``, ``beam`` index within the sentence,
+    ``is_eos``: all ``[n, 2K]``) and the K best non-EOS ones that continue: their ``scores
+    [n, K]``, ``parent`` rows ``[n*K]`` and ``token [n*K, 1]``.
     """
     n, K = scores.shape
     device = scores.device
@@ -167,7 +172,7 @@ def select(scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int):
         at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
         forced = torch.full_like(logp[0], float("-inf"))
         forced[eos_id] = 0.0
-        logp[at_limit] = forced + logp[at_limit, eos_id : eos_id + 1]
+        logp[at_limit] = forced if eos_scores_zero else forced + logp[at_limit, eos_id : eos_id + 1]
     V = logp.size(-1)
     cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
     top_scores, top_idx = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS

@@ -153,7 +153,7 @@ class ContinuousBeamSearch:
         logp = ban(torch.log_softmax(logits[:, -1].float(), dim=-1), self._banned)
         ending = [s.steps + 1 >= s.limit for s in self.sentences]
         top_scores, beam, is_eos, scores, parent, token = select(
-            self.scores, logp, ending, cfg.eos_id
+            self.scores, logp, ending, cfg.eos_id, self.options.forced_eos
         )
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:

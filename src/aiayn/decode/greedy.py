@@ -123,13 +123,19 @@ def _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, s
             token = ban(logits, banned).argmax(dim=-1)  # [R']: on the logits, as always
         if force_now is not None:
             token = torch.where(force_now >= 0, force_now, token)
+        last = limits[alive] == t + 1  # rows taking their last token
+        if options.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
+            token = torch.where(last, cfg.eos_id, token)
         if scores:
-            total[alive] += logp.gather(1, token[:, None]).squeeze(1).double()
+            token_logp = logp.gather(1, token[:, None]).squeeze(1).double()
+            if options.forced_eos:
+                token_logp = token_logp.masked_fill(last, 0.0)
+            total[alive] += token_logp
         out[alive, t] = token
         length = t + 1
         is_eos = token == cfg.eos_id
         ended[alive] = is_eos
-        running = ~is_eos & (limits[alive] > t + 1)
+        running = ~is_eos & ~last
         if not bool(running.all()):
             keep = running.nonzero().squeeze(1)
             if keep.numel() == 0:

@@ -28,7 +28,10 @@ class DecodeOptions:
     sentence (with sampling: that many samples). A sentence of n real source tokens gets at
     most ``max_len_a * n + max_len_b`` output tokens, EOS included, at most
     ``max_new_tokens`` when set, never past the model's ``max_len``. ``alpha`` is the
-    length-penalty exponent of the ``length_penalty`` formula ("gnmt" or "hf").
+    length-penalty exponent of the ``length_penalty`` formula ("gnmt" or "hf"). At its
+    length limit beam search ends every hypothesis with EOS, scored with its log-prob; with
+    ``forced_eos`` (Hugging Face's ``forced_eos_token_id``) every search ends an output
+    that reaches its limit with EOS, scored 0, as ``generate()`` does.
     Sampling draws each token from the model's distribution at ``temperature``, restricted
     to the ``top_k`` most likely tokens (0: no limit) and to the nucleus of probability
     ``top_p`` (1: no limit); with ``seed`` set, each line's samples depend only on (seed,
@@ -44,6 +47,7 @@ class DecodeOptions:
     max_len_b: int = 50
     max_new_tokens: int | None = None
     length_penalty: str = "gnmt"
+    forced_eos: bool = False
     sampling: bool = False
     temperature: float = 1.0
     top_k: int = 0
@@ -71,8 +75,9 @@ class DecodeOptions:
                 f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
                 f"got {self.length_penalty!r}"
             )
-        if not isinstance(self.sampling, bool):
-            raise DecodeError(f"sampling must be true or false, got {self.sampling!r}")
+        for name in ("sampling", "forced_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise DecodeError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.prefix, str):
             raise DecodeError(f"prefix must be text, got {type(self.prefix).__name__}")
         if self.sampling:

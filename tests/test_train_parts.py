@@ -92,17 +92,21 @@ def test_budgeted_schedules_share_the_warmup_and_reach_zero_at_the_end():
 def test_a_budgeted_schedule_reads_the_budget_and_resumes():
     used = {"now": 0.0}
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
-    sched = NoamSchedule(opt, 64, 10, kind="linear", budget_used=lambda: used["now"])
+    sched = NoamSchedule(opt, 64, 10, kind="linear", time_used=lambda: used["now"])
     for _ in range(20):
         sched.step()
     used["now"] = 0.5
     sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * noam_rate(10, 64, 10))
     opt2 = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
-    resumed = NoamSchedule(opt2, 64, 10, kind="linear", budget_used=lambda: used["now"])
+    resumed = NoamSchedule(opt2, 64, 10, kind="linear", time_used=lambda: used["now"])
     resumed.load_state_dict(sched.state_dict())
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
     with pytest.raises(RecipeError, match="needs a budget"):
         NoamSchedule(opt, 64, 10, kind="cosine")
+    steps = NoamSchedule(opt, 64, 10, kind="linear", max_steps=40)  # updates: 20 of 40 done
+    for _ in range(20):
+        steps.step()
+    assert steps.rate() == pytest.approx(0.5 * noam_rate(10, 64, 10))
     with pytest.raises(RecipeError, match="schedule must be one of"):
         NoamSchedule(opt, 64, 10, kind="step")

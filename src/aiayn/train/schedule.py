@@ -62,8 +62,8 @@ class NoamSchedule:
 
     Call :meth:`step` after each optimizer update. ``state_dict`` holds the step, so a
     resumed run continues the same curve. ``kind`` is one of :data:`SCHEDULES` (default
-    Eq. 3); the budgeted ones ask ``budget_used()`` for the fraction of the run's budget
-    spent (updates or wall clock, whichever runs out first).
+    Eq. 3); the budgeted ones decay over ``max_steps`` updates or over the wall clock that
+    ``time_used()`` reports as a fraction, whichever runs out first.
     """
 
     def __init__(
@@ -73,14 +73,15 @@ class NoamSchedule:
         warmup: int = 4000,
         scale: float = 1.0,
         kind: str = "noam",
-        budget_used: Callable[[], float] | None = None,
+        max_steps: int = 0,
+        time_used: Callable[[], float] | None = None,
         cooldown: float = 0.2,
     ):
         if warmup < 1:
             raise RecipeError(f"warmup must be >= 1 step, got {warmup}")
         if kind not in SCHEDULES:
             raise RecipeError(f"schedule must be one of {', '.join(SCHEDULES)}, got {kind!r}")
-        if kind != "noam" and budget_used is None:
+        if kind != "noam" and not max_steps and time_used is None:
             raise RecipeError(
                 f"schedule {kind!r} decays to 0 at the end of the run: it needs a budget "
                 "(max_steps or time_limit_minutes)"
@@ -88,10 +89,20 @@ class NoamSchedule:
         if not 0.0 < cooldown <= 1.0:
             raise RecipeError(f"cooldown must be a fraction in (0, 1], got {cooldown}")
         self.optimizer, self.d_model, self.warmup, self.scale = optimizer, d_model, warmup, scale
-        self.kind, self.cooldown = kind, cooldown
-        self.budget_used = budget_used or (lambda: 0.0)
+        self.kind, self.max_steps, self.time_used, self.cooldown = (
+            kind,
+            max_steps,
+            time_used,
+            cooldown,
+        )
         self.step_count = 0
         self._apply()
+
+    def budget_used(self) -> float:
+        """The fraction of the budget spent before the next update: updates done of
+        ``max_steps``, or ``time_used()``, whichever is further along."""
+        used = self.step_count / self.max_steps if self.max_steps else 0.0
+        return max(used, self.time_used()) if self.time_used is not None else used
 
     def rate(self, step: int | None = None) -> float:
         step = self.step_count + 1 if step is None else step

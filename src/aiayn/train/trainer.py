@@ -103,8 +103,8 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.best_bleu, self.elapsed, self.skipped, self.bad_in_a_row = -1.0, 0.0, 0, 0
         self.schedule = NoamSchedule(
-            self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale, r.schedule,
-            self._budget_used if r.max_steps or r.time_limit_minutes else None, r.cooldown,
+            self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale, r.schedule, r.max_steps,
+            self._time_used if r.time_limit_minutes else None, r.cooldown,
         )  # fmt: skip
         self.epoch_checkpoints: list[str] = []
         if state is not None:
@@ -259,6 +259,7 @@ class Trainer:
         while self.batch_in_epoch < len(batches):
             first = self.batch_in_epoch
             plans = batches[first : first + per_update]
+            lr = self.optimizer.param_groups[0]["lr"]  # this update's rate (logged below)
             # Index arrays in; each rank reads from disk only the batches of its share.
             result = self.updater.update(plans, self.train_data.batch)
             self.batch_in_epoch += len(plans)
@@ -268,7 +269,7 @@ class Trainer:
                 continue
             self.step, self.bad_in_a_row = self.step + 1, 0
             tick_tokens += result.n_tokens
-            loss, lr = result.loss, self.optimizer.param_groups[0]["lr"]
+            loss = result.loss
             metrics.write(
                 "train", self.step, loss=loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
                 epoch=self.epoch + 1, seconds=round(self.elapsed, 2), first_batch=first,
@@ -312,14 +313,9 @@ class Trainer:
             return "time_limit"
         return "max_epochs"
 
-    def _budget_used(self) -> float:
-        """The fraction of the run's budget spent: updates of max_steps or seconds of the
-        time limit, whichever is further along (for the schedules that decay to 0)."""
-        r = self.recipe
-        used = self.step / r.max_steps if r.max_steps else 0.0
-        if r.time_limit_minutes:
-            used = max(used, self.elapsed / (r.time_limit_minutes * 60))
-        return used
+    def _time_used(self) -> float:
+        """The fraction of the time limit spent (for the schedules that decay to 0)."""
+        return self.elapsed / (self.recipe.time_limit_minutes * 60)
 
     def _clock(self) -> None:
         """Rank 0's elapsed time, on every rank: the time limit and timed saves are then

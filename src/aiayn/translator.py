@@ -78,8 +78,9 @@ class Translator:
         return self.model.cfg.max_len - 1
 
     def encode(self, line: str) -> list[int]:
-        """Source ids of ``line``, cut to :attr:`max_source_tokens`; [] for a blank line."""
-        return self.tokenizer.encode(line)[: self.max_source_tokens] if line.strip() else []
+        """Source ids of ``line`` (as the tokenizer makes them, EOS last for Marian models),
+        cut to :attr:`max_source_tokens`; [] for a blank line."""
+        return self.tokenizer.encode(line, self.max_source_tokens) if line.strip() else []
 
     def translate(
         self,
@@ -164,6 +165,7 @@ class Translator:
         with torch.no_grad():
             _, weights = self.model.forward_with_attention(src, tgt_in)
         piece = self.tokenizer.id_to_piece
+        start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
         maps = []
         for b, (s_ids, o_ids) in enumerate(zip(src_ids, out_ids)):
             S, T = len(s_ids), len(o_ids) + 1
@@ -171,9 +173,9 @@ class Translator:
             rows = {"encoder": S, "decoder_self": T, "cross": T}
             maps.append(
                 AttentionMap(
-                    source=[piece(i) for i in s_ids],
-                    target=[piece(i) for i in o_ids] + ["</s>"],
-                    target_in=["<s>"] + [piece(i) for i in o_ids],
+                    source=[piece(i, source=True) for i in s_ids],
+                    target=[piece(i) for i in o_ids] + [piece(cfg.eos_id)],
+                    target_in=[start] + [piece(i) for i in o_ids],
                     weights={
                         k: [w[b, :, : rows[k], : cols[k]].float().cpu() for w in weights[k]]
                         for k in ATTENTION_KINDS

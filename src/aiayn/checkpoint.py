@@ -223,6 +223,26 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return device
 
 
+def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transformer, Tokenizer]:
+    """The model (float32, training mode) and tokenizer of a checkpoint read from ``path``
+    by :func:`load_checkpoint`; CheckpointError naming ``path`` when they do not fit."""
+    if "tokenizer" not in state:
+        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
+    try:
+        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    check_vocab(state, tokenizer, path, "its tokenizer")
+    cfg = TransformerConfig.from_dict(state["config"])
+    model = Transformer(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+    return model, tokenizer
+
+
 def load_model(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -244,20 +264,7 @@ def load_model(
     if quantize and precision != "fp32":
         raise AiaynError("int8 quantization and bf16 precision exclude each other; pick one")
     state = load_checkpoint(path, map_location=device)
-    if "tokenizer" not in state:
-        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
-    try:
-        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-    except TokenizerError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-    check_vocab(state, tokenizer, path, "its tokenizer")
-    cfg = TransformerConfig.from_dict(state["config"])
-    model = Transformer(cfg)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+    model, tokenizer = model_from_state(state, path)
     model = model.to(device=device, dtype=PRECISIONS[precision]).eval()
     if quantize:
         model = quantize_dynamic_int8(model)

@@ -48,6 +48,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     for flag in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
         if getattr(args, flag):
             overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
+    if args.init_from:  # MODEL_DIR[:CHECKPOINT]; the directory made absolute
+        overrides.append(f"init_from={_absolute_model_spec(args.init_from)}")
     recipe = (
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
     )
@@ -60,6 +62,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(recipe, args.out, resume=resume)
     trainer.train(progress=not args.no_progress)
     return 0
+
+
+def _absolute_model_spec(spec: str) -> str:
+    """MODEL_DIR[:CHECKPOINT] with MODEL_DIR (or a checkpoint file) made absolute."""
+    path = Path(spec)
+    if path.exists() or ":" not in spec:
+        return str(path.resolve())
+    directory, which = spec.rsplit(":", 1)
+    return f"{Path(directory).resolve()}:{which}"
 
 
 def cmd_average(args: argparse.Namespace) -> int:
@@ -117,6 +128,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--valid-tgt", dest="valid_tgt")
     p.add_argument(
         "--set", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. max_tokens=3000"
+    )
+    p.add_argument(
+        "--init-from",
+        dest="init_from",
+        metavar="MODEL_DIR[:CHECKPOINT]",
+        help="fine-tune: start from this model's config, weights and tokenizer (e.g. one from "
+        "`aiayn import marian`); fresh optimizer and schedule",
     )
     p.add_argument(
         "--resume",

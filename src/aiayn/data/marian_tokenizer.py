@@ -134,17 +134,8 @@ class MarianTokenizer(Tokenizer):
         self.eos_token, self.unk_token, self.pad_token = tokens["eos"], tokens["unk"], tokens["pad"]
         self.eos_id, self.unk_id = self.vocab[self.eos_token], self.vocab[self.unk_token]
         self.pad_id = self.vocab[self.pad_token]
-        # Added tokens (transformers' added_tokens_decoder) are kept whole when written in
-        # a text; the special ones, like EOS, UNK and PAD, are dropped when decoding.
-        added = config.get("added_tokens_decoder") or {}
-        specials = {self.eos_token, self.unk_token, self.pad_token}
-        specials |= {
-            _token_text(t) for t in added.values() if isinstance(t, dict) and t.get("special")
-        }
-        self.whole_tokens = sorted(specials | {_token_text(t) for t in added.values()}, key=len)[
-            ::-1
-        ]
-        self.whole_tokens = [t for t in self.whole_tokens if t and t in self.vocab]
+        specials, whole = _special_tokens(config, set(tokens.values()))
+        self.whole_tokens = [t for t in sorted(whole, key=len, reverse=True) if t in self.vocab]
         self._split = re.compile("(" + "|".join(map(re.escape, self.whole_tokens)) + ")")
         self.skip_source = {self.vocab[t] for t in specials if t in self.vocab}
         self.skip_target = {self.target_vocab[t] for t in specials if t in self.target_vocab}
@@ -336,6 +327,19 @@ class MarianTokenizer(Tokenizer):
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
+
+
+def _special_tokens(config: dict[str, Any], required: set[str]) -> tuple[set[str], set[str]]:
+    """(special tokens, tokens kept whole in a text) of a tokenizer config, as transformers
+    has them: the special ones (EOS, UNK, PAD, a bos_token, additional special tokens,
+    added tokens marked special) are dropped when decoding; every added token
+    (``added_tokens_decoder``) is kept whole when written in a text."""
+    added = [t for t in (config.get("added_tokens_decoder") or {}).values() if t]
+    specials = set(required) | {_token_text(config.get("bos_token"))}
+    specials |= {_token_text(t) for t in config.get("additional_special_tokens") or []}
+    specials |= {_token_text(t) for t in added if isinstance(t, dict) and t.get("special")}
+    specials.discard("")
+    return specials, specials | {_token_text(t) for t in added} - {""}
 
 
 def _token_text(token: Any) -> str:

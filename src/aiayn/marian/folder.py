@@ -117,7 +117,7 @@ class MarianFolder:
             if not (folder / name).is_file():
                 raise ConversionError(f"{folder / name}: missing")
         self.tensors, self.weights_path = read_weights(folder)
-        self.tokenizer = self._tokenizer()
+        self.tokenizer = MarianTokenizer.load_dir(folder)  # its start id set by _model
         self.model = self._model()
         self.generation = self._generation()
 
@@ -158,6 +158,16 @@ class MarianFolder:
 
     def _model(self) -> Transformer:
         tables, shared, tied = self._embeddings()
+        tok = self.tokenizer
+        rows = {"source": tables["source"].size(0), "target": tables["target"].size(0)}
+        sizes = {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size}
+        for side in ("source", "target"):
+            if sizes[side] != rows[side]:
+                name = TARGET_VOCAB if side == "target" and tok.separate_vocabs else VOCAB
+                raise ConversionError(
+                    f"{self.folder / name}: {sizes[side]} pieces, but the model's {side} "
+                    f"embedding has {rows[side]} rows"
+                )
         ours = self.hf.get(AIAYN_KEY) or {}  # written by aiayn's export
         output_bias = bool(ours.get("output_bias", bool(tables["bias"].any())))
         cfg = config_from_marian(self.hf, shared, tied, output_bias, str(self.folder / CONFIG))
@@ -171,27 +181,22 @@ class MarianFolder:
             if tuple(tables[role].shape) != shape:
                 raise ConversionError(
                     f"{self.weights_path}: the {role} embedding has shape "
-                    f"{tuple(tables[role].shape)}, config.json says {shape}"
+                    f"{tuple(tables[role].shape)}, {CONFIG} says {shape}"
                 )
-        tok, where = (
-            self.tokenizer,
-            self.folder / (TARGET_VOCAB if self.tokenizer.separate_vocabs else VOCAB),
-        )
-        for side, n, rows in (
-            ("source", tok.src_vocab_size, cfg.src_vocab_size),
-            ("target", tok.tgt_vocab_size, cfg.tgt_vocab_size),
-        ):
-            if n != rows:
-                file = self.folder / VOCAB if side == "source" else where
-                raise ConversionError(
-                    f"{file}: {n} pieces, but the model's {side} embedding has {rows} rows"
-                )
-        for name in ("pad_id", "eos_id", "bos_id"):
+        for name in ("pad_id", "eos_id"):
             if getattr(tok, name) != getattr(cfg, name):
                 raise ConversionError(
                     f"{self.folder / VOCAB}: the tokenizer's {name} is {getattr(tok, name)}, "
-                    f"config.json's is {getattr(cfg, name)}"
+                    f"{CONFIG}'s is {getattr(cfg, name)}"
                 )
+        if AIAYN_KEY not in tok.config:  # transformers' Marian: EOS ends every source
+            files = {**tok.files(), **_aiayn_settings(tok, True, cfg.bos_id)}
+            self.tokenizer = MarianTokenizer.from_files(files)
+        elif tok.bos_id != cfg.bos_id:
+            raise ConversionError(
+                f"{self.folder / 'tokenizer_config.json'}: decoder start {tok.bos_id}, "
+                f"{CONFIG}'s decoder_start_token_id is {cfg.bos_id}"
+            )
         model = Transformer(cfg)
         try:
             to_aiayn(model, self.tensor, tables)
@@ -201,15 +206,6 @@ class MarianFolder:
                 f"{self.weights_path}: a weight has the wrong shape ({first})"
             ) from None
         return model
-
-    def _tokenizer(self) -> MarianTokenizer:
-        tokenizer = MarianTokenizer.load_dir(self.folder)
-        if AIAYN_KEY not in tokenizer.config:  # transformers' Marian: EOS ends each source
-            start = self.hf.get("decoder_start_token_id", tokenizer.pad_id)
-            tokenizer = MarianTokenizer.from_files(
-                {**tokenizer.files(), **_aiayn_settings(tokenizer, True, start)}
-            )
-        return tokenizer
 
     def _generation(self) -> dict[str, Any]:
         path = self.folder / GENERATION_CONFIG

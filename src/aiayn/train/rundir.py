@@ -20,6 +20,7 @@ from aiayn.checkpoint import (
     resolve_checkpoint,
     split_model_spec,
 )
+from aiayn.config import TransformerConfig
 from aiayn.data import Tokenizer
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
@@ -122,11 +123,11 @@ class RunDirectory:
         return data
 
     def tokenizer(
-        self, r: Recipe, data: PreparedData, state: dict | None, init: dict | None = None
+        self, data: PreparedData, state: dict | None, init: dict | None = None
     ) -> Tokenizer:
         """The run's tokenizer: the checkpoint's when resuming, else that of the model the
         run starts from (``init``), else the data's; the first two must be the one the
-        data was encoded with. A new run writes its files beside the recipe."""
+        data was encoded with. A new run writes its files into the run directory."""
         source = state if state is not None else init
         if source is not None:
             path = self.out_dir / LAST if state is not None else Path(source["path"])
@@ -137,6 +138,15 @@ class RunDirectory:
             tokenizer = data.tokenizer
         if state is None and self.world.is_main:
             tokenizer.save(self.out_dir)
-            r.save(self.out_dir / "recipe.yaml")
         self.log(f"tokenizer: {tokenizer.describe()}")
         return tokenizer
+
+    def save_recipe(self, r: Recipe, state: dict | None, cfg: TransformerConfig) -> None:
+        """A new run writes its recipe; one that starts from a model (``init_from``) with
+        the model fields it really has (the starting model's), not the recipe defaults."""
+        if state is not None or not self.world.is_main:
+            return
+        if r.init_from:
+            skip = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
+            r.model = {k: v for k, v in cfg.to_dict().items() if k not in skip}
+        r.save(self.out_dir / "recipe.yaml")

@@ -85,8 +85,9 @@ class Trainer:
         known = state if state is not None else init
         tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
         self.data = run.prepared_data(r, state, tokenizer)
-        self.tokenizer = run.tokenizer(r, self.data, state, init)
+        self.tokenizer = run.tokenizer(self.data, state, init)
         self.cfg = self._config(state, init)
+        run.save_recipe(r, state, self.cfg)
         # What a model that came from elsewhere carries along (see aiayn.checkpoint).
         self.generation = dict((known or {}).get("generation") or {})
         self.origin = (known or {}).get("origin")

@@ -105,7 +105,11 @@ def add_parsers(sub) -> None:
         p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
     p.add_argument("--out", required=True, help="new directory for the prepared data")
     p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
-    p.add_argument("--spm-model", help="use this SentencePiece model instead of training one")
+    p.add_argument(
+        "--spm-model",
+        help="use this tokenizer instead of training one: a SentencePiece model, or a model "
+        "directory (e.g. an imported Marian model, to fine-tune it with `train --init-from`)",
+    )
     p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
     p.add_argument(
         "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"

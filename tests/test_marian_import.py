@@ -132,6 +132,29 @@ def test_greedy_equals_generate_with_one_beam(folders, name):
     assert [o[0] for o in ours] == theirs  # (sentences that stop at EOS: test_marian_export)
 
 
+def test_bin_and_sharded_weights_import_alike(folders, tmp_path):
+    """pytorch_model.bin as transformers 4 wrote it (every key: tied copies, positions)
+    and sharded safetensors give the weights the single safetensors file gives."""
+    folder, model_dir = folders["shared_tied"]
+    want = load_checkpoint(model_dir / BEST)["model"]
+    hf = MarianMTModel.from_pretrained(folder, dtype=torch.float32)
+    old = tmp_path / "bin"
+    shutil.copytree(folder, old)
+    (old / "model.safetensors").unlink()
+    state = hf.state_dict()
+    assert "model.encoder.embed_positions.weight" in state and "lm_head.weight" in state
+    torch.save(state, old / "pytorch_model.bin")
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, sharded / name)
+    for source in (old, sharded):
+        got = load_checkpoint(import_marian(source, tmp_path / f"{source.name}_aiayn") / BEST)
+        assert got["model"].keys() == want.keys()
+        assert all(torch.equal(got["model"][k], v) for k, v in want.items()), source.name
+
+
 def test_generation_settings_are_kept(folders, tmp_path):
     folder, model_dir = folders["shared_tied"]
     written = json.loads((folder / "generation_config.json").read_text())

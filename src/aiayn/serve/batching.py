@@ -387,7 +387,7 @@ class BatchWorker:
         s = batch[0].settings
         try:
             outputs = self.translator.translate_ids(
-                rows, s.beam, s.alpha, s.n_best, batch_size=max(len(rows), 1)
+                rows, beam=s.beam, alpha=s.alpha, n_best=s.n_best, batch_size=max(len(rows), 1)
             )
             maps = self._attention(rows, outputs) if batch[0].attention else None
         except Exception as e:  # every waiting request gets it; the worker carries on

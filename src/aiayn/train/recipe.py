@@ -54,7 +54,11 @@ class Recipe:
     update_freq: int = 1  # accumulate gradients over this many batches per update
     label_smoothing: float = 0.1
     warmup: int = 4000
-    lr_scale: float = 1.0  # multiplies the Noam rate
+    lr_scale: float = 1.0  # multiplies the Noam rate (and its peak, for every schedule)
+    # noam (Eq. 3) | linear | cosine | noam_cooldown: the last three decay to 0 at the end
+    # of the budget (max_steps or time_limit_minutes); see aiayn/train/schedule.py
+    schedule: str = "noam"
+    cooldown: float = 0.2  # noam_cooldown: the final fraction of the budget it decays over
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     clip_norm: float = 0.0  # 0 = no clipping

@@ -110,9 +110,12 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), betas=r.adam_betas, eps=r.adam_eps
         )
-        self.schedule = NoamSchedule(self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.best_bleu, self.elapsed, self.skipped, self.bad_in_a_row = -1.0, 0.0, 0, 0
+        self.schedule = NoamSchedule(
+            self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale, r.schedule,
+            self._budget_used if r.max_steps or r.time_limit_minutes else None, r.cooldown,
+        )  # fmt: skip
         self.epoch_checkpoints: list[str] = []
         if state is not None:
             self._restore(state)
@@ -179,7 +182,6 @@ class Trainer:
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.schedule.load_state_dict(state["schedule"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
@@ -189,6 +191,7 @@ class Trainer:
         self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
         self.epoch_checkpoints = list(state["epoch_checkpoints"])
         self.skipped = state.get("skipped", 0)  # absent from checkpoints before the guard
+        self.schedule.load_state_dict(state["schedule"])  # after step and elapsed: its budget
 
     def save(self, name: str, fence: bool = True) -> Path:
         """Rank 0 writes checkpoint ``name`` (atomically); with ``fence``, every rank waits
@@ -338,6 +341,15 @@ class Trainer:
         if r.time_limit_minutes and self.elapsed >= r.time_limit_minutes * 60:
             return "time_limit"
         return "max_epochs"
+
+    def _budget_used(self) -> float:
+        """The fraction of the run's budget spent: updates of max_steps or seconds of the
+        time limit, whichever is further along (for the schedules that decay to 0)."""
+        r = self.recipe
+        used = self.step / r.max_steps if r.max_steps else 0.0
+        if r.time_limit_minutes:
+            used = max(used, self.elapsed / (r.time_limit_minutes * 60))
+        return used
 
     def _clock(self) -> None:
         """Rank 0's elapsed time, on every rank: the time limit and timed saves are then

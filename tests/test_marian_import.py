@@ -184,6 +184,22 @@ def test_the_checkpoint_alone_translates(folders, tmp_path):
     assert alone[1] == [""] and alone[0][0]
 
 
+def test_prefixes_are_target_text_and_alignments_source_pieces(folders):
+    """A forced prefix is encoded as target text (no EOS appended, the target vocabulary)
+    and alignments read the source ids as source pieces (separate vocabularies here)."""
+    translator = Translator.from_dir(folders["separate"][1])
+    tokenizer = translator.tokenizer
+    prefix = "A man"
+    found = translator.translations(
+        ["Ein Mann fährt."], beam=1, prefixes=[prefix], alignment_layer=-1
+    )
+    ids = found[0][0].ids
+    assert ids[: len(tokenizer.encode_target(prefix))] == tokenizer.encode_target(prefix)
+    assert tokenizer.eos_id not in ids and found[0][0].text.startswith(prefix)
+    words = 3  # "Ein", "Mann", "fährt." (the EOS joins the last word)
+    assert found[0][0].alignment and all(0 <= i < words for i, _ in found[0][0].alignment)
+
+
 def test_every_command_takes_the_model_directory(folders, tmp_path, capsys):
     _, model_dir = folders["shared_tied"]
     de, en = corpus_lines("val", 4)

@@ -122,8 +122,9 @@ class Translator:
         return min(m.cfg.max_len for m in self.models) - 1
 
     def encode(self, line: str) -> list[int]:
-        """Source ids of ``line``, cut to :attr:`max_source_tokens`; [] for a blank line."""
-        return self.tokenizer.encode(line)[: self.max_source_tokens] if line.strip() else []
+        """Source ids of ``line`` (as the tokenizer makes them, EOS last for Marian models),
+        cut to :attr:`max_source_tokens`; [] for a blank line."""
+        return self.tokenizer.encode(line, self.max_source_tokens) if line.strip() else []
 
     def translate(
         self,
@@ -175,7 +176,7 @@ class Translator:
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
         texts = prefixes if prefixes is not None else [options.prefix] * len(lines)
-        forced = [self.tokenizer.encode(p) if p else [] for p in texts]
+        forced = [self.tokenizer.encode_target(p) if p else [] for p in texts]
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch)
         out = []
@@ -263,7 +264,7 @@ class Translator:
             for b, i in enumerate(chunk):
                 S, T = len(src_ids[i]), len(out_ids[i])
                 links = hard_alignment(weights[b, :T, :S].cpu())
-                src_words = word_starts([piece(t) for t in src_ids[i]])
+                src_words = word_starts([piece(t, source=True) for t in src_ids[i]])
                 tgt_words = word_starts([piece(t) for t in out_ids[i]])
                 out[i] = word_alignment(links, src_words, tgt_words)
         return out
@@ -301,6 +302,7 @@ class Translator:
         with torch.no_grad():
             _, weights = self.model.forward_with_attention(src, tgt_in)
         piece = self.tokenizer.id_to_piece
+        start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
         maps = []
         for b, (s_ids, o_ids) in enumerate(zip(src_ids, out_ids)):
             S, T = len(s_ids), len(o_ids) + 1
@@ -308,9 +310,9 @@ class Translator:
             rows = {"encoder": S, "decoder_self": T, "cross": T}
             maps.append(
                 AttentionMap(
-                    source=[piece(i) for i in s_ids],
-                    target=[piece(i) for i in o_ids] + ["</s>"],
-                    target_in=["<s>"] + [piece(i) for i in o_ids],
+                    source=[piece(i, source=True) for i in s_ids],
+                    target=[piece(i) for i in o_ids] + [piece(cfg.eos_id)],
+                    target_in=[start] + [piece(i) for i in o_ids],
                     weights={
                         k: [w[b, :, : rows[k], : cols[k]].float().cpu() for w in weights[k]]
                         for k in ATTENTION_KINDS

@@ -26,12 +26,13 @@ from aiayn.checkpoint import (
     step_checkpoint_name,
 )
 from aiayn.config import TransformerConfig
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World, init_from_env
 from aiayn.errors import TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
-from aiayn.train.recipe import Recipe
+from aiayn.train.recipe import Recipe, fine_tune_config
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
 from aiayn.train.update import Updater, compiled_graphs
@@ -79,14 +80,19 @@ class Trainer:
         self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
         run = RunDirectory(self.out_dir, self.world, self.log)
         state = run.previous_state(resume)
-        self.data = run.prepared_data(r, state)
-        self.tokenizer = run.tokenizer(r, self.data, state)
-        V = self.tokenizer.vocab_size
-        self.cfg = TransformerConfig.from_dict(
-            state["config"]
-            if state is not None
-            else {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
-        )
+        # A new run with init_from starts from that model: config, weights, tokenizer.
+        init = run.init_state(r) if state is None and r.init_from else None
+        known = state if state is not None else init
+        tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
+        self.data = run.prepared_data(r, state, tokenizer)
+        self.tokenizer = run.tokenizer(self.data, state, init)
+        self.cfg = self._config(state, init)
+        run.save_recipe(r, state, self.cfg)
+        # What a model that came from elsewhere carries along (see aiayn.checkpoint).
+        self.generation = dict((known or {}).get("generation") or {})
+        self.origin = (known or {}).get("origin")
+        if init is not None:
+            self.origin = {"init_from": init["path"], "origin": init.get("origin")}
         # Prepared data: the index in memory, ids read from disk when a batch needs them (one
         # data path for raw text and prepared directories alike).
         self.train_data, self.valid_data = self.data.train, self.data.valid
@@ -96,7 +102,11 @@ class Trainer:
             self.log(f"train: {too_long} pairs longer than {self.cfg.max_len} tokens skipped")
 
         torch.manual_seed(r.seed)  # the same initial weights on every rank
-        self.model = Transformer(self.cfg).to(self.device)
+        self.model = Transformer(self.cfg)
+        if init is not None:
+            self.model.load_state_dict(init["model"])
+            self.log(f"starting from {init['path']} (fresh optimizer and schedule)")
+        self.model.to(self.device)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), betas=r.adam_betas, eps=r.adam_eps
         )
@@ -127,6 +137,24 @@ class Trainer:
             + (f", {self.world.size} processes" if self.world.size > 1 else "")
         )
 
+    def _config(self, state: dict | None, init: dict | None) -> TransformerConfig:
+        """The model's config: the checkpoint's when resuming; the starting model's with
+        the recipe's fine-tuning fields; else the recipe's, with the tokenizer's
+        vocabulary sizes and special ids."""
+        if state is not None:
+            return TransformerConfig.from_dict(state["config"])
+        if init is not None:
+            source = TransformerConfig.from_dict(init["config"])
+            return fine_tune_config(self.recipe, source, init["path"])
+        t = self.tokenizer
+        return TransformerConfig.from_dict(
+            {
+                **self.recipe.model,
+                **dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size),
+                **dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id),
+            }
+        )
+
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -147,6 +175,8 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "recipe": self.recipe.to_dict(),
             "tokenizer": self.tokenizer.to_bytes(),
+            **({"generation": self.generation} if self.generation else {}),
+            **({"origin": self.origin} if self.origin else {}),
         }
 
     def _restore(self, state: dict) -> None:

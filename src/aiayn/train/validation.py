@@ -49,7 +49,7 @@ def translate_texts(
     """``texts`` translated (greedy for ``beam=1``), in order; the model is left in
     training mode."""
     device, limit = next(model.parameters()).device, model.cfg.max_len - 1
-    ids = [tokenizer.encode(s)[:limit] for s in texts]
+    ids = [tokenizer.encode(s, limit) for s in texts]
     hyps = [""] * len(ids)
     for index, src in sorted_batches(ids, batch_size, model.cfg.pad_id):
         nbest = generate(model, src.to(device), beam)  # eval mode inside, restored after

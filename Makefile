@@ -51,7 +51,9 @@ bleu: setup
 
 # Every picture of the guided tour (docs/figures/*.png). MODEL is a trained model directory
 # (`aiayn train --config recipes/multi30k.yaml --out runs/de-en`) for the training curves and
-# attention heatmaps; without it those committed pictures are kept and the rest redrawn.
+# attention heatmaps, and the training_run.txt and attention_heads.txt the tour prints (then
+# `AIAYN_TOUR_UPDATE=1 .venv/bin/python -m pytest tests/test_tour.py` updates the pages);
+# without it those committed files are kept and the rest redrawn.
 MODEL ?= runs/de-en
 figures: setup
 	$(BIN)/python docs/figures/make_figures.py --model $(MODEL)

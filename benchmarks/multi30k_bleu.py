@@ -2,10 +2,12 @@
 
     python benchmarks/multi30k_bleu.py --direction de-en --out runs/bench-de-en
 
-Steps: `aiayn train` (recipe's 55-minute limit), average the last 5 epoch checkpoints,
-choose the checkpoint (best / last / averaged) and the length penalty on *val*, then
-translate test2016 once with beam 4 and report sacreBLEU (and our own BLEU beside it).
-Writes OUT/results.json. Data: ../shared/data/multi30k or $AIAYN_MULTI30K.
+Steps: `aiayn train` (recipe's 55-minute limit), average the last 5 kept checkpoints
+(epoch ones, and timed ones where the recipe saves every few minutes), choose the
+checkpoint (best / last / averaged) and the length penalty on *val*, then translate
+test2016 once with beam 4 and report sacreBLEU (and our own BLEU beside it). With
+``--val-only`` (screening recipes) test2016 is not decoded at all. Writes OUT/results.json.
+Data: ../shared/data/multi30k or $AIAYN_MULTI30K.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from aiayn.checkpoint import average_checkpoints, load_model, save_checkpoint
+from aiayn.checkpoint import (
+    average_checkpoints,
+    epoch_checkpoints,
+    load_model,
+    save_checkpoint,
+)
 from aiayn.data.corpus import read_lines
 from aiayn.metrics import corpus_bleu
 from aiayn.train.recipe import Recipe
@@ -38,7 +45,9 @@ def main() -> None:
     parser.add_argument("--recipe", default=str(ROOT / "recipes/multi30k.yaml"))
     parser.add_argument("--set", nargs="*", default=[], help="recipe overrides")
     parser.add_argument("--skip-train", action="store_true", help="evaluate an existing run")
-    parser.add_argument("--alphas", default="0.6,1.0", help="length penalties tried on val")
+    parser.add_argument("--alphas", default="0.6,1.0,1.5", help="length penalties tried on val")
+    parser.add_argument("--average", type=int, default=5, help="checkpoints averaged")
+    parser.add_argument("--val-only", action="store_true", help="choose on val, no test2016")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -65,8 +74,9 @@ def main() -> None:
         n_params = trainer.model.num_parameters()
     else:
         train_minutes, n_params = float("nan"), None
-    epochs = sorted(out.glob("checkpoint_epoch*.pt"))[-5:]
-    save_checkpoint(average_checkpoints(epochs), out / "checkpoint_averaged.pt")
+    kept = epoch_checkpoints(out)[-args.average :]
+    save_checkpoint(average_checkpoints(kept), out / "checkpoint_averaged.pt")
+    run = run_figures(out)
 
     val_src, val_ref = read_lines(data / f"val.{src}.gz"), read_lines(data / f"val.{tgt}.gz")
     choices = []
@@ -80,6 +90,21 @@ def main() -> None:
             print(f"val: checkpoint {name}, beam 4, alpha {alpha}: BLEU {score:.2f}", flush=True)
             choices.append((score, name, alpha))
     val_bleu, name, alpha = max(choices)
+    results = {
+        "direction": args.direction,
+        "recipe": args.recipe,
+        "overrides": args.set,
+        "parameters": n_params,
+        "train_minutes": round(train_minutes, 1),
+        **run,
+        "averaged": [p.name for p in kept],
+        "val_choices": [{"checkpoint": n, "alpha": a, "bleu": round(b, 2)} for b, n, a in choices],
+        "chosen_on_val": {"checkpoint": name, "alpha": alpha, "val_bleu": round(val_bleu, 2)},
+    }
+    if args.val_only:
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        print(json.dumps(results, indent=2))
+        return
 
     test_src, test_ref = (
         read_lines(data / f"test2016.{src}.gz"),
@@ -93,11 +118,7 @@ def main() -> None:
     metric = sacrebleu.BLEU()
     sacre = metric.corpus_score(hyps, [test_ref])
     ours = corpus_bleu(hyps, test_ref)
-    results = {
-        "direction": args.direction,
-        "parameters": n_params,
-        "train_minutes": round(train_minutes, 1),
-        "chosen_on_val": {"checkpoint": name, "alpha": alpha, "val_bleu": round(val_bleu, 2)},
+    results |= {
         "test2016_sacrebleu": round(sacre.score, 2),
         "test2016_sacrebleu_signature": str(metric.get_signature()),
         "test2016_ours": round(ours.score, 2),
@@ -106,6 +127,20 @@ def main() -> None:
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+
+
+def run_figures(out: Path) -> dict:
+    """Updates, epochs and target tokens/s of the run, from its metrics.jsonl."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    speed = [r["tokens_per_s"] for r in records if r["kind"] == "speed"]
+    valid = [round(r["bleu"], 2) for r in records if r["kind"] == "valid"]
+    return {
+        "updates": train[-1]["step"] if train else 0,
+        "epochs": train[-1]["epoch"] if train else 0,
+        "target_tokens_per_s": round(sorted(speed)[len(speed) // 2]) if speed else None,
+        "valid_bleu_greedy": valid,
+    }
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aiayn.cli import main
-from aiayn.data.demo import as_pair, make_splits, number_to_words
+from aiayn.data.demo import as_pair, make_splits, number_to_words, word_sources
 
 
 @pytest.mark.parametrize(
@@ -40,3 +42,18 @@ def test_demo_reaches_95_percent_exact_match(capsys):
     accuracy = float(out.split("held-out numbers: ")[1].split("%")[0])
     assert accuracy >= 95.0
     assert code == 0
+    # The word alignment read off the cross-attention (issue 19's default layer, the last)
+    # beats a random choice of source digit by far; the figures are printed per layer.
+    line = out.split("word alignment from cross-attention: ")[1].splitlines()[0]
+    layers = [float(a) for _, a in re.findall(r"layer (\d+) ([\d.]+)%", line)]
+    chance = float(line.split("chance ")[1].split("%")[0])
+    assert len(layers) == 2 and 5.0 < chance < 40.0
+    assert layers[-1] >= 2 * chance and layers[-1] == max(layers)
+
+
+def test_true_alignment_of_the_demo_task():
+    assert word_sources(407113) == [{0}, {0}, {2}, {2}, {3}, {3}, {4, 5}]
+    assert word_sources(10010) == [{0, 1}, {1}, {3, 4}]  # "ten thousand ten"
+    assert word_sources(0) == [{0}]
+    for n in range(0, 1_000_000, 997):
+        assert len(word_sources(n)) == len(as_pair(n)[1].split())

@@ -3,6 +3,7 @@ its share of the lines and rank 0 writes one output, identical to a single proce
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,6 +65,29 @@ def test_torchrun_refuses_stdin(sample_model_dir):
     done = torchrun("translate", "--model", str(sample_model_dir(False)), "--quiet")
     assert done.returncode != 0
     assert "several processes read an input file, not stdin" in done.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_samples_equal_one_process(sample_model_dir, tmp_path):
+    """Each line's samples come from (seed, line index): two processes, each decoding its
+    share of the lines in its own batches, write what one process writes."""
+    model = str(sample_model_dir(False))
+    src = tmp_path / "in.de"
+    src.write_text("".join(s + "\n" for s, _ in PAIRS[:21]), encoding="utf-8")
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    common = ["--model", model, "--quiet", "--sampling", "--seed", "7", "--n-best", "2"]
+    common += ["--format", "jsonl"]
+    assert main(["translate", *common, str(src), "-o", str(one)]) == 0
+    done = torchrun("translate", *common, str(src), "-o", str(two))
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = [json.loads(line) for line in one.read_text(encoding="utf-8").splitlines()]
+    got = [json.loads(line) for line in two.read_text(encoding="utf-8").splitlines()]
+    assert len(expected) == len(got) == 21
+    for a, b in zip(got, expected):  # the same samples; scores to float noise (batches differ)
+        assert [s["tokens"] for s in a["n_best"]] == [s["tokens"] for s in b["n_best"]]
+        assert [s["logprob"] for s in a["n_best"]] == pytest.approx(
+            [s["logprob"] for s in b["n_best"]], abs=1e-4
+        )
 
 
 def test_the_collective_timeout_is_passed_to_the_process_group(monkeypatch):

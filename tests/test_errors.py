@@ -82,7 +82,7 @@ def test_a_bug_keeps_its_traceback(sample_model_dir, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug, not a user error")
 
-    monkeypatch.setattr(translator.Translator, "translate", broken)
+    monkeypatch.setattr(translator.Translator, "translations", broken)
     src = tmp_path / "in.de"
     src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
     with pytest.raises(RuntimeError, match="a bug"):

@@ -1,7 +1,7 @@
 """The package's dependency contract: layers import only from layers to their left.
 
-    errors -> {config, metrics, progress, distributed} -> model -> {decode, quantize} -> data
-    -> checkpoint -> translator -> train -> {inspect, export, serve} -> cli
+    errors -> {config, metrics, progress, distributed} -> model -> {decode, quantize, tour}
+    -> data -> checkpoint -> translator -> train -> {inspect, export, serve, marian} -> cli
 
 Checked on the source (every import statement, also those inside functions), so a change
 that makes inference depend on training, or the model on data, fails `make test`.
@@ -20,12 +20,12 @@ LAYERS = [
     {"errors"},
     {"config", "metrics", "progress", "distributed"},
     {"model"},
-    {"decode", "quantize"},
+    {"decode", "quantize", "tour"},  # tour: the learner's checkers of docs/tour
     {"data"},
     {"checkpoint"},
     {"translator"},
     {"train"},
-    {"inspect", "export", "serve"},
+    {"inspect", "export", "serve", "marian"},
     {"cli"},
     {"__main__"},  # python -m aiayn: the CLI
 ]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
-from aiayn.model import sinusoidal_table
+from aiayn.model import DecoderState, sinusoidal_table
 from conftest import random_batch, tiny_config
 
 
@@ -257,7 +257,10 @@ def test_bad_input_raises_value_error_saying_what_is_wrong(tiny_model, src, tgt,
         ({"n_heads": 5}, "n_heads"),
         ({"dropout": 1.5}, "dropout"),
         ({"pad_id": 40}, "pad_id"),
-        ({"eos_id": 0}, "pad_id"),
+        ({"eos_id": 0}, "eos_id"),
+        ({"bos_id": 2}, "eos_id"),
+        ({"activation": "tanh"}, "activation"),
+        ({"activation_dropout": 1.0}, "activation_dropout"),
         ({"share_embeddings": True}, "share_embeddings"),
         ({"d_model": 0}, "d_model"),
     ],
@@ -283,3 +286,72 @@ def test_config_round_trips_through_dict():
     assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown field"):
         TransformerConfig.from_dict({**cfg.to_dict(), "d_modle": 3})
+
+
+# -- options of pretrained Marian models (defaults: the paper) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("activation", "reference"),
+    [("relu", torch.relu), ("swish", lambda h: h * torch.sigmoid(h)), ("gelu", None)],
+)
+def test_ffn_activation(activation, reference):
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(activation=activation)).eval()
+    ffn = model.encoder.layers[0].ffn
+    x = torch.randn(2, 3, 32)
+    hidden = ffn.w_1(x)
+    if reference is None:  # the exact gelu: x * Phi(x)
+        reference = lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))  # noqa: E731
+    torch.testing.assert_close(ffn(x), ffn.w_2(reference(hidden)))
+
+
+def test_activation_dropout_drops_hidden_units_in_training_only():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(activation_dropout=0.5))
+    ffn = model.encoder.layers[0].ffn
+    x = torch.randn(2, 3, 32)
+    assert not torch.equal(ffn(x), ffn(x))
+    ffn.eval()
+    torch.testing.assert_close(ffn(x), ffn.w_2(torch.relu(ffn.w_1(x))))
+
+
+def test_output_bias_adds_one_trained_logit_term_per_target_token():
+    torch.manual_seed(0)
+    for tie_output in (True, False):
+        model = Transformer(tiny_config(output_bias=True, tie_output=tie_output)).eval()
+        assert model.out_bias.shape == (29,) and model.out_bias.requires_grad
+        with torch.no_grad():
+            model.out_bias.normal_()
+        src, tgt = random_batch(model.cfg, [5, 3], [4, 2])
+        hidden = model(src, tgt, project=False)
+        weight = model.tgt_embed.weight if tie_output else model.out_proj.weight
+        torch.testing.assert_close(model(src, tgt), hidden @ weight.T + model.out_bias)
+
+
+def test_embeddings_unscaled_when_asked():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(scale_embeddings=False))
+    ids = torch.tensor([[4, 5, 6]])
+    torch.testing.assert_close(model.src_embed(ids), model.src_embed.weight[ids])
+
+
+def test_decoder_may_start_from_pad_and_always_sees_position_0():
+    """Marian's decoder starts from the pad id: position 0 stays visible to every query,
+    teacher forcing equals incremental decoding, and padding after it changes nothing."""
+    torch.manual_seed(0)
+    cfg = tiny_config(pad_id=22, bos_id=22, eos_id=0)
+    model = Transformer(cfg).eval()
+    src, tgt = random_batch(cfg, [5, 3], [4, 2])
+    assert (tgt[:, 0] == cfg.pad_id).all()
+    _, weights = model.forward_with_attention(src, tgt)
+    for w in weights["decoder_self"]:  # [B, h, T, T]: every row attends to position 0
+        assert (w[..., 0] > 0).all()
+    logits = model(src, tgt)
+    memory = model.encode(src)
+    state = DecoderState()
+    steps = [model.decode(tgt[:, t : t + 1], memory, src, state) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1)[0], logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(steps[0][1], logits[1, :1], atol=1e-5, rtol=1e-5)
+    short = model(src[1:, :3], tgt[1:, :2])  # the second sentence without its padding
+    torch.testing.assert_close(short[0], logits[1, :2], atol=1e-5, rtol=1e-5)

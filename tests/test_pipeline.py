@@ -4,6 +4,7 @@ average, and the command line's errors for bad input."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import signal
@@ -220,3 +221,16 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, corpus):
     for name in saved:
         if name.startswith("checkpoint_epoch"):
             assert (out / name).exists() or len(after["epoch_checkpoints"]) == 3
+
+
+def test_a_linear_schedule_decays_to_zero_at_max_steps(tmp_path, corpus):
+    out = tmp_path / "linear"
+    assert main(train_argv(corpus, out, "max_steps=20", "schedule=linear")) == 0
+    lr = [r["lr"] for r in records(out, "train")]
+    top = lr.index(max(lr))
+    # Update k uses peak * min(1, k / 10) * (1 - (k - 1) / 20): 0.55 peak at k = 10, then
+    # down to 0.05 peak at the last.
+    assert len(lr) == 20 and top == 9
+    assert all(a > b for a, b in itertools.pairwise(lr[top:])) and lr[-1] == pytest.approx(
+        lr[top] / 11
+    )

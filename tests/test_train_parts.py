@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from aiayn.errors import RecipeError
 from aiayn.train.loss import label_smoothed_cross_entropy
-from aiayn.train.schedule import NoamSchedule, noam_rate
+from aiayn.train.schedule import NoamSchedule, noam_rate, scheduled_rate
 
 
 def test_loss_equals_torch_label_smoothing_and_ignores_pads():
@@ -65,3 +68,45 @@ def test_schedule_drives_the_optimizer_and_resumes():
     resumed = NoamSchedule(opt2, d_model=64, warmup=10, scale=2.0)
     resumed.load_state_dict(sched.state_dict())
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+
+
+def test_budgeted_schedules_share_the_warmup_and_reach_zero_at_the_end():
+    d, w = 256, 100
+    peak = noam_rate(w, d, w)
+    for kind in ("linear", "cosine", "noam_cooldown"):
+        assert scheduled_rate(kind, w, 0.0, d, w) == pytest.approx(peak)  # Eq. 3's peak
+        assert scheduled_rate(kind, w // 2, 0.0, d, w) == pytest.approx(peak / 2)  # warmup
+        assert scheduled_rate(kind, 5000, 1.0, d, w) == 0.0  # budget spent
+        rates = [scheduled_rate(kind, w + i, i / 100, d, w) for i in range(101)]
+        assert all(a >= b for a, b in itertools.pairwise(rates))  # only down after warmup
+    assert scheduled_rate("linear", w, 0.25, d, w) == pytest.approx(0.75 * peak)
+    assert scheduled_rate("cosine", w, 0.5, d, w) == pytest.approx(0.5 * peak)
+    # Inverse square root until the cool-down (the last 20%), then linearly to 0.
+    assert scheduled_rate("noam_cooldown", 400, 0.8, d, w) == pytest.approx(noam_rate(400, d, w))
+    assert scheduled_rate("noam_cooldown", 400, 0.9, d, w) == pytest.approx(
+        noam_rate(400, d, w) / 2
+    )
+    assert scheduled_rate("noam", 400, 0.9, d, w) == noam_rate(400, d, w)  # no budget
+
+
+def test_a_budgeted_schedule_reads_the_budget_and_resumes():
+    used = {"now": 0.0}
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+    sched = NoamSchedule(opt, 64, 10, kind="linear", time_used=lambda: used["now"])
+    for _ in range(20):
+        sched.step()
+    used["now"] = 0.5
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * noam_rate(10, 64, 10))
+    opt2 = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+    resumed = NoamSchedule(opt2, 64, 10, kind="linear", time_used=lambda: used["now"])
+    resumed.load_state_dict(sched.state_dict())
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    with pytest.raises(RecipeError, match="needs a budget"):
+        NoamSchedule(opt, 64, 10, kind="cosine")
+    steps = NoamSchedule(opt, 64, 10, kind="linear", max_steps=40)  # updates: 20 of 40 done
+    for _ in range(20):
+        steps.step()
+    assert steps.rate() == pytest.approx(0.5 * noam_rate(10, 64, 10))
+    with pytest.raises(RecipeError, match="schedule must be one of"):
+        NoamSchedule(opt, 64, 10, kind="step")

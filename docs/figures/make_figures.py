@@ -2,12 +2,17 @@
 
     python docs/figures/make_figures.py --model runs/de-en      # or: make figures MODEL=...
 
-Always: positional_encoding.png, masks.png, warmup.png. With ``--model`` (a directory that
-`aiayn train` wrote, e.g. with recipes/multi30k.yaml): training_curves.png from its
-metrics.jsonl and the attention heatmaps attention_cross.png and attention_heads.png,
-plus attention_heads.txt with the head statistics the tour quotes. Without a model those
-are left as they are (the committed ones come from a Multi30k de-en model trained with
-recipes/multi30k.yaml for 32 minutes: 7.6M parameters, 928 updates; see tour page 17).
+Always, from the library alone: figure1.png (Figure 1 with traced shapes) and
+worked_example.png (page 0), attention_shapes.png (page 3), masks.png (page 4),
+head_split.png (page 5), positional_encoding.png (page 6), warmup.png (page 14).
+
+With ``--model`` (a directory that `aiayn train` wrote, e.g. with recipes/multi30k.yaml):
+training_curves.png and training_run.txt (its summary) from its metrics.jsonl and
+recipe.yaml, and the attention heatmaps attention_cross.png and attention_heads.png, with
+attention_heads.txt: the head statistics and readings pages 14 and 17 print. Without a
+model those are left as they are. The tour's pages print the .txt files, and
+tests/test_tour.py compares what they print with the pages, so text that quotes these
+figures is checked against them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
+import diagrams  # docs/figures/diagrams.py, beside this file
+from matplotlib.ticker import FuncFormatter
+
+from aiayn.inspect.curves import read_metrics, series, smooth
 from aiayn.model.embedding import sinusoidal_table
 from aiayn.model.masks import causal_mask, decoder_self_mask, padding_mask
 from aiayn.train.schedule import noam_rate
@@ -60,7 +69,9 @@ def buggy_table(max_len: int, d_model: int) -> torch.Tensor:
 
 
 def positional_encoding() -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [3, 3, 2]})
+    fig, axes = plt.subplots(
+        1, 3, figsize=(15, 4.4), layout="constrained", gridspec_kw={"width_ratios": [3, 3, 2.4]}
+    )
     for ax, table, title in (
         (axes[0], sinusoidal_table(100, 128), "sinusoidal_table(100, 128) (the library)"),
         (axes[1], buggy_table(100, 128), "halved-exponent bug: 10000^(i/d), not 10000^(2i/d)"),
@@ -69,13 +80,14 @@ def positional_encoding() -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("dimension")
         ax.set_ylabel("position")
-    fig.colorbar(im, ax=axes[:2], fraction=0.02)
+    fig.colorbar(im, ax=axes[:2], location="right", fraction=0.04, pad=0.01, label="value")
     table = sinusoidal_table(100, 128)
     for dim in (0, 10, 40, 80):
         axes[2].plot(table[:, dim].numpy(), label=f"dim {dim}")
-    axes[2].set_title("single dimensions over positions", fontsize=10)
+    axes[2].set_title("single dimensions of the library's table", fontsize=10)
     axes[2].set_xlabel("position")
-    axes[2].legend(fontsize=8, loc="lower left")
+    axes[2].set_ylim(-1.1, 1.6)
+    axes[2].legend(fontsize=8, loc="upper center", ncols=4, columnspacing=0.8)
     save(fig, "positional_encoding.png")
 
 
@@ -88,7 +100,7 @@ def masks() -> None:
         (decoder_self_mask(tgt_in, pad)[1, 0], "decoder self-attention mask,\nsentence 2"),
         (decoder_self_mask(tgt_in, pad)[0, 0], "decoder self-attention mask,\nsentence 1"),
     ]
-    fig, axes = plt.subplots(1, 4, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(13, 3.8), layout="constrained")
     labels = ["<s>", "y1", "y2", "y3", "y4", "y5"]
     for ax, (mask, title) in zip(axes, panels):
         ax.imshow(mask.float().numpy(), cmap="gray", vmin=0, vmax=1)
@@ -96,7 +108,7 @@ def masks() -> None:
         ax.set_xticks(range(6), labels, fontsize=8)
         ax.set_yticks(range(6), labels, fontsize=8)
         ax.set_xlabel("key (attended to)")
-        ax.set_ylabel("query")
+    axes[0].set_ylabel("query")
     fig.suptitle("white: may attend; black: masked (-inf before the softmax)", fontsize=10)
     save(fig, "masks.png")
 
@@ -117,31 +129,85 @@ def warmup() -> None:
     save(fig, "warmup.png")
 
 
+def _recipe(model_dir: Path) -> dict:
+    import yaml
+
+    path = model_dir / "recipe.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def training_curves(model_dir: Path) -> None:
-    records = [json.loads(line) for line in (model_dir / "metrics.jsonl").open()]
-    train = [r for r in records if r["kind"] == "train"]
-    valid = [r for r in records if r["kind"] == "valid"]
+    """training_curves.png and training_run.txt from the run's metrics.jsonl."""
+    records = read_metrics(model_dir)
+    recipe = _recipe(model_dir)
+    eps, warmup = recipe.get("label_smoothing", 0.1), recipe.get("warmup")
+    steps, loss = series(records, "train", "loss")
+    _, nll = series(records, "train", "nll")
+    _, lr = series(records, "train", "lr")
+    v_steps, v_loss = series(records, "valid", "loss")
+    _, v_ppl = series(records, "valid", "ppl")
+    _, v_bleu = series(records, "valid", "bleu")
+    v_nll = [math.log(p) for p in v_ppl]
     window = 50
-    smooth = [
-        sum(r["nll"] for r in train[max(0, i - window + 1) : i + 1]) / min(i + 1, window)
-        for i in range(len(train))
-    ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    steps = [r["step"] for r in train]
-    axes[0].plot(steps, [r["loss"] for r in train], alpha=0.25, label="train loss (smoothed LS)")
-    axes[0].plot(steps, smooth, label=f"train NLL, mean of {window} updates")
-    axes[0].plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="val loss")
-    axes[0].set_ylabel("loss per target token (nats)")
-    axes[0].set_ylim(0, 10)
-    axes[0].legend(fontsize=8)
-    axes[1].plot([r["step"] for r in valid], [r["bleu"] for r in valid], "o-", color="C2")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), layout="constrained")
+    ax = axes[0]
+    ax.plot(steps, loss, color="C0", alpha=0.15, lw=0.8)
+    ax.plot(steps, smooth(loss, window), color="C0",
+            label=f"train: label-smoothed loss (eps {eps}), mean of {window} updates")
+    ax.plot(steps, smooth(nll, window), color="C0", ls="--",
+            label=f"train: NLL of the reference, mean of {window} updates")
+    ax.plot(v_steps, v_loss, "o-", color="C1", ms=4, label="val: label-smoothed loss")
+    ax.plot(v_steps, v_nll, "o--", color="C1", ms=4, label="val: NLL = ln(perplexity)")
+    ax.set_ylabel("nats per target token")
+    ax.set_ylim(0, min(10, max(loss) * 1.05))
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("loss (solid) is what training minimises; NLL (dashed) has no smoothing",
+                 fontsize=9)
+    axes[1].plot(v_steps, v_bleu, "o-", color="C2", ms=4)
     axes[1].set_ylabel("val BLEU (greedy)")
-    axes[2].plot(steps, [r["lr"] for r in train], color="C3")
+    axes[1].set_title("validation BLEU", fontsize=9)
+    axes[2].plot(steps, lr, color="C3")
+    axes[2].yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.1e}" if y else "0"))
     axes[2].set_ylabel("learning rate")
+    axes[2].set_title("learning rate (Eq. 3)", fontsize=9)
     for ax in axes:
         ax.set_xlabel("update")
+        ax.tick_params(labelsize=8)
+        if warmup and warmup <= steps[-1]:
+            ax.axvline(warmup, color="#888", ls=":", lw=1)
+    if warmup and warmup <= steps[-1]:
+        axes[2].text(warmup, 0, f"end of warmup ({warmup}) ", fontsize=8, color="#555",
+                     va="bottom", ha="right")
+
     fig.suptitle(f"training of {model_dir.name} (metrics.jsonl)", fontsize=10)
     save(fig, "training_curves.png")
+
+    train = [r for r in records if r.get("kind") == "train"]
+    minutes = max(r.get("seconds", 0) for r in train) / 60
+    peak = max(range(len(lr)), key=lr.__getitem__)
+    best = max(range(len(v_bleu)), key=v_bleu.__getitem__) if v_bleu else None
+    model = recipe.get("model", {})
+    fields = [f"{k} {model[k]}" for k in ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+              if k in model]
+    fields += [f"{k} {recipe[k]}" for k in ("label_smoothing", "warmup", "max_tokens",
+                                            "time_limit_minutes") if k in recipe]
+    lines = [
+        f"the run of training_curves.png: {model_dir.name}",
+        "recipe: " + ", ".join(fields),
+        f"updates: {steps[-1]} in {minutes:.1f} minutes"
+        + (f" (warmup ends at update {warmup})" if warmup else ""),
+        f"learning rate: peak {lr[peak]:.2e} at update {steps[peak]}, last {lr[-1]:.2e}",
+        f"train, mean of the last {window} updates: label-smoothed loss "
+        f"{smooth(loss, window)[-1]:.2f}, NLL {smooth(nll, window)[-1]:.2f}",
+    ]
+    if best is not None:
+        lines.append(
+            f"val: {len(v_steps)} validations; best BLEU (greedy) {v_bleu[best]:.1f} at update "
+            f"{v_steps[best]}; last {v_bleu[-1]:.1f} at update {v_steps[-1]}, loss "
+            f"{v_loss[-1]:.2f}, perplexity {v_ppl[-1]:.2f}"
+        )
+    (HERE / "training_run.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
 
 
 def attention(model_dir: Path) -> None:
@@ -192,13 +258,36 @@ def attention(model_dir: Path) -> None:
     m = maps[FIGURE_SENTENCE]
     lines.append(f"figure sentence: {SENTENCES[FIGURE_SENTENCE]}")
     lines.append(f"its translation: {tokenizer.decode(tokenizer.encode(''.join(m.target[:-1])))}")
+    # What the drawn heads read: each query's strongest key, on the figure sentence.
+    last = len(m.weights["cross"]) - 1
+    sharp = torch.stack([mp.weights["cross"][last].max(-1).values.mean(-1) for mp in maps])
+    sharp = sharp.mean(0)  # [h]: each cross head's mean strongest weight over the sentences
+    lines.append(
+        f"cross-attention layer {last + 1}, mean strongest weight per head: "
+        + ", ".join(f"head {i + 1} {x:.2f}" for i, x in enumerate(sharp.tolist()))
+    )
+    sharpest = int(sharp.argmax())
+    src = [p.replace("\u2581", "") for p in m.source]
+    tgt = [p.replace("\u2581", "") for p in m.target]
+
+    def reads(w: torch.Tensor, queries: list[str], keys: list[str]) -> str:
+        return "  ".join(f"{queries[i]}<-{keys[j]}" for i, j in enumerate(w.argmax(-1).tolist()))
+
+    for (kind, layer, head), what in ((prev_key, "previous-word"), (far_key, "long-range")):
+        lines.append(
+            f"reads, {what} head (encoder layer {layer + 1} head {head + 1}): "
+            + reads(m.weights[kind][layer][head], src, src)
+        )
+    heads = m.weights["cross"][last]
+    lines.append(f"reads, sharpest cross head ({sharpest + 1}): " + reads(heads[sharpest], tgt, src))
+    lines.append("reads, mean of the cross heads: " + reads(heads.mean(0), tgt, src))
     (HERE / "attention_heads.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
     src = [p.replace("\u2581", "_") for p in m.source]
     tgt = [p.replace("\u2581", "_") for p in m.target]
     size = 0.3 * max(len(src), len(tgt)) + 2
-    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size), layout="constrained")
     for ax, (kind, layer, head), what in (
         (axes[0], prev_key, "a previous-word head"),
         (axes[1], far_key, "a long-range head"),
@@ -219,14 +308,14 @@ def attention(model_dir: Path) -> None:
         ax.set_ylabel("query")
     save(fig, "attention_heads.png")
 
-    last = len(m.weights["cross"]) - 1
-    heads = m.weights["cross"][last]
     panels = [heads.mean(0), *heads]
     titles = ["mean of heads"] + [f"head {i + 1}" for i in range(len(heads))]
     cols, rows = 3, (len(panels) + 2) // 3
     width = 0.25 * len(src) + 1.5
     height = 0.25 * len(tgt) + 1.0
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(cols * width, rows * height + 0.6), squeeze=False, layout="constrained"
+    )
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, data, title in zip(axes.flat, panels, titles):
@@ -247,6 +336,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a trained model directory (metrics.jsonl, checkpoint)")
     args = parser.parse_args()
+    out = save
+    diagrams.figure1(out)
+    diagrams.worked_example(out)
+    diagrams.attention_shapes(out)
+    diagrams.head_split(out)
     positional_encoding()
     masks()
     warmup()

@@ -3,8 +3,16 @@ atomic save, load with clear errors, averaging (Section 6.1), the file names of 
 directory, and loading a ready model and its tokenizer from one file.
 
 A checkpoint is a dict saved by torch: ``model`` (state_dict), ``config``
-(TransformerConfig as a dict), ``tokenizer`` (the SentencePiece model's bytes), and for
+(TransformerConfig as a dict), ``tokenizer`` (the tokenizer's bytes: a SentencePiece model,
+or a Marian tokenizer's archive; :meth:`Tokenizer.from_bytes` reads either), and for
 resuming ``optimizer``, ``schedule``, ``rng``, ``step``, ``epoch`` and the like.
+
+Models that came from elsewhere carry two more entries, kept by fine-tuning:
+``generation``, the generation settings they were published with (an imported Marian
+model's ``generation_config.json`` as a dict: ``num_beams``, ``max_length``,
+``length_penalty``, ``bad_words_ids``, ...; read with :func:`generation_settings`), and
+``origin`` (where it came from: ``{"format": "marian", "path": ...}``, and for a
+fine-tuned run the model it started from).
 """
 
 from __future__ import annotations
@@ -102,15 +110,56 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
-def check_vocab(state: dict[str, Any], vocab_size: int, path: str | Path, what: str) -> None:
-    """CheckpointError unless the checkpoint's model was built for ``vocab_size`` tokens."""
+def check_vocab(
+    state: dict[str, Any], tokenizer: Tokenizer | int, path: str | Path, what: str
+) -> None:
+    """CheckpointError unless the checkpoint's model was built for ``tokenizer``: its
+    source and target vocabulary sizes and its pad, BOS (decoder start) and EOS ids (or,
+    given a number, for one joint vocabulary of that many tokens)."""
     cfg = state["config"]
-    sizes = {cfg["src_vocab_size"], cfg["tgt_vocab_size"]}
-    if sizes != {vocab_size}:
+    if isinstance(tokenizer, int):
+        sizes = {cfg["src_vocab_size"], cfg["tgt_vocab_size"]}
+        if sizes != {tokenizer}:
+            raise CheckpointError(
+                f"{path}: checkpoint was trained with vocabulary size {sorted(sizes)}, "
+                f"but {what} has {tokenizer} tokens; use the tokenizer it was trained with"
+            )
+        return
+    model = (cfg["src_vocab_size"], cfg["tgt_vocab_size"])
+    if model != (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size):
+        sizes = sorted(set(model))
+        theirs = sorted({tokenizer.src_vocab_size, tokenizer.tgt_vocab_size})
         raise CheckpointError(
-            f"{path}: checkpoint was trained with vocabulary size {sorted(sizes)}, "
-            f"but {what} has {vocab_size} tokens; use the tokenizer it was trained with"
+            f"{path}: checkpoint was trained with vocabulary size {sizes}, but {what} has "
+            f"{theirs} tokens; use the tokenizer it was trained with"
         )
+    config = TransformerConfig.from_dict(cfg)
+    for name in ("pad_id", "bos_id", "eos_id"):
+        if getattr(config, name) != getattr(tokenizer, name):
+            raise CheckpointError(
+                f"{path}: the model's {name} is {getattr(config, name)} but {what} says "
+                f"{getattr(tokenizer, name)}; use the tokenizer it was trained with"
+            )
+
+
+def generation_settings(state: dict[str, Any]) -> dict[str, Any]:
+    """The generation settings a checkpoint carries (``{}`` for aiayn's own models): the
+    ``generation_config.json`` of an imported Marian model, kept through fine-tuning."""
+    return dict(state.get("generation") or {})
+
+
+def split_model_spec(spec: str | Path) -> tuple[Path, str]:
+    """``MODEL_DIR[:CHECKPOINT]`` -> (model directory, checkpoint: auto, best, last,
+    averaged or a file, relative to the directory unless absolute). A path that exists is
+    taken whole (a directory, or a checkpoint file)."""
+    text = str(spec)
+    if Path(text).exists() or ":" not in text:
+        path = Path(text)
+        return (path.parent, str(path)) if path.is_file() else (path, "auto")
+    directory, which = text.rsplit(":", 1)
+    if which not in CHECKPOINT_NAMES and which != "auto" and not Path(which).is_absolute():
+        which = str(Path(directory) / which)
+    return Path(directory), which
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
@@ -121,8 +170,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
     first = states[0]
-    for p, s in zip(paths[1:], states[1:]):
-        if s["config"] != first["config"]:
+    configs = [TransformerConfig.from_dict(s["config"]) for s in states]  # defaults filled in
+    for p, config in zip(paths[1:], configs[1:]):
+        if config != configs[0]:
             raise CheckpointError(f"{p}: model config differs from {paths[0]}; cannot average")
     averaged = {}
     for name, tensor in first["model"].items():
@@ -173,6 +223,26 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return device
 
 
+def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transformer, Tokenizer]:
+    """The model (float32, training mode) and tokenizer of a checkpoint read from ``path``
+    by :func:`load_checkpoint`; CheckpointError naming ``path`` when they do not fit."""
+    if "tokenizer" not in state:
+        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
+    try:
+        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    check_vocab(state, tokenizer, path, "its tokenizer")
+    cfg = TransformerConfig.from_dict(state["config"])
+    model = Transformer(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+    return model, tokenizer
+
+
 def load_model(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -194,20 +264,7 @@ def load_model(
     if quantize and precision != "fp32":
         raise AiaynError("int8 quantization and bf16 precision exclude each other; pick one")
     state = load_checkpoint(path, map_location=device)
-    if "tokenizer" not in state:
-        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
-    try:
-        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-    except TokenizerError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-    check_vocab(state, tokenizer.vocab_size, path, "its tokenizer")
-    cfg = TransformerConfig.from_dict(state["config"])
-    model = Transformer(cfg)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+    model, tokenizer = model_from_state(state, path)
     model = model.to(device=device, dtype=PRECISIONS[precision]).eval()
     if quantize:
         model = quantize_dynamic_int8(model)

@@ -14,16 +14,25 @@ from aiayn.errors import ConfigError
 # The special token ids, fixed for every vocabulary aiayn builds (SentencePiece models and
 # the demo's word list alike); TransformerConfig's defaults.
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# The FFN activations (Eq. 2 uses relu); swish is SiLU, x * sigmoid(x); gelu the exact one.
+ACTIVATIONS = ("relu", "swish", "gelu")
 
 
 @dataclass
 class TransformerConfig:
     """Hyper-parameters of an encoder-decoder Transformer.
 
-    Special ids (``pad_id``, ``bos_id``, ``eos_id``) must agree with the tokenizer.
+    Special ids (``pad_id``, ``bos_id``, ``eos_id``) must agree with the tokenizer; every
+    part of aiayn (padding, batching, masks, loss, decoding) takes them from here.
+    ``bos_id`` is the token the decoder starts from; it may equal ``pad_id`` (Marian's
+    decoder starts from pad), and decoder self-attention always sees position 0.
     ``share_embeddings`` shares the source and target embedding tables (needs one joint
     vocabulary); ``tie_output`` ties the pre-softmax projection to the target embedding
     (Section 3.4). Both on gives the paper's three-way tying.
+
+    The fields after ``tie_output`` extend the paper and default to it; ``activation``,
+    ``output_bias``, ``scale_embeddings`` and ``activation_dropout`` describe pretrained
+    Marian (OPUS-MT) models (:mod:`aiayn.marian`).
     """
 
     src_vocab_size: int
@@ -46,6 +55,10 @@ class TransformerConfig:
     learned_positions: bool = False  # Section 3.5 compares both; sinusoidal is the paper's
     attention_dropout: float = 0.0  # dropout on attention weights (tensor2tensor; not the paper)
     layer_norm_eps: float = 1e-5
+    activation: str = "relu"  # of the FFN's hidden layer: relu (Eq. 2), swish (SiLU) or gelu
+    activation_dropout: float = 0.0  # dropout after the FFN's activation (Marian's)
+    output_bias: bool = False  # a bias on the pre-softmax projection (Marian's final_logits_bias)
+    scale_embeddings: bool = True  # embeddings times sqrt(d_model) (Section 3.4)
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ConfigError:
@@ -61,7 +74,7 @@ class TransformerConfig:
             raise bad(
                 "n_heads", f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise bad(name, f"must be in [0, 1), got {getattr(self, name)}")
         for name in ("pad_id", "bos_id", "eos_id"):
@@ -69,8 +82,11 @@ class TransformerConfig:
             limit = min(self.src_vocab_size, self.tgt_vocab_size)
             if not 0 <= value < limit:
                 raise bad(name, f"{value} is outside the vocabulary [0, {limit})")
-        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
-            raise bad("pad_id", "pad_id, bos_id and eos_id must be three different ids")
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise bad("eos_id", f"{self.eos_id} is also pad_id or bos_id; EOS needs its own id")
+        if self.activation not in ACTIVATIONS:
+            choices = ", ".join(ACTIVATIONS)
+            raise bad("activation", f"must be one of {choices}, got {self.activation!r}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise bad(
                 "share_embeddings",

@@ -47,3 +47,9 @@ class DecodeError(AiaynError):
 
 class TrainingError(AiaynError):
     """Training that cannot go on: e.g. many updates in a row with a non-finite loss."""
+
+
+class ConversionError(AiaynError):
+    """A model folder of another library that cannot be imported (missing or damaged file,
+    another model type), or a model that another library's format cannot hold; names the
+    file or the field."""

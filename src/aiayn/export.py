@@ -15,16 +15,26 @@ What the export guarantees (tests/test_export.py checks each against our model):
   table written out explicitly (the interleaved sin/cos of Section 3.5, or the learned
   one; CTranslate2's built-in table has another layout), shared embeddings and a tied
   output projection. In float32, CTranslate2's scores equal ours to float rounding.
+* The FFN activation (relu, swish or gelu), unscaled embeddings and the output bias of
+  pretrained Marian models are mapped too, so an imported or fine-tuned OPUS-MT model
+  goes on to CTranslate2 as well.
 * The vocabulary is the SentencePiece pieces in id order; CTranslate2's ``<s>`` (decoder
   start), ``</s>`` and ``<unk>`` are our ids 1, 2, 3. Sources get no BOS/EOS, as ours.
   Feed CTranslate2 the pieces of ``spm.model``: ``sp.encode(text, out_type=str)``.
+  A Marian model's vocabularies are its ``vocab.json`` pieces in id order (source and
+  target, when separate), its decoder starts from ``<pad>`` as ours does, and CTranslate2
+  appends ``</s>`` to each source as its tokenizer does: feed it the pieces of
+  ``source.spm`` (with a leading ``>>xx<<`` language token where the model has them).
+  The folder holds the tokenizer's files (``spm.model``, or ``source.spm``,
+  ``target.spm``, ``vocab.json``, ...).
 
 Decoding differences (the model is the same; the search options are CTranslate2's):
 
 * CTranslate2 does not forbid ``<pad>`` and ``<s>`` as outputs, which our decoders do,
   and by default forbids ``</s>`` as the first output, which ours allow: pass
   ``translate_batch(..., **MATCH_AIAYN)`` (``suppress_sequences=[["<pad>"], ["<s>"]]``,
-  ``min_decoding_length=0``) to decode as ``aiayn`` does.
+  ``min_decoding_length=0``) to decode as ``aiayn`` does; for any model (a Marian one has
+  no ``<s>``), ``**match_aiayn(tokenizer, cfg)``.
 * Its ``length_penalty`` divides by length**penalty, not by GNMT's ((5 + length) / 6)**alpha
   used by ``aiayn`` (and it stops the search by another rule). With ``length_penalty=0``
   and our ``alpha=0`` both rank by total log-probability and the 1-best agrees; greedy
@@ -63,6 +73,13 @@ CT2_QUANTIZATIONS = (
 # ctranslate2.Translator.translate_batch options that make it decode as aiayn's decoders.
 MATCH_AIAYN: dict[str, Any] = {"suppress_sequences": [["<pad>"], ["<s>"]], "min_decoding_length": 0}
 INSTALL_HINT = "pip install ctranslate2 (or pip install 'aiayn[export]')"
+
+
+def match_aiayn(tokenizer: Tokenizer, cfg: Any) -> dict[str, Any]:
+    """:data:`MATCH_AIAYN` for any model: the pieces of its pad and decoder-start ids (what
+    our decoders never output) suppressed, an immediate EOS allowed."""
+    banned = dict.fromkeys([tokenizer.id_to_piece(cfg.pad_id), tokenizer.id_to_piece(cfg.bos_id)])
+    return {"suppress_sequences": [[p] for p in banned], "min_decoding_length": 0}
 
 
 class ExportError(AiaynError):
@@ -126,19 +143,22 @@ def build_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     (not yet validated, optimized or saved; :func:`export_ctranslate2` does that)."""
     ct2 = _ctranslate2()
     cfg = model.cfg
-    if {cfg.src_vocab_size, cfg.tgt_vocab_size} != {tokenizer.vocab_size}:
+    sizes = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    if (cfg.src_vocab_size, cfg.tgt_vocab_size) != sizes:
         raise ExportError(
             f"model vocabulary ({cfg.src_vocab_size}, {cfg.tgt_vocab_size}) does not match "
-            f"the tokenizer's {tokenizer.vocab_size} pieces"
+            f"the tokenizer's {sizes} pieces"
         )
+    activations = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}  # gelu: the exact one
     spec = ct2.specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.n_heads,
         pre_norm=cfg.norm_first,  # post-LN (the paper) otherwise: LN(x + sublayer(x))
-        activation=ct2.specs.Activation.RELU,
+        activation=getattr(ct2.specs.Activation, activations[cfg.activation]),
     )
     enc, dec = spec.encoder, spec.decoder
-    enc.scale_embeddings = dec.scale_embeddings = True  # x * sqrt(d_model), Section 3.4
+    # x * sqrt(d_model), Section 3.4 (unless a Marian model says otherwise)
+    enc.scale_embeddings = dec.scale_embeddings = cfg.scale_embeddings
     enc.embeddings[0].weight = _t(model.src_embed.weight)
     dec.embeddings.weight = _t(model.tgt_embed.weight)
     enc.position_encodings.encodings = _positions(model.src_pos)
@@ -154,16 +174,18 @@ def build_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
         _layer_norm(enc.layer_norm, model.encoder.norm)
         _layer_norm(dec.layer_norm, model.decoder.norm)
     out = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
-    _linear(dec.projection, out)  # tied or not; no bias either way
+    _linear(dec.projection, out, model.out_bias)  # tied or not; a bias in Marian models
 
-    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    spec.register_source_vocabulary(pieces)
+    source = [tokenizer.id_to_piece(i, source=True) for i in range(cfg.src_vocab_size)]
+    pieces = [tokenizer.id_to_piece(i) for i in range(cfg.tgt_vocab_size)]
+    spec.register_source_vocabulary(source)
     spec.register_target_vocabulary(pieces)
     spec.config.unk_token = pieces[tokenizer.unk_id]
     spec.config.bos_token = pieces[cfg.bos_id]
     spec.config.eos_token = pieces[cfg.eos_id]
     spec.config.decoder_start_token = pieces[cfg.bos_id]  # our decoder starts from BOS
-    spec.config.add_source_bos = spec.config.add_source_eos = False
+    spec.config.add_source_bos = False
+    spec.config.add_source_eos = tokenizer.add_source_eos  # Marian's sources end with EOS
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec
 
@@ -197,5 +219,5 @@ def export_ctranslate2(
             return build_spec(model, tokenizer)
 
     AiaynConverter().convert(str(out_dir), quantization=quantization, force=True)
-    (out_dir / "spm.model").write_bytes(tokenizer.to_bytes())
+    tokenizer.save(out_dir)  # spm.model, or a Marian model's source.spm, vocab.json, ...
     return out_dir

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -14,7 +15,16 @@ from torch import Tensor
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.data.batching import pad, shift_target, sorted_batches
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decode import ContinuousBeamSearch, generate
+from aiayn.decode import ContinuousBeamSearch, DecodeOptions, Hypothesis, search
+from aiayn.decode.alignment import (
+    DEFAULT_LAYER,
+    cross_attention,
+    hard_alignment,
+    word_alignment,
+    word_starts,
+)
+from aiayn.decode.core import as_list
+from aiayn.decode.options import resolve
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 
@@ -46,59 +56,143 @@ class AttentionMap:
         return self.target, self.target_in if kind == "decoder_self" else self.source
 
 
+@dataclass
+class Translation:
+    """One output for one input line: its ``text``, the output ``pieces`` and ``ids`` (no
+    BOS or EOS), ``log_prob`` (total log-probability under the model, EOS and any forced
+    prefix included), ``score`` (the log-prob over the length penalty, what the search
+    ranks by) and, when asked for, the ``alignment``: (source word, output word) pairs."""
+
+    text: str
+    pieces: list[str]
+    ids: list[int]
+    log_prob: float
+    score: float
+    alignment: list[tuple[int, int]] | None = None
+
+
 class Translator:
     """Translates lists of sentences, keeping line alignment.
 
     Sentences are decoded in length-sorted batches (little padding) and returned in input
-    order; an empty (or blank) input line gives an empty output line.
+    order; an empty (or blank) input line gives an empty output line. Several models (one
+    tokenizer, one target vocabulary) decode as an ensemble that averages their next-token
+    probabilities; ``model`` is the first of them.
     """
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer):
-        self.model, self.tokenizer = model.eval(), tokenizer
-        self.device = next(model.parameters()).device
+    def __init__(self, model: Transformer | Sequence[Transformer], tokenizer: Tokenizer):
+        self.models = [m.eval() for m in as_list(model)]
+        self.model, self.tokenizer = self.models[0], tokenizer
+        self.device = next(self.model.parameters()).device
 
     @classmethod
     def from_dir(
         cls,
-        model_dir: str | Path,
-        checkpoint: str = "auto",
+        model_dir: str | Path | Sequence[str | Path],
+        checkpoint: str | Sequence[str] = "auto",
         device: str = "cpu",
         quantize: bool = False,
         precision: str = "fp32",
     ) -> Translator:
         """``checkpoint``: auto, best, last, averaged or a file; ``quantize``: int8 dynamic
         quantization, CPU only; ``precision``: fp32 or bf16 weights (see
-        :func:`aiayn.checkpoint.load_model`)."""
-        path = resolve_checkpoint(model_dir, checkpoint)
-        return cls(*load_model(path, device, quantize, precision))
+        :func:`aiayn.checkpoint.load_model`). Several directories, or several checkpoints
+        of one, make an ensemble; their tokenizers must be the same."""
+        dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
+        names = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+        paths = [resolve_checkpoint(d, n) for d, n in _members(dirs, names)]
+        models, tokenizer = [], None
+        for path in paths:
+            model, tok = load_model(path, device, quantize, precision)
+            if tokenizer is not None and tok.to_bytes() != tokenizer.to_bytes():
+                raise AiaynError(
+                    f"ensemble: {path} has another tokenizer than {paths[0]}; ensembled "
+                    "models must share one vocabulary"
+                )
+            models.append(model)
+            tokenizer = tok
+        try:
+            return cls(models, tokenizer)
+        except AiaynError as e:
+            raise AiaynError(f"{', '.join(map(str, paths))}: {e}") from None
 
     @property
     def max_source_tokens(self) -> int:
         """The longest source the model takes whole (one position is kept free)."""
-        return self.model.cfg.max_len - 1
+        return min(m.cfg.max_len for m in self.models) - 1
 
     def encode(self, line: str) -> list[int]:
-        """Source ids of ``line``, cut to :attr:`max_source_tokens`; [] for a blank line."""
-        return self.tokenizer.encode(line)[: self.max_source_tokens] if line.strip() else []
+        """Source ids of ``line`` (as the tokenizer makes them, EOS last for Marian models),
+        cut to :attr:`max_source_tokens`; [] for a blank line."""
+        return self.tokenizer.encode(line, self.max_source_tokens) if line.strip() else []
 
     def translate(
         self,
         lines: Sequence[str],
-        beam: int = 4,
-        alpha: float = 0.6,
-        n_best: int = 1,
-        max_len_b: int = 50,
+        options: DecodeOptions | int | None = None,
+        *,
+        prefixes: Sequence[str] | None = None,
+        first_line: int = 0,
         batch_size: int = 64,
         on_batch: Callable[[int], None] | None = None,
-        max_len_a: float = 1.0,
+        **settings: Any,
     ) -> list[list[str]]:
-        """``n_best`` translations (best first) for each line; beam 1 is greedy decoding.
-        Each output has at most ``max_len_a * source tokens + max_len_b`` tokens."""
-        ids = [self.encode(line) for line in lines]
-        outputs = self.translate_ids(
-            ids, beam, alpha, n_best, max_len_b, batch_size, on_batch, max_len_a
+        """``options.n_best`` translations (best first; samples in the order drawn) for each
+        line, as texts. ``options``: a :class:`DecodeOptions` (default beam 4, alpha 0.6;
+        beam 1 is greedy decoding); keyword ``settings`` (beam, alpha, n_best, max_len_a,
+        max_len_b, ...) override it, and an int in its place is the beam size. See
+        :meth:`translations` for ``prefixes`` and ``first_line``."""
+        found = self.translations(
+            lines,
+            options,
+            prefixes=prefixes,
+            first_line=first_line,
+            batch_size=batch_size,
+            on_batch=on_batch,
+            **settings,
         )
-        return [self.detokenize(candidates, n_best) for candidates in outputs]
+        n_best = decode_options(options, settings).n_best
+        return [[t.text for t in out] + [""] * (n_best - len(out)) for out in found]
+
+    def translations(
+        self,
+        lines: Sequence[str],
+        options: DecodeOptions | int | None = None,
+        *,
+        prefixes: Sequence[str] | None = None,
+        first_line: int = 0,
+        batch_size: int = 64,
+        on_batch: Callable[[int], None] | None = None,
+        alignment_layer: int | None = None,
+        **settings: Any,
+    ) -> list[list[Translation]]:
+        """For each line its outputs as :class:`Translation` objects (texts, pieces,
+        log-probs, scores; word alignments too when ``alignment_layer`` is given: the
+        decoder layer, from 1, -1 the last). ``prefixes[i]`` (text) is forced as the start
+        of line i's outputs (default: ``options.prefix`` for every line). Line i is line
+        ``first_line + i`` of the whole input, which seeds its samples."""
+        options = decode_options(options, settings)
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
+        ids = [self.encode(line) for line in lines]
+        texts = prefixes if prefixes is not None else [options.prefix] * len(lines)
+        forced = [self.tokenizer.encode_target(p) if p else [] for p in texts]
+        lines_at = range(first_line, first_line + len(lines))
+        hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch)
+        out = []
+        for src_ids, candidates in zip(ids, hyps):
+            found = [self._translation(h) for h in candidates]
+            if alignment_layer is not None and found:
+                links = self.align([src_ids] * len(found), [t.ids for t in found], alignment_layer)
+                for t, pairs in zip(found, links):
+                    t.alignment = pairs
+            out.append(found)
+        return out
+
+    def _translation(self, h: Hypothesis) -> Translation:
+        piece = self.tokenizer.id_to_piece
+        text = self.tokenizer.decode(h.tokens)
+        return Translation(text, [piece(i) for i in h.tokens], h.tokens, h.log_prob, h.score)
 
     def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
         """Texts of one line's n-best ids, padded with "" to ``n_best`` entries."""
@@ -108,43 +202,87 @@ class Translator:
     def translate_ids(
         self,
         ids: Sequence[Sequence[int]],
-        beam: int = 4,
-        alpha: float = 0.6,
-        n_best: int = 1,
-        max_len_b: int = 50,
+        options: DecodeOptions | int | None = None,
+        *,
         batch_size: int = 64,
         on_batch: Callable[[int], None] | None = None,
-        max_len_a: float = 1.0,
+        **settings: Any,
     ) -> list[list[list[int]]]:
         """Like :meth:`translate` on token ids: for each row its n-best output ids (no BOS
         or EOS), best first; an empty row gets no candidates."""
-        results: list[list[list[int]]] = [[] for _ in ids]
+        options = decode_options(options, settings)
+        hyps = self.hypotheses(ids, options, batch_size=batch_size, on_batch=on_batch)
+        return [[h.tokens for h in candidates] for candidates in hyps]
+
+    def hypotheses(
+        self,
+        ids: Sequence[Sequence[int]],
+        options: DecodeOptions,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        lines: Sequence[int] | None = None,
+        batch_size: int = 64,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """The searches' hypotheses for each row of source ``ids`` (none for an empty row),
+        with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples."""
+        results: list[list[Hypothesis]] = [[] for _ in ids]
+        lines = range(len(ids)) if lines is None else lines
         for index, src in sorted_batches(ids, batch_size, self.model.cfg.pad_id):
-            nbest = generate(
-                self.model,
+            found = search(
+                self.models if len(self.models) > 1 else self.model,
                 src.to(self.device),
-                beam,
-                alpha,
-                n_best,
-                max_len_a=max_len_a,
-                max_len_b=max_len_b,
+                options,
+                prefix=[prefixes[i] for i in index] if prefixes is not None else None,
+                lines=[lines[i] for i in index],
             )
-            for i, outputs in zip(index, nbest):
-                results[i] = outputs
+            for i, candidates in zip(index, found):
+                results[i] = candidates
             if on_batch is not None:
                 on_batch(len(index))
         return results
 
+    def align(
+        self,
+        src_ids: Sequence[Sequence[int]],
+        out_ids: Sequence[Sequence[int]],
+        layer: int = DEFAULT_LAYER,
+        batch_size: int = 64,
+    ) -> list[list[tuple[int, int]]]:
+        """Hard word alignments (source word, output word) of ``out_ids[i]`` to ``src_ids[i]``
+        from the first model's encoder-decoder attention at ``layer``, heads averaged
+        (:mod:`aiayn.decode.alignment`)."""
+        cfg, piece = self.model.cfg, self.tokenizer.id_to_piece
+        out: list[list[tuple[int, int]]] = [[] for _ in src_ids]
+        pairs = [i for i in range(len(src_ids)) if src_ids[i] and out_ids[i]]
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(self.device)
+            dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
+            weights = cross_attention(
+                self.model, src, pad(dec_in, cfg.pad_id).to(self.device), layer
+            )
+            for b, i in enumerate(chunk):
+                S, T = len(src_ids[i]), len(out_ids[i])
+                links = hard_alignment(weights[b, :T, :S].cpu())
+                src_words = word_starts([piece(t, source=True) for t in src_ids[i]])
+                tgt_words = word_starts([piece(t) for t in out_ids[i]])
+                out[i] = word_alignment(links, src_words, tgt_words)
+        return out
+
     def continuous_search(
-        self, beam: int = 4, alpha: float = 0.6, max_len_b: int = 50, max_len_a: float = 1.0
+        self,
+        options: DecodeOptions | int | None = None,
+        alpha: float | None = None,
+        max_len_b: int | None = None,
+        max_len_a: float | None = None,
     ) -> ContinuousBeamSearch:
         """A beam search on this model that sentences join and leave between decoding steps
         (``aiayn serve``'s continuous batching): feed it right-padded source ids (each
         add may set its own ``alpha``). Each sentence's hypotheses are those
         :meth:`translate_ids` gives it with these settings (``beam >= 2``; beam 1 there is
-        greedy decoding, which this is not)."""
+        greedy decoding, which this is not). An int in place of ``options`` is the beam."""
         return ContinuousBeamSearch(
-            self.model, beam, alpha, max_len_a=max_len_a, max_len_b=max_len_b
+            self.model, options, alpha, max_len_a=max_len_a, max_len_b=max_len_b
         )
 
     def attention_maps(
@@ -164,6 +302,7 @@ class Translator:
         with torch.no_grad():
             _, weights = self.model.forward_with_attention(src, tgt_in)
         piece = self.tokenizer.id_to_piece
+        start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
         maps = []
         for b, (s_ids, o_ids) in enumerate(zip(src_ids, out_ids)):
             S, T = len(s_ids), len(o_ids) + 1
@@ -171,9 +310,9 @@ class Translator:
             rows = {"encoder": S, "decoder_self": T, "cross": T}
             maps.append(
                 AttentionMap(
-                    source=[piece(i) for i in s_ids],
-                    target=[piece(i) for i in o_ids] + ["</s>"],
-                    target_in=["<s>"] + [piece(i) for i in o_ids],
+                    source=[piece(i, source=True) for i in s_ids],
+                    target=[piece(i) for i in o_ids] + [piece(cfg.eos_id)],
+                    target_in=[start] + [piece(i) for i in o_ids],
                     weights={
                         k: [w[b, :, : rows[k], : cols[k]].float().cpu() for w in weights[k]]
                         for k in ATTENTION_KINDS
@@ -188,5 +327,32 @@ class Translator:
         ids = self.encode(sentence)
         if not ids:
             raise AiaynError("attention: the sentence is empty")
-        best = self.translate_ids([ids], beam, alpha)[0]
+        best = self.translate_ids([ids], DecodeOptions(beam=beam, alpha=alpha))[0]
         return self.attention_maps([ids], [best[0] if best else []])[0]
+
+
+def decode_options(options: DecodeOptions | int | None, settings: dict[str, Any]) -> DecodeOptions:
+    """``options`` with the keyword ``settings`` of the Translator's methods applied (an int
+    in place of options is the beam size); unknown settings are an error."""
+    if isinstance(options, int) and not isinstance(options, bool):
+        options, settings = None, {"beam": options, **settings}
+    known = DecodeOptions.__dataclass_fields__
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise AiaynError(f"unknown decoding setting(s): {', '.join(unknown)}")
+    return resolve(options, **settings)
+
+
+def _members(dirs: list, names: list) -> list[tuple]:
+    """(model directory, checkpoint) of each ensemble member: one checkpoint name for every
+    directory, several checkpoints of one directory, or one per directory."""
+    if len(names) == 1:
+        return [(d, names[0]) for d in dirs]
+    if len(dirs) == 1:
+        return [(dirs[0], n) for n in names]
+    if len(dirs) != len(names):
+        raise AiaynError(
+            f"ensemble: {len(dirs)} model directories but {len(names)} checkpoints "
+            "(give one checkpoint for all, one per directory, or several of one directory)"
+        )
+    return list(zip(dirs, names))

@@ -26,31 +26,69 @@ def write_text(path: str, text: str) -> None:
 
 
 def translator_for(args: argparse.Namespace, device: str | None = None):
+    """The Translator of ``--model`` (several: an ensemble) and ``--checkpoint``."""
     from aiayn.translator import Translator
 
     return Translator.from_dir(
         args.model,
-        checkpoint=args.checkpoint,
+        checkpoint=args.checkpoint if args.checkpoint else "auto",
         device=device or args.device,
         quantize=getattr(args, "quantize", False),
         precision=getattr(args, "precision", "fp32"),
     )
 
 
-def translate_lines(args: argparse.Namespace, lines: list[str], n_best: int = 1):
-    """``n_best`` translations per line. Under torchrun every process decodes its share of
-    the lines and rank 0 gets them all, in input order (the other ranks get None)."""
+def decode_options(args: argparse.Namespace, n_best: int = 1):
+    """The :class:`~aiayn.decode.DecodeOptions` of the decoding flags (checked there). The
+    beam defaults to 4, or to 1 when sampling (which takes no beam)."""
+    from aiayn.decode import DecodeOptions
+
+    beam = args.beam if args.beam is not None else (1 if args.sampling else 4)
+    return DecodeOptions(
+        beam=beam,
+        alpha=args.alpha,
+        n_best=n_best,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        length_penalty=args.length_penalty,
+        forced_eos=args.forced_eos,
+        sampling=args.sampling,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        prefix=getattr(args, "prefix", None) or "",
+    )
+
+
+def translate_lines(
+    args: argparse.Namespace,
+    lines: list[str],
+    n_best: int = 1,
+    prefixes: list[str] | None = None,
+    alignment_layer: int | None = None,
+):
+    """``n_best`` :class:`~aiayn.translator.Translation` objects per line. Under torchrun
+    every process decodes its share of the lines and rank 0 gets them all, in input order
+    (the other ranks get None); line indices stay those of the whole input, so samples do
+    not depend on the number of processes."""
     from aiayn.distributed import init_from_env
     from aiayn.progress import progress
 
+    options = decode_options(args, n_best)  # bad settings fail before the model loads
     world = init_from_env(args.device)
     translator = translator_for(args, world.device(args.device))
     share = world.shard(len(lines))
     mine = lines[share.start : share.stop]
     quiet = args.quiet or not world.is_main
     with progress(total=len(mine), desc="translate", unit="sent", disable=quiet) as bar:
-        outputs = translator.translate(
-            mine, beam=args.beam, alpha=args.alpha, n_best=n_best, on_batch=bar.update
+        outputs = translator.translations(
+            mine,
+            options,
+            prefixes=prefixes[share.start : share.stop] if prefixes is not None else None,
+            first_line=share.start,
+            on_batch=bar.update,
+            alignment_layer=alignment_layer,
         )
     return world.gather(outputs)
 
@@ -67,10 +105,57 @@ def add_inference_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_decoding_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
-    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
+def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> None:
+    if ensemble:
+        p.add_argument(
+            "--model",
+            required=True,
+            action="append",
+            help="model directory from `aiayn train`; repeat it for an ensemble",
+        )
+        p.add_argument(
+            "--checkpoint",
+            action="append",
+            help="auto|averaged|best|last or a .pt file (default auto); repeat it for an "
+            "ensemble of one directory's checkpoints, or give one per --model",
+        )
+    else:
+        p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+        p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument(
+        "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4; 1 sampling)"
+    )
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_search_flags(p: argparse.ArgumentParser) -> None:
+    """Length rule, penalty formula, sampling: the rest of DecodeOptions."""
+    g = p.add_argument_group("search")
+    g.add_argument(
+        "--max-len-a", type=float, default=1.0, help="output tokens <= a * source + b (a=1)"
+    )
+    g.add_argument("--max-len-b", type=int, default=50, help="(b=50)")
+    g.add_argument(
+        "--length-penalty",
+        choices=["gnmt", "hf"],
+        default="gnmt",
+        help="gnmt: ((5+|Y|)/6)^alpha (the paper's); hf: |Y|^alpha (Hugging Face's)",
+    )
+    g.add_argument(
+        "--forced-eos",
+        action="store_true",
+        help="an output that reaches its length limit ends with EOS scored 0 (generate()'s "
+        "forced_eos_token_id)",
+    )
+    g = p.add_argument_group("sampling")
+    g.add_argument(
+        "--sampling", action="store_true", help="draw each token (--n-best N: N samples)"
+    )
+    g.add_argument("--temperature", type=float, default=1.0, help="(default 1.0)")
+    g.add_argument("--top-k", type=int, default=0, help="only the k most likely (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1.0: all)")
+    g.add_argument(
+        "--seed", type=int, default=None, help="the same seed gives each line the same samples"
+    )

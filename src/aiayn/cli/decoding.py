@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from aiayn.cli.common import (
     add_decoding_flags,
     add_inference_flags,
+    add_search_flags,
     read_input,
     translate_lines,
     write_text,
@@ -21,18 +23,87 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if (args.input is None or args.input == "-") and init_from_env(args.device).size > 1:
         raise AiaynError("several processes read an input file, not stdin: give the file")
     lines = read_input(args.input)
-    outputs = translate_lines(args, lines, args.n_best)
+    prefixes = read_prefixes(args, len(lines))
+    outputs = translate_lines(args, lines, args.n_best, prefixes, alignment_layer(args))
     if outputs is None:  # not rank 0: rank 0 writes everything
         return 0
-    if args.n_best == 1:
-        text = "".join(candidates[0] + "\n" for candidates in outputs)
-    else:  # still one line per input line: the n-best joined by " ||| "
-        text = "".join(" ||| ".join(c) + "\n" if any(c) else "\n" for c in outputs)
+    if args.format == "jsonl":
+        text = "".join(
+            json.dumps(line_record(c, args.n_best), ensure_ascii=False) + "\n" for c in outputs
+        )
+    else:
+        text = "".join(text_line(c, args.n_best, args.alignment) + "\n" for c in outputs)
     if args.output:
         write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def render(outputs: list, n_best: int, args: argparse.Namespace) -> str:
+    """One line of text, or one JSON object (``--format jsonl``), per input line."""
+    if args.format == "jsonl":
+        records = (line_record(c, n_best) for c in outputs)
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    return "".join(text_line(c, n_best, args.alignment) + "\n" for c in outputs)
+
+
+def read_prefixes(args: argparse.Namespace, n_lines: int) -> list[str] | None:
+    """``--prefix-file``: one prefix per input line (an empty line: none for that line)."""
+    path = getattr(args, "prefix_file", None)
+    if path is None:
+        return None
+    if getattr(args, "prefix", None):
+        raise AiaynError("give one prefix for every line or a file of prefixes, not both")
+    prefixes = read_input(path)
+    if not prefixes and n_lines:
+        raise AiaynError(f"{path}: the prefix file is empty; give one line per input line")
+    if len(prefixes) != n_lines:
+        raise AiaynError(
+            f"{path}: {len(prefixes)} prefix line(s) for {n_lines} input line(s); give one "
+            "line per input line (an empty line forces nothing)"
+        )
+    return prefixes
+
+
+def alignment_layer(args: argparse.Namespace) -> int | None:
+    return args.alignment_layer if getattr(args, "alignment", False) else None
+
+
+def candidate_record(t, with_alignment: bool) -> dict:
+    record = {"text": t.text, "tokens": t.pieces, "score": t.score, "logprob": t.log_prob}
+    if with_alignment:
+        record["alignment"] = [list(p) for p in t.alignment or []]
+    return record
+
+
+def line_record(candidates: list, n_best: int) -> dict:
+    """One input line's JSON object: the best output's fields, and with ``n_best`` > 1 the
+    list of every output (best first; samples in the order drawn). An empty input line
+    gets an empty text and no scores (null)."""
+    with_alignment = any(t.alignment is not None for t in candidates)
+    if candidates:
+        record = candidate_record(candidates[0], with_alignment)
+    else:
+        record = {"text": "", "tokens": [], "score": None, "logprob": None}
+    if n_best > 1:
+        record["n_best"] = [candidate_record(t, with_alignment) for t in candidates]
+    return record
+
+
+def text_line(candidates: list, n_best: int, with_alignment: bool) -> str:
+    """Plain text: the output, or the n-best joined by " ||| "; with alignments each
+    output is followed by a tab and its Pharaoh pairs."""
+    from aiayn.decode.alignment import pharaoh
+
+    def one(t) -> str:
+        return f"{t.text}\t{pharaoh(t.alignment or [])}" if with_alignment else t.text
+
+    if not candidates:
+        return ""
+    if n_best == 1:
+        return one(candidates[0])
+    return " ||| ".join(one(t) for t in candidates)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -44,12 +115,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
-    outputs = translate_lines(args, src)
+    prefixes = read_prefixes(args, len(src))
+    outputs = translate_lines(args, src, 1, prefixes, alignment_layer(args))
     if outputs is None:  # not rank 0
         return 0
-    hyps = [h[0] for h in outputs]
+    hyps = [c[0].text if c else "" for c in outputs]
     if args.output:
-        write_text(args.output, "".join(h + "\n" for h in hyps))
+        if args.format == "jsonl":
+            text = "".join(
+                json.dumps(line_record(c, 1), ensure_ascii=False) + "\n" for c in outputs
+            )
+        else:
+            text = "".join(text_line(c, 1, args.alignment) + "\n" for c in outputs)
+        write_text(args.output, text)
     bleu = corpus_bleu(hyps, ref)
     print(f"{bleu}  [{bleu.signature}]")
     chrf = sacrebleu.corpus_chrf(hyps, [ref])
@@ -57,18 +135,48 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+    from aiayn.decode.alignment import DEFAULT_LAYER
+
+    p.add_argument(
+        "--format",
+        choices=["text", "jsonl"],
+        default="text",
+        help="text (default) or one JSON object per line: text, tokens, score, logprob",
+    )
+    p.add_argument(
+        "--alignment",
+        action="store_true",
+        help="word alignments (Pharaoh i-j) from encoder-decoder attention",
+    )
+    p.add_argument(
+        "--alignment-layer",
+        type=int,
+        default=DEFAULT_LAYER,
+        help=f"decoder layer for --alignment, from 1; -1 the last (default {DEFAULT_LAYER})",
+    )
+    p.add_argument("--prefix", help="text every output starts with (forced)")
+    p.add_argument("--prefix-file", help="one forced prefix per input line")
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
-    add_decoding_flags(p)
+    add_decoding_flags(p, ensemble=True)
+    add_search_flags(p)
     add_inference_flags(p)
+    add_output_flags(p)
     p.add_argument("input", nargs="?", help="input file (plain or .gz); default stdin")
     p.add_argument("-o", "--output", help="output file; default stdout")
-    p.add_argument("--n-best", type=int, default=1, help="candidates per line, ' ||| '-joined")
+    p.add_argument(
+        "--n-best", type=int, default=1, help="outputs per line (' ||| '-joined; samples)"
+    )
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("evaluate", help="translate --src and print BLEU against --ref")
-    add_decoding_flags(p)
+    add_decoding_flags(p, ensemble=True)
+    add_search_flags(p)
     add_inference_flags(p)
+    add_output_flags(p)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("-o", "--output", help="also write the translations here")

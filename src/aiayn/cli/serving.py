@@ -1,4 +1,4 @@
-"""`aiayn serve` and `aiayn export`: the model behind HTTP, or in another runtime."""
+"""`aiayn serve`: the model behind HTTP."""
 
 from __future__ import annotations
 
@@ -57,19 +57,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
-    from aiayn.export import ExportExistsError, export_ctranslate2
-
-    try:
-        out = export_ctranslate2(
-            args.model, args.out, args.checkpoint, args.quantization, args.force
-        )
-    except ExportExistsError as e:
-        raise AiaynError(f"{e}; give --force to replace it") from None
-    print(f"exported {args.model} -> {out} (CTranslate2, {args.quantization})")
-    return 0
-
-
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="an HTTP translation server with batching and a web page")
     p.add_argument("--model", required=True, help="model directory from `aiayn train`")
@@ -114,18 +101,3 @@ def add_parsers(sub) -> None:
     p.add_argument("--api-key-env", help="require the API key held in this variable")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_serve)
-
-    """`aiayn export FORMAT ...`: one sub-command per target runtime."""
-    from aiayn.export import CT2_QUANTIZATIONS
-
-    p = sub.add_parser("export", help="convert a trained model for another inference runtime")
-    formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
-    p = formats.add_parser("ctranslate2", help="a CTranslate2 model folder (needs ctranslate2)")
-    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
-    p.add_argument("--out", required=True, help="output folder (model.bin, vocabulary, spm.model)")
-    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
-    p.add_argument(
-        "--quantization", default="float32", choices=CT2_QUANTIZATIONS, help="weight type"
-    )
-    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
-    p.set_defaults(func=cmd_export_ctranslate2)

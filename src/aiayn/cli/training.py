@@ -48,6 +48,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     for flag in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
         if getattr(args, flag):
             overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
+    if args.init_from:  # MODEL_DIR[:CHECKPOINT]; the directory made absolute
+        overrides.append(f"init_from={_absolute_model_spec(args.init_from)}")
     recipe = (
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
     )
@@ -60,6 +62,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(recipe, args.out, resume=resume)
     trainer.train(progress=not args.no_progress)
     return 0
+
+
+def _absolute_model_spec(spec: str) -> str:
+    """MODEL_DIR[:CHECKPOINT] with MODEL_DIR (or a checkpoint file) made absolute."""
+    path = Path(spec)
+    if path.exists() or ":" not in spec:
+        return str(path.resolve())
+    directory, which = spec.rsplit(":", 1)
+    return f"{Path(directory).resolve()}:{which}"
 
 
 def cmd_average(args: argparse.Namespace) -> int:
@@ -94,7 +105,11 @@ def add_parsers(sub) -> None:
         p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
     p.add_argument("--out", required=True, help="new directory for the prepared data")
     p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
-    p.add_argument("--spm-model", help="use this SentencePiece model instead of training one")
+    p.add_argument(
+        "--spm-model",
+        help="use this tokenizer instead of training one: a SentencePiece model, or a model "
+        "directory (e.g. an imported Marian model, to fine-tune it with `train --init-from`)",
+    )
     p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
     p.add_argument(
         "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"
@@ -117,6 +132,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--valid-tgt", dest="valid_tgt")
     p.add_argument(
         "--set", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. max_tokens=3000"
+    )
+    p.add_argument(
+        "--init-from",
+        dest="init_from",
+        metavar="MODEL_DIR[:CHECKPOINT]",
+        help="fine-tune: start from this model's config, weights and tokenizer (e.g. one from "
+        "`aiayn import marian`); fresh optimizer and schedule",
     )
     p.add_argument(
         "--resume",

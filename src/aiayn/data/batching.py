@@ -29,6 +29,7 @@ class Batch:
     tgt_out: Tensor
     n_src_tokens: int
     n_tgt_tokens: int  # real target tokens incl. EOS: what the loss is averaged over
+    pad_id: int = PAD_ID  # the id the three tensors are padded with
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
@@ -37,6 +38,7 @@ class Batch:
             self.tgt_out.to(device, non_blocking=True),
             self.n_src_tokens,
             self.n_tgt_tokens,
+            self.pad_id,
         )
 
     def padded_to_multiple(self, multiple: int) -> Batch:
@@ -45,11 +47,11 @@ class Batch:
 
         def widen(t: Tensor) -> Tensor:
             extra = -t.size(1) % multiple
-            return torch.nn.functional.pad(t, (0, extra), value=PAD_ID) if extra else t
+            return torch.nn.functional.pad(t, (0, extra), value=self.pad_id) if extra else t
 
         return Batch(
             widen(self.src), widen(self.tgt_in), widen(self.tgt_out),
-            self.n_src_tokens, self.n_tgt_tokens,
+            self.n_src_tokens, self.n_tgt_tokens, self.pad_id,
         )  # fmt: skip
 
 
@@ -94,7 +96,7 @@ def collate(
     dec_in, labels = shift_target(tgt_ids, bos_id, eos_id)
     tgt_in, tgt_out = pad(dec_in, pad_id), pad(labels, pad_id)
     n_src = sum(map(len, src_ids))
-    return Batch(src, tgt_in, tgt_out, n_src, sum(map(len, tgt_ids)) + len(tgt_ids))
+    return Batch(src, tgt_in, tgt_out, n_src, sum(map(len, tgt_ids)) + len(tgt_ids), pad_id)
 
 
 def plan_batches(
@@ -162,12 +164,20 @@ def token_batches(
 
 
 class ParallelDataset:
-    """Encoded sentence pairs, served as token-budget batches."""
+    """Encoded sentence pairs, served as token-budget batches; ``special`` holds the pad,
+    BOS and EOS ids the batches are made with (those of the tokenizer)."""
 
-    def __init__(self, src_ids: list[list[int]], tgt_ids: list[list[int]], dropped_long: int = 0):
+    def __init__(
+        self,
+        src_ids: list[list[int]],
+        tgt_ids: list[list[int]],
+        dropped_long: int = 0,
+        special: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
+    ):
         if len(src_ids) != len(tgt_ids):
             raise CorpusError(f"{len(src_ids)} source but {len(tgt_ids)} target sentences")
         self.src_ids, self.tgt_ids, self.dropped_long = src_ids, tgt_ids, dropped_long
+        self.special = special
 
     @classmethod
     def from_texts(
@@ -179,7 +189,7 @@ class ParallelDataset:
     ) -> ParallelDataset:
         """Encode both sides; pairs that need more than ``max_positions`` positions (target
         + BOS/EOS) are dropped and counted in ``dropped_long``."""
-        src_ids, tgt_ids = tokenizer.encode_batch(src), tokenizer.encode_batch(tgt)
+        src_ids, tgt_ids = tokenizer.encode_batch(src), tokenizer.encode_target_batch(tgt)
         keep_src, keep_tgt, dropped = [], [], 0
         for s, t in zip(src_ids, tgt_ids):
             if max_positions and (len(s) > max_positions or len(t) + 1 > max_positions):
@@ -187,7 +197,7 @@ class ParallelDataset:
             else:
                 keep_src.append(s)
                 keep_tgt.append(t)
-        return cls(keep_src, keep_tgt, dropped)
+        return cls(keep_src, keep_tgt, dropped, special_ids(tokenizer))
 
     def __len__(self) -> int:
         return len(self.src_ids)
@@ -200,4 +210,10 @@ class ParallelDataset:
         src_lens = [len(s) for s in self.src_ids]
         tgt_lens = [len(t) for t in self.tgt_ids]
         for index in token_batches(src_lens, tgt_lens, max_tokens, seed, epoch):
-            yield collate([self.src_ids[i] for i in index], [self.tgt_ids[i] for i in index])
+            src, tgt = [self.src_ids[i] for i in index], [self.tgt_ids[i] for i in index]
+            yield collate(src, tgt, *self.special)
+
+
+def special_ids(tokenizer: Tokenizer) -> tuple[int, int, int]:
+    """The (pad, BOS, EOS) ids of ``tokenizer``, as :func:`collate` takes them."""
+    return tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id

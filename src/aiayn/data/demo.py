@@ -52,6 +52,38 @@ def number_to_words(n: int) -> str:
     return " ".join(words + below_thousand(rest))
 
 
+def word_sources(n: int) -> list[set[int]]:
+    """The true alignment of ``as_pair(n)``: for each output word, the positions of the
+    source digits it comes from. A digit word, "hundred", a tens word come from their own
+    digit; a teen ("thirteen") from its two digits; "thousand" from the thousands digit;
+    "zero" from the only digit."""
+    digits = str(n)
+    at = {len(digits) - 1 - place: place for place in range(len(digits))}  # position: place
+    position = {place: pos for pos, place in at.items()}
+    if n == 0:
+        return [{0}]
+
+    def group(k: int, base: int) -> list[set[int]]:  # base: place of the group's units
+        h, t, u = (position.get(base + i) for i in (2, 1, 0))
+        out = []
+        if k >= 100:
+            out += [{h}, {h}]  # "four hundred"
+            k %= 100
+        if k >= 20:
+            out.append({t})
+            if k % 10:
+                out.append({u})
+        elif k >= 10:
+            out.append({t, u})
+        elif k > 0:
+            out.append({u})
+        return out
+
+    thousands, rest = divmod(n, 1000)
+    sources = [*group(thousands, 3), {position[3]}] if thousands else []
+    return sources + group(rest, 0)
+
+
 @dataclass
 class DemoVocab:
     """One joint word-level vocabulary for digits and number words."""

@@ -28,7 +28,6 @@ from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
 from aiayn.data.shards import (
     FORMAT,
     MANIFEST,
-    SPM_MODEL,
     SplitWriter,
     sha256_file,
     token_dtype,
@@ -88,9 +87,10 @@ def _encode_chunk(
     kept = [p for p in (clean_pair(s, t, max_len_words, counts) for s, t in zip(*chunk)) if p]
     sides = [s for s, _ in kept], [t for _, t in kept]
     out = []
-    for texts in sides:
+    encoders = _worker_tokenizer.encode_batch, _worker_tokenizer.encode_target_batch
+    for texts, encode in zip(sides, encoders):
         # One thread per worker: the workers are the parallelism.
-        ids = _worker_tokenizer.encode_batch(texts, num_threads=1)
+        ids = encode(texts, num_threads=1)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
         out.append((tokens, lengths))
@@ -157,13 +157,16 @@ def prepare(
     chunk_pairs: int = CHUNK_PAIRS,
     log: Callable[[str], Any] = print,
     show_progress: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> dict[str, Any]:
     """Prepare ``train`` and ``valid`` (source path, target path) into the directory
     ``out`` and return its manifest.
 
     Training pairs with an empty side or a side over ``max_len_words`` words are dropped
-    (validation pairs only when empty), and counted. The tokenizer is ``spm_model`` or a
-    joint one of ``vocab_size`` trained on ``sample`` pairs drawn with ``seed``.
+    (validation pairs only when empty), and counted. The tokenizer is ``tokenizer``, or
+    the one ``spm_model`` holds (a SentencePiece model, a tokenizer file or a model
+    directory: :meth:`Tokenizer.load`), or a joint one of ``vocab_size`` trained on
+    ``sample`` pairs drawn with ``seed``.
     Raises CorpusError (file and line) for unusable text, and when ``out`` exists.
     """
     out = Path(out)
@@ -177,9 +180,11 @@ def prepare(
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
+        if tokenizer is None and spm_model is not None:
+            tokenizer = Tokenizer.load(spm_model)
         manifest = _prepare_into(
-            tmp, train, valid, vocab_size, spm_model, model_type, max_len_words, workers,
-            sample, seed, chunk_pairs, log, show_progress,
+            tmp, train, valid, vocab_size, tokenizer, spm_model, model_type, max_len_words,
+            workers, sample, seed, chunk_pairs, log, show_progress,
         )  # fmt: skip
         tmp.rename(out)
     except BaseException:
@@ -194,6 +199,7 @@ def _prepare_into(
     train: tuple[str | Path, str | Path],
     valid: tuple[str | Path, str | Path],
     vocab_size: int,
+    tokenizer: Tokenizer | None,
     spm_model: str | Path | None,
     model_type: str,
     max_len_words: int | None,
@@ -205,10 +211,9 @@ def _prepare_into(
     show_progress: bool,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    if spm_model is not None:
-        tokenizer = Tokenizer.load(spm_model)
-        (tmp / SPM_MODEL).write_bytes(tokenizer.to_bytes())
-        trained: dict[str, Any] = {"from": str(spm_model)}
+    if tokenizer is not None:
+        (tmp / tokenizer.file_name).write_bytes(tokenizer.to_bytes())
+        trained: dict[str, Any] = {"from": str(spm_model or "given")}
     else:
         # Pass 1 over the training text: line counts and UTF-8 checked, a sample of raw
         # pairs drawn; only the sample is cleaned here (the workers clean the rest).
@@ -232,7 +237,7 @@ def _prepare_into(
         trained["seed"] = seed
         log(f"tokenizer: {tokenizer.vocab_size} joint tokens ({time.perf_counter() - start:.0f} s)")
     spm_bytes = tokenizer.to_bytes()
-    dtype = token_dtype(tokenizer.vocab_size)
+    dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits: dict[str, dict[str, int]] = {}
     for split, (src, tgt), limit in (("train", train, max_len_words), ("valid", valid, None)):
         writer = SplitWriter(tmp, split, dtype)
@@ -266,7 +271,7 @@ def _prepare_into(
         "format": FORMAT,
         "dtype": dtype.name,
         "vocab_size": tokenizer.vocab_size,
-        "spm_model": SPM_MODEL,
+        "spm_model": tokenizer.file_name,
         "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
         "tokenizer": trained,
         "max_len_words": max_len_words,

@@ -9,8 +9,11 @@ A prepared directory holds, for each split (``train``, ``valid``):
   of sentence i in its ``.bin`` file, in tokens;
 
 and ``valid.src.txt`` / ``valid.tgt.txt`` (the normalised validation text, for BLEU),
-``spm.model`` and ``manifest.json`` (:data:`FORMAT`, the dtype, vocabulary size, the
-tokenizer's sha256, counts and dropped pairs per split, and each input's sha256 and size).
+the tokenizer (``spm.model``, or ``tokenizer.zip`` for a pretrained Marian model's; the
+manifest's ``spm_model`` names it) and ``manifest.json`` (:data:`FORMAT`, the dtype,
+vocabulary size, the tokenizer's sha256, counts and dropped pairs per split, and each
+input's sha256 and size). Sources are encoded as the model takes them (with EOS where the
+tokenizer appends one); batches are padded and shifted with the tokenizer's special ids.
 Training reads it without loading the corpus: the index in memory, ids read per batch.
 """
 
@@ -26,7 +29,7 @@ import numpy as np
 import torch
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
-from aiayn.data.batching import Batch, plan_batches
+from aiayn.data.batching import Batch, plan_batches, special_ids
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CorpusError
 
@@ -98,8 +101,15 @@ class PreparedSplit:
     kernel's read-ahead a few hundred random batches would map most of the corpus.
     """
 
-    def __init__(self, directory: Path, split: str, dtype: np.dtype):
+    def __init__(
+        self,
+        directory: Path,
+        split: str,
+        dtype: np.dtype,
+        special: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
+    ):
         self.name, self.dtype = f"{directory}/{split}", dtype
+        self.pad_id, self.bos_id, self.eos_id = special  # the tokenizer's
         self.fds: dict[str, int] = {}
         self.offsets: dict[str, np.ndarray] = {}
         lengths: dict[str, np.ndarray] = {}
@@ -163,22 +173,23 @@ class PreparedSplit:
         src_lens = self.src_lens[index].astype(np.int64)
         tgt_lens = self.tgt_lens[index].astype(np.int64)
         B = len(index)
-        src = np.full((B, int(src_lens.max(initial=0))), PAD_ID, dtype=np.int64)
-        tgt_in = np.full((B, int(tgt_lens.max(initial=0)) + 1), PAD_ID, dtype=np.int64)
+        src = np.full((B, int(src_lens.max(initial=0))), self.pad_id, dtype=np.int64)
+        tgt_in = np.full((B, int(tgt_lens.max(initial=0)) + 1), self.pad_id, dtype=np.int64)
         tgt_out = tgt_in.copy()
-        tgt_in[:, 0] = BOS_ID  # teacher forcing (Section 3.1): BOS + y in, y + EOS out
+        tgt_in[:, 0] = self.bos_id  # teacher forcing (Section 3.1): BOS + y in, y + EOS out
         for row, i in enumerate(index.tolist()):
             s, t = self.ids("src", i), self.ids("tgt", i)
             src[row, : len(s)] = s
             tgt_in[row, 1 : len(t) + 1] = t
             tgt_out[row, : len(t)] = t
-            tgt_out[row, len(t)] = EOS_ID
+            tgt_out[row, len(t)] = self.eos_id
         return Batch(
             torch.from_numpy(src),
             torch.from_numpy(tgt_in),
             torch.from_numpy(tgt_out),
             int(src_lens.sum()),
             int(tgt_lens.sum()) + B,
+            self.pad_id,
         )
 
 
@@ -189,13 +200,14 @@ class PreparedData:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.dtype = np.dtype(self.manifest["dtype"])
-        model = self.directory / SPM_MODEL
+        model = self.directory / self.manifest.get("spm_model", SPM_MODEL)
         self.tokenizer = Tokenizer.load(model)
-        self.spm_bytes = model.read_bytes()
-        check_tokenizer(self.manifest, self.directory, self.spm_bytes, "its spm.model")
+        self.spm_bytes = model.read_bytes()  # the tokenizer's bytes, of either kind
+        check_tokenizer(self.manifest, self.directory, self.spm_bytes, f"its {model.name}")
+        special = special_ids(self.tokenizer)
         try:
-            self.train = PreparedSplit(self.directory, "train", self.dtype)
-            self.valid = PreparedSplit(self.directory, "valid", self.dtype)
+            self.train = PreparedSplit(self.directory, "train", self.dtype, special)
+            self.valid = PreparedSplit(self.directory, "valid", self.dtype, special)
             self.valid_src, self.valid_tgt = (
                 (self.directory / f"valid.{side}.txt").read_text("utf-8").splitlines()
                 for side in SIDES

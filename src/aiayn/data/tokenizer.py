@@ -1,5 +1,14 @@
 """Subword tokenization with SentencePiece (BPE by default; Sennrich et al. 2016 / Kudo
-2018). Special ids are fixed so they match TransformerConfig's defaults."""
+2018). Special ids are fixed so they match TransformerConfig's defaults.
+
+:class:`Tokenizer` is aiayn's own: one joint SentencePiece model for both languages, whose
+ids are the model's ids. Pretrained Marian (OPUS-MT) models bring another kind,
+:class:`~aiayn.data.marian_tokenizer.MarianTokenizer` (a SentencePiece model per side and
+a vocabulary that maps pieces to the model's ids), with the same methods:
+:meth:`Tokenizer.from_bytes` and :meth:`Tokenizer.load` return whichever kind they read.
+Every caller takes the special ids from the tokenizer or the model's config, never from
+the constants below.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +21,19 @@ import sentencepiece as spm
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from aiayn.errors import TokenizerError
 
+# The first bytes of a zip archive: a serialized MarianTokenizer (a SentencePiece model is a
+# protocol buffer and never starts with them).
+ZIP_MAGIC = b"PK\x03\x04"
+SPM_FILE = "spm.model"  # the file a joint tokenizer is saved as in a model directory
+
 
 class Tokenizer:
-    """Text <-> ids. ``encode`` adds no BOS/EOS; ``decode`` stops at the first EOS, skips
-    specials and returns detokenized text."""
+    """Text <-> ids. ``encode`` gives the source ids a model takes (no BOS/EOS here; see
+    :attr:`add_source_eos`), ``encode_target`` the target ids (the decoder's BOS and EOS
+    are added by batching); ``decode`` stops at the first EOS, skips specials and returns
+    detokenized text. One joint vocabulary: source and target ids are the same."""
+
+    add_source_eos = False  # whether ``encode`` ends every source with EOS
 
     def __init__(self, processor: spm.SentencePieceProcessor):
         self.sp = processor
@@ -69,7 +87,16 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
+        """A tokenizer file (a SentencePiece model or a serialized Marian tokenizer) or a
+        model directory (its ``spm.model``, or the Marian files ``source.spm``,
+        ``target.spm``, ``vocab.json``, ...)."""
         path = Path(path)
+        if path.is_dir():
+            from aiayn.data.marian_tokenizer import MarianTokenizer
+
+            if MarianTokenizer.is_saved_in(path):
+                return MarianTokenizer.load_dir(path)
+            path = path / SPM_FILE
         if not path.is_file():
             raise TokenizerError(f"{path}: no such SentencePiece model")
         try:
@@ -79,6 +106,11 @@ class Tokenizer:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Tokenizer:
+        """The tokenizer ``to_bytes`` gave (of either kind)."""
+        if data[:4] == ZIP_MAGIC:
+            from aiayn.data.marian_tokenizer import MarianTokenizer
+
+            return MarianTokenizer.from_bytes(data)
         processor = spm.SentencePieceProcessor()
         try:
             processor.LoadFromSerializedProto(data)
@@ -89,17 +121,48 @@ class Tokenizer:
     def to_bytes(self) -> bytes:
         return self.sp.serialized_model_proto()
 
+    def save(self, directory: str | Path) -> list[Path]:
+        """Write the tokenizer's files into ``directory`` (here ``spm.model``)."""
+        path = Path(directory) / SPM_FILE
+        path.write_bytes(self.to_bytes())
+        return [path]
+
+    @property
+    def file_name(self) -> str:
+        """The one file :meth:`to_bytes` is kept in beside prepared data."""
+        return SPM_FILE
+
     @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
+    @property
+    def src_vocab_size(self) -> int:
+        return self.vocab_size
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.vocab_size
+
+    def describe(self) -> str:
+        return f"{self.vocab_size} joint tokens"
+
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
-    def encode(self, text: str) -> list[int]:
-        return self.sp.encode(text)
+    def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
+        """Source ids of ``text``, at most ``max_tokens`` of them (None: all)."""
+        return self.sp.encode(text)[:max_tokens]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-        """``num_threads``: SentencePiece's threads for the batch (-1: its default)."""
+        """Source ids of each text. ``num_threads``: SentencePiece's threads for the batch
+        (-1: its default)."""
+        return self.sp.encode(list(texts), num_threads=num_threads)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target ids of ``text`` (no BOS or EOS)."""
+        return self.sp.encode(text)
+
+    def encode_target_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         return self.sp.encode(list(texts), num_threads=num_threads)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -111,8 +174,10 @@ class Tokenizer:
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
 
-    def id_to_piece(self, i: int) -> str:
+    def id_to_piece(self, i: int, source: bool = False) -> str:
+        """The piece of target id ``i`` (source id with ``source=True``)."""
         return self.sp.id_to_piece(i)
 
     def piece_to_id(self, piece: str) -> int:
+        """The target id of ``piece``."""
         return self.sp.piece_to_id(piece)

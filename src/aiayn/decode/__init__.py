@@ -1,14 +1,18 @@
-"""Autoregressive decoding: greedy and beam search over one incremental decode step, and
-beam search with continuous batching (sentences join and leave between steps)."""
+"""Autoregressive decoding: greedy, beam search and sampling over one incremental decode
+step (one model or an ensemble), all set by one :class:`DecodeOptions`; and beam search
+with continuous batching (sentences join and leave between steps)."""
 
 from aiayn.decode.beam import Hypothesis, beam_search, length_penalty
 from aiayn.decode.continuous import ContinuousBeamSearch
 from aiayn.decode.core import DecodeStep, inference, length_limits
-from aiayn.decode.generate import generate
+from aiayn.decode.generate import generate, search
 from aiayn.decode.greedy import greedy
+from aiayn.decode.options import LENGTH_PENALTIES, DecodeOptions
 
 __all__ = [
+    "LENGTH_PENALTIES",
     "ContinuousBeamSearch",
+    "DecodeOptions",
     "DecodeStep",
     "Hypothesis",
     "beam_search",
@@ -17,4 +21,5 @@ __all__ = [
     "inference",
     "length_limits",
     "length_penalty",
+    "search",
 ]

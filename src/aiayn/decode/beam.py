@@ -2,72 +2,102 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from aiayn.decode.core import DecodeStep, ban, banned_ids, inference, length_limits
+from aiayn.decode.core import (
+    DecodeStep,
+    ForcedPrefix,
+    Models,
+    as_list,
+    ban,
+    banned_ids,
+    force,
+    inference,
+    search_limits,
+)
+from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
-from aiayn.model.transformer import Transformer
 
 
 @dataclass
 class Hypothesis:
-    """One finished translation: ``tokens`` without BOS/EOS, ``score`` = log p / lp."""
+    """One finished output: ``tokens`` without BOS/EOS, ``log_prob`` its total log-prob
+    under the model (the EOS's included where ``eos``), ``score`` = log_prob / lp(length)."""
 
     tokens: list[int]
     score: float
     log_prob: float
+    eos: bool = True  # False: it ran to its length limit without EOS (greedy, sampling)
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """lp(Y) = ((5 + |Y|) / 6) ** alpha  (Wu et al. 2016, used by the paper)."""
+def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
+    """lp(Y) for an output of ``length`` tokens (EOS included): "gnmt" ((5 + |Y|) / 6) **
+    alpha (Wu et al. 2016, used by the paper), "hf" |Y| ** alpha (Hugging Face)."""
+    if kind == "hf":
+        return float(length) ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
 def check_beam_settings(beam_size: int, alpha: float, n_best: int) -> None:
     """DecodeError unless 1 <= n_best <= beam_size and alpha is a finite number >= 0."""
-    if beam_size < 1 or not 1 <= n_best <= beam_size:
-        raise DecodeError(
-            f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size}, {n_best}"
-        )
-    # NaN compares false with everything: every hypothesis would look unbeaten and the
-    # search would run to the length limit. A negative alpha breaks the stopping bound.
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
-        raise DecodeError(f"length penalty alpha must be a finite number >= 0, got {alpha}")
+    DecodeOptions(beam=beam_size, alpha=alpha, n_best=n_best)
 
 
 def beam_search(
-    model: Transformer,
+    model: Models,
     src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_b: int = 50,
-    n_best: int = 1,
+    options: DecodeOptions | int | None = None,
+    alpha: float | None = None,
+    max_len_b: int | None = None,
+    n_best: int | None = None,
     use_cache: bool = True,
     *,
-    max_len_a: float = 1.0,
+    beam_size: int | None = None,
+    max_len_a: float | None = None,
     max_new_tokens: int | None = None,
+    prefix: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate every sentence of ``src [B, S]`` together, keeping ``beam_size`` beams each.
+    """Translate every sentence of ``src [B, S]`` together, keeping ``options.beam`` beams
+    each.
 
-    Returns, per sentence, its ``n_best`` hypotheses best first. Sentence i may produce at
-    most ``max_len_a * src_len_i + max_len_b`` tokens, EOS included (default: its real
-    length + 50), at most ``max_new_tokens`` when given, and never more than the model's
-    ``max_len``; a sentence is done once it has ``beam_size`` finished hypotheses that no
-    active beam can beat any more, and then leaves the batch. The decoder cache is
-    reordered whenever beams are reselected.
+    Settings come from ``options`` (:class:`DecodeOptions`; default beam 4, alpha 0.6);
+    the keyword ones override it, and an int in its place is the beam size (the order
+    before options existed). Returns, per sentence, its ``n_best`` hypotheses best first.
+    Sentence i may produce at most ``max_len_a * src_len_i + max_len_b`` tokens, EOS
+    included (default: its real length + 50), at most ``max_new_tokens`` when given, and
+    never more than the model's ``max_len``; ``prefix[i]`` (ids) is forced as the start of
+    its output and counts in the score. A sentence is done once it has ``beam`` finished
+    hypotheses that no active beam can beat any more, and then leaves the batch. The
+    decoder cache is reordered whenever beams are reselected. ``model`` may be a list of
+    models: an ensemble.
     """
-    check_beam_settings(beam_size, alpha, n_best)
-    limits = length_limits(model.cfg, src, max_new_tokens, max_len_a, max_len_b).tolist()
+    if isinstance(options, int) and not isinstance(options, bool):
+        options, beam_size = None, options if beam_size is None else beam_size
+    options = resolve(
+        options,
+        beam=beam_size,
+        alpha=alpha,
+        n_best=n_best,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        max_new_tokens=max_new_tokens,
+    )
+    if options.sampling:
+        raise DecodeError("beam search does not sample: use aiayn.decode.search")
+    cfg = as_list(model)[0].cfg
+    forced = ForcedPrefix.make(prefix, cfg, src.size(0), src.device)
+    limits = search_limits(cfg, src, options, forced).tolist()
     with inference(model):
-        return _beam_search(model, src, beam_size, alpha, n_best, limits, use_cache)
+        return _beam_search(model, src, options, limits, forced, use_cache)
 
 
-def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
-    cfg = model.cfg
+def _beam_search(model, src, options, limit, forced, use_cache):
+    cfg = as_list(model)[0].cfg
+    K, alpha, kind = options.beam, options.alpha, options.length_penalty
     device = src.device
     B = src.size(0)
     # Per-sentence bookkeeping lives on the host, so that a GPU is synchronised only for
@@ -75,7 +105,7 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     # The largest length penalty a sentence can reach; with log-probs <= 0 an active beam's
     # final score can never exceed its current log-prob divided by it.
-    lp_bound = [length_penalty(n, alpha) for n in limit]
+    lp_bound = [length_penalty(n, alpha, kind) for n in limit]
 
     step = DecodeStep(model, src, use_cache, expand=K)  # rows: sentence-major, K beams each
     sent = list(range(B))  # original sentence of each active group
@@ -88,14 +118,19 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
         # Log-probabilities over the whole vocabulary first, then the ban: banning before
         # the softmax would renormalise over fewer tokens and change the scores.
         logp = ban(torch.log_softmax(step.logits(prefix).float(), dim=-1), banned)  # [n*K, V]
+        if forced is not None:  # one forced token per sentence, the same for its beams
+            now = forced.at(t)
+            force(logp, now.repeat_interleave(K) if now is not None else None)
         ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
-        top_scores, beam, is_eos, scores, parent, token = select(scores, logp, ending, cfg.eos_id)
+        top_scores, beam, is_eos, scores, parent, token = select(
+            scores, logp, ending, cfg.eos_id, options.forced_eos
+        )
 
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:
             hit_tokens = prefix.index_select(0, rows)[:, 1:].tolist()  # without BOS
             for g, tokens, log_prob in zip(groups, hit_tokens, log_probs):
-                finished[sent[g]].append(hypothesis(tokens, log_prob, alpha))
+                finished[sent[g]].append(hypothesis(tokens, log_prob, alpha, kind))
 
         prefix = torch.cat([prefix.index_select(0, parent), token], dim=1)
         step.reorder(parent)  # parents share their sentence's memory: only the cache moves
@@ -112,19 +147,24 @@ def _beam_search(model, src, K, alpha, n_best, limit, use_cache):
             rows = (keep_groups[:, None] * K + torch.arange(K, device=device)).view(-1)
             sent, scores, prefix = [sent[i] for i in keep], scores[keep_groups], prefix[rows]
             step.keep(rows)
+            if forced is not None:
+                forced.keep(keep_groups)
 
-    return [sorted(h, key=lambda h: h.score, reverse=True)[:n_best] for h in finished]
+    return [sorted(h, key=lambda h: h.score, reverse=True)[: options.n_best] for h in finished]
 
 
-def select(scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int):
+def select(
+    scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int, eos_scores_zero: bool = False
+):
     """One step's choice for n sentences of K beams (shared with continuous batching).
 
     ``scores [n, K]`` are the beams' log-probs so far, ``logp [n*K, V]`` the next-token
     log-probs (banned ids at -inf); the beams of sentences with ``ending[i]`` may only take
-    EOS (``logp`` is changed in place for them). Returns the 2K best candidates of each
-    sentence (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``)
-    and the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
-    ``[n*K]`` and ``token [n*K, 1]``.
+    EOS (``logp`` is changed in place for them), which adds its log-prob to the score, or 0
+    with ``eos_scores_zero`` (Hugging Face's ``forced_eos_token_id``). Returns the 2K best
+    candidates of each sentence (``top_scores``, ``beam`` index within the sentence,
+    ``is_eos``: all ``[n, 2K]``) and the K best non-EOS ones that continue: their ``scores
+    [n, K]``, ``parent`` rows ``[n*K]`` and ``token [n*K, 1]``.
     """
     n, K = scores.shape
     device = scores.device
@@ -132,7 +172,7 @@ def select(scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int):
         at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
         forced = torch.full_like(logp[0], float("-inf"))
         forced[eos_id] = 0.0
-        logp[at_limit] = forced + logp[at_limit, eos_id : eos_id + 1]
+        logp[at_limit] = forced if eos_scores_zero else forced + logp[at_limit, eos_id : eos_id + 1]
     V = logp.size(-1)
     cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
     top_scores, top_idx = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
@@ -158,10 +198,10 @@ def eos_hits(beam: Tensor, is_eos: Tensor, top_scores: Tensor):
     return g.tolist(), g * K + beam[g, j], top_scores[g, j].tolist()
 
 
-def hypothesis(tokens: list[int], log_prob: float, alpha: float) -> Hypothesis:
+def hypothesis(tokens: list[int], log_prob: float, alpha: float, kind: str = "gnmt") -> Hypothesis:
     """A finished hypothesis (``tokens`` without BOS/EOS), scored with the length penalty
     of its length with the EOS."""
-    return Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha), log_prob)
+    return Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha, kind), log_prob)
 
 
 def is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:

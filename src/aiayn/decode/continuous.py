@@ -24,14 +24,15 @@ from torch.nn import functional as F
 
 from aiayn.decode.beam import (
     Hypothesis,
-    check_beam_settings,
     eos_hits,
     hypothesis,
     is_done,
     length_penalty,
     select,
 )
-from aiayn.decode.core import ban, banned_ids, inference, length_limits
+from aiayn.decode.core import ban, banned_ids, inference, search_limits
+from aiayn.decode.options import DecodeOptions, resolve
+from aiayn.errors import DecodeError
 from aiayn.model.transformer import Transformer
 
 
@@ -64,17 +65,22 @@ class ContinuousBeamSearch:
     def __init__(
         self,
         model: Transformer,
-        beam_size: int = 4,
-        alpha: float = 0.6,
+        options: DecodeOptions | int | None = None,
+        alpha: float | None = None,
         *,
-        max_len_a: float = 1.0,
-        max_len_b: int = 50,
+        beam_size: int | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
     ):
-        check_beam_settings(beam_size, alpha, 1)
-        # Check max_len_a/b here, not at the first add (no sentence: nothing else happens).
-        length_limits(model.cfg, torch.zeros(0, 0, dtype=torch.long), None, max_len_a, max_len_b)
-        self.model, self.K, self.alpha = model, beam_size, alpha
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        if isinstance(options, int) and not isinstance(options, bool):
+            options, beam_size = None, options if beam_size is None else beam_size
+        options = resolve(
+            options, beam=beam_size, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b
+        )
+        if options.sampling or options.prefix:
+            raise DecodeError("continuous beam search takes neither sampling nor a prefix")
+        self.options = options.replace(n_best=1)  # every finished hypothesis is returned
+        self.model, self.K, self.alpha = model, options.beam, options.alpha
         self.device = next(model.parameters()).device
         self._banned = banned_ids(model.cfg, self.device)
         self._clear()
@@ -101,17 +107,17 @@ class ContinuousBeamSearch:
         if src.size(0) != len(tags) or not len(tags):
             raise ValueError(f"add: {src.size(0)} sentences but {len(tags)} tags")
         alpha = self.alpha if alpha is None else alpha
-        check_beam_settings(self.K, alpha, 1)
-        cfg, K = self.model.cfg, self.K
+        options = self.options.replace(alpha=alpha)  # checks alpha
+        cfg, K, kind = self.model.cfg, self.K, options.length_penalty
         src = src.to(self.device)
-        limits = length_limits(cfg, src, None, self.max_len_a, self.max_len_b).tolist()
+        limits = search_limits(cfg, src, options, None).tolist()
         with inference(self.model):
             memory = self.model.encode(src)  # [m, S, d]
             state = self.model.start_state(memory, group=K)
         scores = torch.full((len(tags), K), float("-inf"), device=self.device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first
         bos = torch.full((len(tags) * K, 1), cfg.bos_id, dtype=torch.long, device=self.device)
-        new = [_Sentence(t, n, alpha, length_penalty(n, alpha)) for t, n in zip(tags, limits)]
+        new = [_Sentence(t, n, alpha, length_penalty(n, alpha, kind)) for t, n in zip(tags, limits)]
         if not self.sentences:
             self.src, self.memory, self.prefix = src, memory, bos
             self.scores, self.state, self.sentences = scores, state, new
@@ -147,7 +153,7 @@ class ContinuousBeamSearch:
         logp = ban(torch.log_softmax(logits[:, -1].float(), dim=-1), self._banned)
         ending = [s.steps + 1 >= s.limit for s in self.sentences]
         top_scores, beam, is_eos, scores, parent, token = select(
-            self.scores, logp, ending, cfg.eos_id
+            self.scores, logp, ending, cfg.eos_id, self.options.forced_eos
         )
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:
@@ -155,7 +161,9 @@ class ContinuousBeamSearch:
             for g, row, log_prob in zip(groups, hit_rows, log_probs):
                 sentence = self.sentences[g]  # its tokens: the last `steps` columns
                 tokens = row[P - sentence.steps :]
-                sentence.finished.append(hypothesis(tokens, log_prob, sentence.alpha))
+                sentence.finished.append(
+                    hypothesis(tokens, log_prob, sentence.alpha, self.options.length_penalty)
+                )
         best = scores.max(dim=1).values.tolist()
         keep, out = [], []
         for i, (sentence, b, end) in enumerate(zip(self.sentences, best, ending)):

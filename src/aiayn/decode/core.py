@@ -1,7 +1,8 @@
-"""What greedy and beam search share (Section 6.1): one inference context, one length
-rule, one banned-token set and one incremental decode step that drops finished rows.
+"""What every search shares (Section 6.1): one inference context, one length rule, one
+banned-token set, forced prefixes, and one incremental decode step that drops finished rows
+(over one model, or an ensemble that averages several models' probabilities).
 
-Like fairseq's and OpenNMT-py's generators, both searches feed the decoder one token per
+Like fairseq's and OpenNMT-py's generators, the searches feed the decoder one token per
 step through a key/value cache (:class:`~aiayn.model.transformer.DecoderState`), so step t
 costs O(t) attention instead of recomputing the whole prefix.
 """
@@ -9,21 +10,54 @@ costs O(t) attention instead of recomputing the whole prefix.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor
 
 from aiayn.config import TransformerConfig
+from aiayn.decode.options import DecodeOptions
 from aiayn.errors import DecodeError
 from aiayn.model.transformer import DecoderState, Transformer
 
+# What the searches decode with: one model, or several whose probabilities are averaged.
+Models = Transformer | Sequence[Transformer]
+
+
+def as_list(models: Models) -> list[Transformer]:
+    """``models`` as a non-empty list; DecodeError unless the models can be ensembled (one
+    target vocabulary and the same special ids, so their distributions line up)."""
+    found = [models] if isinstance(models, Transformer) else list(models)
+    if not found:
+        raise DecodeError("no model to decode with")
+    first = found[0].cfg
+    for i, other in enumerate(found[1:], start=2):
+        for name in ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
+            if getattr(other.cfg, name) != getattr(first, name):
+                raise DecodeError(
+                    f"ensemble: model {i} has {name}={getattr(other.cfg, name)} but model 1 "
+                    f"has {getattr(first, name)}; ensembled models need one target vocabulary"
+                )
+    return found
+
 
 @contextmanager
-def inference(model: Transformer) -> Iterator[None]:
-    """Eval mode (no dropout) and no autograd for the block; the model's training flag is
-    restored afterwards, even if decoding raises."""
+def inference(models: Models) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd for the block, for one model or several;
+    each model's training flag is restored afterwards, even if decoding raises."""
+    if isinstance(models, Transformer):
+        with _inference(models):
+            yield
+        return
+    with ExitStack() as stack:
+        for model in models:
+            stack.enter_context(_inference(model))
+        yield
+
+
+@contextmanager
+def _inference(model: Transformer) -> Iterator[None]:
     was_training = model.training
     if was_training:  # train()/eval() walk every module: skip them when nothing changes
         model.eval()
@@ -58,9 +92,20 @@ def length_limits(
     return limit.clamp(max=cap)
 
 
+def search_limits(
+    cfg: TransformerConfig, src: Tensor, options: DecodeOptions, prefix: ForcedPrefix | None
+) -> Tensor:
+    """:func:`length_limits` under ``options``, raised where needed so that every sentence
+    can take its whole forced prefix and then EOS: ``[B]``."""
+    limits = length_limits(cfg, src, options.max_new_tokens, options.max_len_a, options.max_len_b)
+    if prefix is not None:
+        limits = torch.maximum(limits, prefix.lengths.to(limits.device) + 1)
+    return limits
+
+
 def banned_ids(cfg: TransformerConfig, device: torch.device) -> Tensor:
-    """Ids never valid as output: PAD and BOS."""
-    return torch.tensor([cfg.pad_id, cfg.bos_id], device=device)
+    """Ids never valid as output: PAD and BOS (the decoder's start token)."""
+    return torch.tensor(sorted({cfg.pad_id, cfg.bos_id}), device=device)
 
 
 def ban(scores: Tensor, banned: Tensor) -> Tensor:
@@ -68,38 +113,123 @@ def ban(scores: Tensor, banned: Tensor) -> Tensor:
     return scores.index_fill_(1, banned, float("-inf"))
 
 
-class DecodeStep:
-    """The encoder output and decoder cache of the rows still being decoded.
+class ForcedPrefix:
+    """The first output tokens of each row, forced (a target prefix, as CTranslate2's
+    ``target_prefix``): ``ids [n, P]`` padded with -1 past each row's ``lengths [n]``.
+    Rows follow the search's rows through :meth:`keep`."""
 
-    ``expand`` repeats every sentence that many times (the beams of beam search). Rows are
-    dropped with :meth:`keep` when their sentences finish and reordered with
-    :meth:`reorder` when beams are reselected, so no work is spent on finished rows.
-    ``use_cache=False`` recomputes the whole prefix every step: the slow reference the
-    cache is tested against.
+    def __init__(self, ids: Tensor, lengths: Tensor):
+        self.ids, self.lengths = ids, lengths
+
+    @classmethod
+    def make(
+        cls,
+        prefix: Sequence[Sequence[int]] | None,
+        cfg: TransformerConfig,
+        rows: int,
+        device: torch.device,
+    ) -> ForcedPrefix | None:
+        """From per-sentence id lists (``rows`` of them; None or all empty: no prefix),
+        each checked against the target vocabulary and the model's positions."""
+        if prefix is None or not any(len(p) for p in prefix):
+            return None
+        if len(prefix) != rows:
+            raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")
+        width = max(len(p) for p in prefix)
+        if width >= cfg.max_len:
+            raise DecodeError(
+                f"prefix: {width} tokens leave no room for EOS within max_len={cfg.max_len}"
+            )
+        ids = torch.full((rows, width), -1, dtype=torch.long)
+        for i, p in enumerate(prefix):
+            if p:
+                ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        real = ids[ids >= 0]
+        if real.numel() and int(real.max()) >= cfg.tgt_vocab_size:
+            raise DecodeError(
+                f"prefix: id {int(real.max())} is outside the target vocabulary "
+                f"[0, {cfg.tgt_vocab_size})"
+            )
+        if bool(torch.isin(real, torch.tensor([cfg.eos_id, cfg.pad_id, cfg.bos_id])).any()):
+            raise DecodeError("prefix: EOS, PAD and BOS cannot be forced")
+        return cls(ids.to(device), torch.tensor([len(p) for p in prefix], device=device))
+
+    def expand(self, k: int) -> ForcedPrefix:
+        """Each row repeated ``k`` times (beams, samples)."""
+        if k == 1:
+            return self
+        return ForcedPrefix(
+            self.ids.repeat_interleave(k, dim=0), self.lengths.repeat_interleave(k, dim=0)
+        )
+
+    def at(self, t: int) -> Tensor | None:
+        """The token forced at step ``t`` per row (-1: free), or None once none is."""
+        return self.ids[:, t] if t < self.ids.size(1) else None
+
+    def keep(self, rows: Tensor) -> None:
+        self.ids, self.lengths = self.ids[rows], self.lengths[rows]
+
+
+def force(logp: Tensor, forced: Tensor | None) -> Tensor:
+    """Rows of ``logp [n, V]`` with ``forced[i] >= 0`` keep only that token's log-prob (every
+    other token -inf), in place; returns ``logp``. The forced tokens count in the score."""
+    if forced is None:
+        return logp
+    rows = (forced >= 0).nonzero().squeeze(1)
+    if rows.numel():
+        tokens = forced[rows]
+        kept = logp[rows, tokens]
+        logp[rows] = float("-inf")
+        logp[rows, tokens] = kept
+    return logp
+
+
+class DecodeStep:
+    """The encoder output and decoder cache of the rows still being decoded, for one model
+    or an ensemble.
+
+    ``expand`` repeats every sentence that many times (the beams of beam search, the
+    samples of sampling). Rows are dropped with :meth:`keep` when their sentences finish and
+    reordered with :meth:`reorder` when beams are reselected, so no work is spent on
+    finished rows. ``use_cache=False`` recomputes the whole prefix every step: the slow
+    reference the cache is tested against. With several models, each keeps its own memory
+    and cache, and :meth:`logits` gives the log of their averaged next-token probabilities
+    (fairseq's ensemble rule), which works wherever one model's logits do.
     """
 
-    def __init__(self, model: Transformer, src: Tensor, use_cache: bool = True, expand: int = 1):
-        self.model = model
-        self.memory = model.encode(src)  # [B, S, d_model]
+    def __init__(self, models: Models, src: Tensor, use_cache: bool = True, expand: int = 1):
+        self.models = as_list(models)
+        self.memory = [model.encode(src) for model in self.models]  # each [B, S, d_model]
         self.src = src
         if expand > 1:
-            self.memory = self.memory.repeat_interleave(expand, dim=0)  # [B*expand, S, d]
+            self.memory = [m.repeat_interleave(expand, dim=0) for m in self.memory]
             self.src = src.repeat_interleave(expand, dim=0)
-        self.state = DecoderState() if use_cache else None
+        self.states = [DecoderState() if use_cache else None for _ in self.models]
 
     def logits(self, prefix: Tensor) -> Tensor:
         """prefix ``[n, t]`` (BOS + tokens so far, one row per live row) -> next-token
-        logits ``[n, V]``."""
-        if self.state is not None:
-            return self.model.decode(prefix[:, -1:], self.memory, self.src, self.state)[:, -1]
-        return self.model.decode(prefix, self.memory, self.src)[:, -1]
+        logits ``[n, V]`` (an ensemble: the log of the mean probability)."""
+        out = [
+            self._logits(model, memory, state, prefix)
+            for model, memory, state in zip(self.models, self.memory, self.states)
+        ]
+        if len(out) == 1:
+            return out[0]
+        logp = torch.stack([torch.log_softmax(o.float(), dim=-1) for o in out])  # [M, n, V]
+        return torch.logsumexp(logp, dim=0) - math.log(len(out))
+
+    def _logits(self, model, memory, state, prefix: Tensor) -> Tensor:
+        if state is not None:
+            return model.decode(prefix[:, -1:], memory, self.src, state)[:, -1]
+        return model.decode(prefix, memory, self.src)[:, -1]
 
     def reorder(self, rows: Tensor) -> None:
         """Reselect cached rows (beams whose sentences share memory); ``rows [n']``."""
-        if self.state is not None:
-            self.state.reorder(rows)
+        for state in self.states:
+            if state is not None:
+                state.reorder(rows)
 
     def keep(self, rows: Tensor) -> None:
         """Keep only ``rows [n']`` (in that order): memory, source and cache."""
-        self.memory, self.src = self.memory[rows], self.src[rows]
+        self.memory, self.src = [m[rows] for m in self.memory], self.src[rows]
         self.reorder(rows)

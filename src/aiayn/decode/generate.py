@@ -1,39 +1,83 @@
-"""One entry point over both searches: token ids in, n-best token ids out."""
+"""One entry point over every search: token ids in, scored n-best hypotheses out."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor
 
-from aiayn.decode.beam import beam_search, check_beam_settings
-from aiayn.decode.greedy import greedy
-from aiayn.model.transformer import Transformer
+from aiayn.decode.beam import Hypothesis, beam_search, length_penalty
+from aiayn.decode.core import Models, as_list
+from aiayn.decode.greedy import one_per_row
+from aiayn.decode.options import DecodeOptions, resolve
 
 
-def generate(
-    model: Transformer,
+def search(
+    model: Models,
     src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    n_best: int = 1,
+    options: DecodeOptions | None = None,
     *,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-) -> list[list[list[int]]]:
-    """For each sentence of ``src [B, S]``, its ``n_best`` outputs best first, each a list of
-    token ids without BOS and EOS (fewer than ``n_best`` if the search finished fewer).
-    ``beam_size=1, n_best=1`` is greedy decoding; lengths as in :func:`greedy`."""
-    check_beam_settings(beam_size, alpha, n_best)
-    if beam_size == 1 and n_best == 1:
-        eos, pad = model.cfg.eos_id, model.cfg.pad_id
-        out = greedy(model, src, max_len_a=max_len_a, max_len_b=max_len_b).tolist()
-        return [[_until(row, eos, pad)] for row in out]
-    hyps = beam_search(model, src, beam_size, alpha, max_len_b, n_best, max_len_a=max_len_a)
-    return [[h.tokens for h in sentence] for sentence in hyps]
+    prefix: Sequence[Sequence[int]] | None = None,
+    lines: Sequence[int] | None = None,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Decode ``src [B, S]`` as ``options`` say (greedy, beam search or sampling) with one
+    model or an ensemble (a list of models).
+
+    Returns, per sentence, its hypotheses: up to ``n_best`` best first from a search, or
+    exactly ``n_best`` samples in the order drawn (sample j of line ``lines[i]`` depends
+    only on the seed, the line and j). ``prefix[i]`` (ids) is forced as the start of output
+    i. Each hypothesis carries its tokens (no BOS/EOS), its total log-prob under the model
+    (forced tokens and EOS included) and its score, the log-prob over the length penalty.
+    """
+    options = resolve(options)
+    if not options.greedy and not options.sampling:
+        return beam_search(model, src, options, use_cache=use_cache, prefix=prefix)
+    out = one_per_row(model, src, options, prefix, lines, use_cache)
+    cfg = as_list(model)[0].cfg
+    n = options.n_best if options.sampling else 1
+    rows = []
+    for tokens, log_prob, ended in zip(
+        out.tokens.tolist(), out.log_probs.tolist(), out.ended.tolist()
+    ):
+        tokens = _until(tokens, cfg.eos_id, cfg.pad_id)
+        lp = length_penalty(len(tokens) + int(ended), options.alpha, options.length_penalty)
+        rows.append(Hypothesis(tokens, log_prob / lp, log_prob, eos=ended))
+    return [rows[i : i + n] for i in range(0, len(rows), n)]
 
 
 def _until(row: list[int], eos: int, pad: int) -> list[int]:
-    """The ids before the first EOS or PAD (greedy pads rows that ended early)."""
+    """The ids before the first EOS or PAD (rows that ended early are padded; neither id
+    is ever produced elsewhere)."""
     for i, token in enumerate(row):
         if token in (eos, pad):
             return row[:i]
     return row
+
+
+def generate(
+    model: Models,
+    src: Tensor,
+    options: DecodeOptions | int | None = None,
+    alpha: float | None = None,
+    n_best: int | None = None,
+    *,
+    beam_size: int | None = None,
+    max_len_a: float | None = None,
+    max_len_b: int | None = None,
+) -> list[list[list[int]]]:
+    """For each sentence of ``src [B, S]``, its ``n_best`` outputs best first, each a list of
+    token ids without BOS and EOS (fewer than ``n_best`` if the search finished fewer).
+    ``options`` as in :func:`search` (an int in its place is the beam size, followed by
+    alpha and n_best: the order before options existed); beam 1 is greedy decoding."""
+    if isinstance(options, int) and not isinstance(options, bool):
+        options, beam_size = None, options if beam_size is None else beam_size
+    options = resolve(
+        options,
+        beam=beam_size,
+        alpha=alpha,
+        n_best=n_best,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
+    return [[h.tokens for h in sentence] for sentence in search(model, src, options)]

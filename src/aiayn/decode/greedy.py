@@ -1,59 +1,148 @@
-"""Greedy autoregressive decoding with a key/value cache (Section 6.1 uses beam search;
-greedy is its beam size 1)."""
+"""Greedy decoding and sampling: one candidate per row, one token per step, with a
+key/value cache (Section 6.1 uses beam search; greedy is its beam size 1)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from aiayn.decode.core import DecodeStep, ban, banned_ids, inference, length_limits
-from aiayn.model.transformer import Transformer
+from aiayn.decode.core import (
+    DecodeStep,
+    ForcedPrefix,
+    Models,
+    as_list,
+    ban,
+    banned_ids,
+    inference,
+    search_limits,
+)
+from aiayn.decode.options import DecodeOptions, resolve
+from aiayn.decode.sampling import draw, row_uniforms, sampling_probs
+from aiayn.errors import DecodeError
 
 
 def greedy(
-    model: Transformer,
+    model: Models,
     src: Tensor,
-    max_new_tokens: int | None = None,
+    options: DecodeOptions | int | None = None,
     use_cache: bool = True,
     *,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
+    max_new_tokens: int | None = None,
+    max_len_a: float | None = None,
+    max_len_b: int | None = None,
+    prefix: Sequence[Sequence[int]] | None = None,
 ) -> Tensor:
     """Decode every sentence of ``src [B, S]`` at once, taking the argmax token each step.
 
     PAD and BOS are never produced. Returns a LongTensor ``[B, L]`` of generated ids: no
-    BOS, the EOS kept where reached, ``pad_id`` after it. Sentence i produces at most
+    BOS, the EOS kept where reached, ``pad_id`` after it. Lengths follow ``options`` (see
+    :class:`DecodeOptions`; the keyword settings override it, and an int in its place is
+    ``max_new_tokens``, the order before options existed): sentence i produces at most
     ``max_len_a * src_len_i + max_len_b`` tokens (default: its real length + 50), at most
-    ``max_new_tokens`` when given, and never past the model's ``max_len`` positions; ``L``
-    is the longest output. Sentences that reach EOS or their limit leave the batch, so no
-    work is spent on them. ``use_cache=False`` recomputes the whole prefix every step (the
-    slow reference the cache is tested against).
+    ``max_new_tokens``, never past the model's ``max_len``; ``L`` is the longest output.
+    ``prefix[i]`` (ids) is forced as the start of output i. Sentences that reach EOS or
+    their limit leave the batch, so no work is spent on them. ``use_cache=False``
+    recomputes the whole prefix every step (the slow reference the cache is tested
+    against). ``model`` may be a list of models: an ensemble.
     """
-    limits = length_limits(model.cfg, src, max_new_tokens, max_len_a, max_len_b)
-    with inference(model):
-        return _greedy(model, src, limits, use_cache)
+    if isinstance(options, int) and not isinstance(options, bool):
+        options, max_new_tokens = None, options if max_new_tokens is None else max_new_tokens
+    options = resolve(
+        options, max_new_tokens=max_new_tokens, max_len_a=max_len_a, max_len_b=max_len_b
+    )
+    if options.sampling:
+        raise DecodeError("greedy decoding does not sample: use aiayn.decode.search")
+    return one_per_row(model, src, options, prefix, None, use_cache, scores=False).tokens
 
 
-def _greedy(model: Transformer, src: Tensor, limits: Tensor, use_cache: bool) -> Tensor:
-    cfg = model.cfg
-    B, device = src.size(0), src.device
-    steps = int(limits.max()) if B else 0
-    out = torch.full((B, steps), cfg.pad_id, dtype=torch.long, device=device)
-    step = DecodeStep(model, src, use_cache)  # encodes (and checks) src even for 0 steps
-    alive = torch.arange(B, device=device)  # original row of each decoding row
-    prefix = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=device)
+@dataclass
+class RowOutputs:
+    """What :func:`one_per_row` decoded: ``tokens [R, L]`` (EOS where reached, then PAD),
+    per row its total log-prob (``[R]``, all zeros unless scores were asked for) and
+    whether it ended with EOS (``[R]`` bool; False: it ran to its length limit)."""
+
+    tokens: Tensor
+    log_probs: Tensor
+    ended: Tensor
+
+
+def one_per_row(
+    models: Models,
+    src: Tensor,
+    options: DecodeOptions,
+    prefix: Sequence[Sequence[int]] | None,
+    lines: Sequence[int] | None,
+    use_cache: bool = True,
+    scores: bool = True,
+) -> RowOutputs:
+    """Greedy decoding, or with ``options.sampling`` ``options.n_best`` samples per sentence
+    (rows sentence-major: sentence i's samples are rows i*n .. i*n+n-1); ``lines[i]`` is
+    sentence i's line index, which seeds its samples (default: its row in ``src``)."""
+    cfg = as_list(models)[0].cfg
+    n = options.n_best if options.sampling else 1
+    forced = ForcedPrefix.make(prefix, cfg, src.size(0), src.device)
+    limits = search_limits(cfg, src, options, forced).repeat_interleave(n)
+    forced = forced.expand(n) if forced is not None else None
+    uniforms = None
+    if options.sampling:
+        lines = range(src.size(0)) if lines is None else lines
+        if len(lines) != src.size(0):
+            raise DecodeError(f"{len(lines)} line indices for {src.size(0)} sentences")
+        steps = int(limits.max()) if limits.numel() else 0
+        uniforms = row_uniforms(options.seed, lines, n, steps).to(src.device)
+    with inference(models):
+        return _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, scores)
+
+
+def _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, scores):
+    cfg = as_list(models)[0].cfg
+    R, device = limits.numel(), src.device
+    steps = int(limits.max()) if R else 0
+    out = torch.full((R, steps), cfg.pad_id, dtype=torch.long, device=device)
+    total = torch.zeros(R, dtype=torch.float64, device=device)
+    ended = torch.zeros(R, dtype=torch.bool, device=device)
+    step = DecodeStep(models, src, use_cache, expand=n)  # encodes (and checks) src always
+    alive = torch.arange(R, device=device)  # original row of each decoding row
+    prefix = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)
     banned = banned_ids(cfg, device)
     length = 0
     for t in range(steps):
-        token = ban(step.logits(prefix), banned).argmax(dim=-1)  # [B']
+        logits = step.logits(prefix)  # [R', V]
+        force_now = forced.at(t) if forced is not None else None
+        # The model's log-probs over the whole vocabulary, before the ban (as in beam search)
+        logp = torch.log_softmax(logits.float(), dim=-1) if scores or options.sampling else None
+        if options.sampling:
+            probs = sampling_probs(
+                ban(logp.clone(), banned), options.temperature, options.top_k, options.top_p
+            )
+            token = draw(probs, uniforms[alive, t])
+        else:
+            token = ban(logits, banned).argmax(dim=-1)  # [R']: on the logits, as always
+        if force_now is not None:
+            token = torch.where(force_now >= 0, force_now, token)
+        last = limits[alive] == t + 1  # rows taking their last token
+        if options.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
+            token = torch.where(last, cfg.eos_id, token)
+        if scores:
+            token_logp = logp.gather(1, token[:, None]).squeeze(1).double()
+            if options.forced_eos:
+                token_logp = token_logp.masked_fill(last, 0.0)
+            total[alive] += token_logp
         out[alive, t] = token
         length = t + 1
-        running = (token != cfg.eos_id) & (limits[alive] > t + 1)
+        is_eos = token == cfg.eos_id
+        ended[alive] = is_eos
+        running = ~is_eos & ~last
         if not bool(running.all()):
             keep = running.nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
             alive, token, prefix = alive[keep], token[keep], prefix[keep]
             step.keep(keep)
+            if forced is not None:
+                forced.keep(keep)
         prefix = torch.cat([prefix, token[:, None]], dim=1)
-    return out[:, :length]
+    return RowOutputs(out[:, :length], total, ended)

@@ -62,14 +62,15 @@ class PositionalEncoding(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids ``[B, T]`` -> vectors ``[B, T, d_model]`` multiplied by sqrt(d_model) (3.4).
+    """Token ids ``[B, T]`` -> vectors ``[B, T, d_model]`` multiplied by sqrt(d_model) (3.4;
+    ``scale=False``: not multiplied, as Marian models without ``scale_embedding``).
 
     The pad row starts at zero and gets no gradient (``padding_idx``).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int):
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int, scale: bool = True):
         super().__init__()
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else None
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
         self.pad_id = pad_id
         # d_model**-0.5 keeps the scaled embedding at unit variance, and the tied output
@@ -79,4 +80,5 @@ class TokenEmbedding(nn.Module):
             self.weight[pad_id].zero_()
 
     def forward(self, ids: Tensor) -> Tensor:
-        return nn.functional.embedding(ids, self.weight, padding_idx=self.pad_id) * self.scale
+        x = nn.functional.embedding(ids, self.weight, padding_idx=self.pad_id)
+        return x * self.scale if self.scale is not None else x

@@ -6,13 +6,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
+from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alike (Eq. 2)."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alike (Eq. 2).
 
-    def __init__(self, d_model: int, d_ff: int):
+    ``activation`` replaces max(0, .) with swish (SiLU) or gelu (as Marian models may), and
+    ``activation_dropout`` drops hidden units after it (Marian's; the paper has none)."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, activation: str = "relu", activation_dropout: float = 0.0
+    ):
         super().__init__()
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
@@ -20,9 +26,19 @@ class FeedForward(nn.Module):
         nn.init.xavier_uniform_(self.w_2.weight)
         nn.init.zeros_(self.w_1.bias)
         nn.init.zeros_(self.w_2.bias)
+        if activation not in _ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {', '.join(_ACTIVATIONS)}")
+        self.activation, self.activation_dropout = activation, activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
-        return self.w_2(F.relu(self.w_1(x)))
+        hidden = _ACTIVATIONS[self.activation](self.w_1(x))  # [B, T, d_ff]
+        if self.activation_dropout > 0.0:
+            hidden = F.dropout(hidden, self.activation_dropout, self.training)
+        return self.w_2(hidden)
+
+
+# TransformerConfig.activation -> the function (swish is SiLU: x * sigmoid(x)).
+_ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 
 # Checkpoints written before the sub-layer blocks were spelled out kept each LayerNorm in a
@@ -52,7 +68,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)  # Section 5.4: on each sub-layer's output
@@ -92,7 +108,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)

@@ -26,5 +26,12 @@ def causal_mask(size: int, device: torch.device | None = None) -> Tensor:
 
 
 def decoder_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
-    """Causal AND target key padding: ``tgt_in [B, T]`` -> ``[B, 1, T, T]``."""
-    return causal_mask(tgt_in.size(1), tgt_in.device) & padding_mask(tgt_in, pad_id)
+    """Causal AND target key padding: ``tgt_in [B, T]`` -> ``[B, 1, T, T]``.
+
+    Position 0 holds the decoder's start token and is never padding, even where that token
+    is the pad id (Marian models start decoding from pad): every query may attend to it.
+    """
+    keys = tgt_in != pad_id  # [B, T]
+    if keys.size(1):
+        keys[:, 0] = True
+    return causal_mask(tgt_in.size(1), tgt_in.device) & keys[:, None, None, :]

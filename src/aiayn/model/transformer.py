@@ -201,11 +201,12 @@ class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id)
+        scale = cfg.scale_embeddings
+        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, scale)
         self.tgt_embed = (
             self.src_embed
             if cfg.share_embeddings
-            else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id)
+            else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale)
         )
         self.src_pos = PositionalEncoding(
             cfg.d_model, cfg.max_len, cfg.dropout, cfg.learned_positions
@@ -219,6 +220,8 @@ class Transformer(nn.Module):
         self.out_proj = (
             None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         )
+        # Marian's final_logits_bias: one more logit term per target token (not the paper's).
+        self.out_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
 
     # -- the three entry points ------------------------------------------------------------
     def encode(self, src: Tensor, weights: list[Tensor] | None = None) -> Tensor:
@@ -300,9 +303,9 @@ class Transformer(nn.Module):
 
     def project(self, x: Tensor) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``."""
-        if self.out_proj is None:
-            return F.linear(x, self.tgt_embed.weight)
-        return self.out_proj(x)
+        tied = self.out_proj is None
+        logits = F.linear(x, self.tgt_embed.weight) if tied else self.out_proj(x)
+        return logits if self.out_bias is None else logits + self.out_bias
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         """Teacher-forced logits ``[B, T, tgt_vocab]`` for src ``[B, S]``, tgt_in ``[B, T]``

@@ -89,20 +89,22 @@ class ModelInfo:
     and size and where it runs; no weights (a worker process holds the only copy)."""
 
     tokenizer: Tokenizer
-    cfg: TransformerConfig
+    cfg: TransformerConfig  # of the (first) model
     parameters: int
     device: str
+    max_source_tokens: int
 
     @classmethod
     def of(cls, translator: Translator, device: str | None = None) -> ModelInfo:
         """``translator``'s, running on ``device`` (default: where it is)."""
-        model = translator.model
-        device = device or str(translator.device)
-        return cls(translator.tokenizer, model.cfg, model.num_parameters(), device)
-
-    @property
-    def max_source_tokens(self) -> int:
-        return self.cfg.max_len - 1  # as Translator.max_source_tokens
+        model, device = translator.model, device or str(translator.device)
+        return cls(
+            translator.tokenizer,
+            model.cfg,
+            model.num_parameters(),
+            device,
+            translator.max_source_tokens,
+        )
 
     def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
         """Texts of one line's n-best ids, padded with "" to ``n_best`` (as the
@@ -209,7 +211,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
 
     async def warm_up() -> None:
         try:
-            ids = [info.tokenizer.encode(WARMUP_SENTENCE)]
+            ids = [info.tokenizer.encode(WARMUP_SENTENCE, info.max_source_tokens)]
             result = (await run(ids, Settings(beam=1), attention=False)).unwrap()
             if len(result.ids) != 1:
                 raise AiaynError("the warm-up translation returned no result")

@@ -389,7 +389,7 @@ class BatchWorker:
         s = key.settings
         try:
             outputs = self.translator.translate_ids(
-                rows, s.beam, s.alpha, s.n_best, batch_size=max(len(rows), 1)
+                rows, beam=s.beam, alpha=s.alpha, n_best=s.n_best, batch_size=max(len(rows), 1)
             )
             maps = self._attention(rows, outputs) if key.attention else None
         except Exception as e:  # every job of the batch gets it; the worker carries on

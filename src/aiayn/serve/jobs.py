@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any
 
 from aiayn.config import TransformerConfig
+from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
 from aiayn.translator import AttentionMap
 
@@ -190,8 +191,8 @@ class CacheBudget:
 
     max_tokens: int
     max_len: int
-    max_len_a: float = 1.0
-    max_len_b: int = 50
+    max_len_a: float = DecodeOptions.max_len_a  # the server decodes with these defaults
+    max_len_b: int = DecodeOptions.max_len_b
 
     @classmethod
     def for_model(cls, max_tokens: int, cfg: TransformerConfig) -> CacheBudget:

@@ -104,7 +104,8 @@ def _child(
     try:
         translator = pickle.loads(translator_bytes)
         if device is not None:
-            translator.model.to(device)
+            for model in translator.models:
+                model.to(device)
             translator.device = next(translator.model.parameters()).device
         worker = BatchWorker(
             translator, metrics, on_death=lambda reason: tell("died", reason), **worker_kwargs

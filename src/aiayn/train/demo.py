@@ -6,14 +6,15 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from aiayn.config import TransformerConfig
 from aiayn.data.batching import Batch, collate
-from aiayn.data.demo import DemoVocab, as_pair, make_splits
+from aiayn.data.demo import DemoVocab, as_pair, make_splits, word_sources
 from aiayn.decode import greedy
+from aiayn.decode.alignment import cross_attention, hard_alignment
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.loss import label_smoothed_cross_entropy
@@ -28,6 +29,11 @@ class DemoResult:
     steps: int
     n_parameters: int
     examples: list[tuple[str, str, str]]  # (source, reference, output)
+    # Word alignment from each decoder layer's encoder-decoder attention (heads averaged)
+    # against the true alignment, over the correctly translated numbers; and what a
+    # uniformly random source position would score.
+    alignment: list[float] = field(default_factory=list)
+    alignment_chance: float = 0.0
 
 
 def _encode(vocab: DemoVocab, numbers: list[int]) -> Batch:
@@ -90,17 +96,19 @@ def run_demo(
     train_seconds = time.perf_counter() - start
 
     model.eval()
-    correct, examples = 0, []
+    right, examples = [], []
     for i in range(0, len(test_numbers), 250):
         chunk = test_numbers[i : i + 250]
         out = greedy(model, _encode(vocab, chunk).src, max_new_tokens=16)
         for n, ids in zip(chunk, out.tolist()):
             source, reference = as_pair(n)
             hypothesis = vocab.decode(ids)
-            correct += hypothesis == reference
+            if hypothesis == reference:
+                right.append(n)
             if len(examples) < show:
                 examples.append((source, reference, hypothesis))
-    accuracy = correct / len(test_numbers)
+    accuracy = len(right) / len(test_numbers)
+    alignment, chance = alignment_accuracy(model, vocab, right)
     total = time.perf_counter() - start
     for source, reference, hypothesis in examples:
         mark = "ok " if hypothesis == reference else "BAD"
@@ -109,4 +117,33 @@ def run_demo(
         f"exact match on {len(test_numbers)} held-out numbers: {accuracy:.1%} "
         f"(train {train_seconds:.0f}s, total {total:.0f}s)"
     )
-    return DemoResult(accuracy, train_seconds, total, steps, model.num_parameters(), examples)
+    if alignment:
+        per_layer = ", ".join(f"layer {i} {a:.1%}" for i, a in enumerate(alignment, start=1))
+        log(f"word alignment from cross-attention: {per_layer} (chance {chance:.1%})")
+    return DemoResult(
+        accuracy, train_seconds, total, steps, model.num_parameters(), examples, alignment, chance
+    )
+
+
+def alignment_accuracy(
+    model: Transformer, vocab: DemoVocab, numbers: list[int]
+) -> tuple[list[float], float]:
+    """For each decoder layer, the share of output words whose most-attended source digit
+    (encoder-decoder attention, heads averaged: :mod:`aiayn.decode.alignment`) is one the
+    word comes from (:func:`word_sources`), over the correct translations of ``numbers``;
+    and the share a uniformly random digit would get."""
+    if not numbers:
+        return [], 0.0
+    batch = _encode(vocab, numbers)
+    hits = [0] * model.cfg.decoder_layers
+    words = chance = 0.0
+    for layer in range(1, model.cfg.decoder_layers + 1):
+        weights = cross_attention(model, batch.src, batch.tgt_in, layer)  # [B, T, S]
+        for b, n in enumerate(numbers):
+            gold, S = word_sources(n), len(str(n))
+            links = hard_alignment(weights[b, : len(gold), :S])
+            hits[layer - 1] += sum(link in g for link, g in zip(links, gold))
+            if layer == 1:
+                words += len(gold)
+                chance += sum(len(g) / S for g in gold)
+    return [h / words for h in hits], chance / words

@@ -9,8 +9,13 @@ from typing import Any
 
 import yaml
 
+from aiayn.config import TransformerConfig
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
+
+# The model fields a fine-tuning recipe may change: regularisation, which only training
+# sees, and the length of a position table that is computed rather than learned.
+FINE_TUNE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "max_len")
 
 
 @dataclass
@@ -25,6 +30,13 @@ class Recipe:
     max_len_words: int = 100  # longer training pairs are dropped (and counted)
     vocab_size: int = 8000  # joint SentencePiece vocabulary over source + target
     spm_model_type: str = "bpe"
+    # Fine-tuning: a model directory (MODEL_DIR, or MODEL_DIR:CHECKPOINT with CHECKPOINT
+    # auto|best|last|averaged|a file) to start from: its config, weights and tokenizer
+    # (the data is encoded with it; vocab_size and spm_model_type are unused), with a fresh
+    # optimizer and schedule. The model fields below may then only set dropout,
+    # attention_dropout, activation_dropout and (sinusoidal positions) max_len; any other
+    # field the recipe sets must equal the model's.
+    init_from: str = ""
     # Model: any TransformerConfig field except vocabulary sizes and special ids.
     model: dict[str, Any] = field(
         default_factory=lambda: {
@@ -43,7 +55,11 @@ class Recipe:
     update_freq: int = 1  # accumulate gradients over this many batches per update
     label_smoothing: float = 0.1
     warmup: int = 4000
-    lr_scale: float = 1.0  # multiplies the Noam rate
+    lr_scale: float = 1.0  # multiplies the Noam rate (and its peak, for every schedule)
+    # noam (Eq. 3) | linear | cosine | noam_cooldown: the last three decay to 0 at the end
+    # of the budget (max_steps or time_limit_minutes); see aiayn/train/schedule.py
+    schedule: str = "noam"
+    cooldown: float = 0.2  # noam_cooldown: the final fraction of the budget it decays over
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     clip_norm: float = 0.0  # 0 = no clipping
@@ -66,6 +82,9 @@ class Recipe:
     # Several processes: a rank that waits longer than this in a collective (for a rank
     # that hangs or is gone) fails the job, naming the collective, instead of hanging it.
     collective_timeout_minutes: float = COLLECTIVE_TIMEOUT_MINUTES
+    # The model fields this recipe sets (in its file or by an override), not defaults:
+    # what a run with init_from checks against its model. Not a recipe field itself.
+    given_model_fields: set[str] = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -78,7 +97,7 @@ class Recipe:
             raise RecipeError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise RecipeError(f"{path}: a recipe is a mapping of field: value")
-        for key in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
+        for key in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt", "init_from"):
             value = data.get(key)  # relative paths are relative to the recipe file
             if isinstance(value, str) and value and not Path(value).is_absolute():
                 data[key] = str((path.parent / value).resolve())
@@ -86,7 +105,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "recipe") -> Recipe:
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"given_model_fields"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
@@ -107,8 +126,9 @@ class Recipe:
                 raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
             if key.startswith("model."):
                 self.model = {**self.model, key[len("model.") :]: value}
+                self.given_model_fields.add(key[len("model.") :])
             else:
-                if key not in {f.name for f in fields(self)}:
+                if key not in {f.name for f in fields(self)} - {"given_model_fields"}:
                     raise RecipeError(f"override {item!r}: unknown field {key!r}")
                 self._set(key, value, "override")
         return self
@@ -118,6 +138,7 @@ class Recipe:
         if key == "model":
             if not isinstance(value, dict):
                 raise RecipeError(f"{source}: 'model' must be a mapping")
+            self.given_model_fields.update(value)
             value = {**default, **value}
         elif key == "adam_betas":
             try:
@@ -141,7 +162,28 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["adam_betas"] = list(self.adam_betas)
+        del data["given_model_fields"]
         return data
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
+    """The config of a run that starts from a model whose config is ``source`` (read from
+    ``origin``): the source's, with the recipe's :data:`FINE_TUNE_FIELDS`. Any other model
+    field the recipe sets must equal the source's: RecipeError naming it otherwise."""
+    data = source.to_dict()
+    for key in sorted(recipe.given_model_fields):
+        value = recipe.model[key]
+        if key not in data:
+            raise RecipeError(f"recipe field model.{key}: not a model field")
+        learned = key == "max_len" and source.learned_positions  # a table of trained weights
+        if key in FINE_TUNE_FIELDS and not learned:
+            data[key] = value
+        elif value != data[key]:
+            raise RecipeError(
+                f"recipe field model.{key}={value!r} contradicts the model being fine-tuned "
+                f"({origin} has {key}={data[key]!r}); leave it out of the recipe"
+            )
+    return TransformerConfig.from_dict(data)

@@ -17,7 +17,15 @@ from typing import Any, TypeVar
 
 import torch
 
-from aiayn.checkpoint import LAST, check_vocab, load_checkpoint, remove_stale_temp_files
+from aiayn.checkpoint import (
+    LAST,
+    check_vocab,
+    load_checkpoint,
+    remove_stale_temp_files,
+    resolve_checkpoint,
+    split_model_spec,
+)
+from aiayn.config import TransformerConfig
 from aiayn.data import Tokenizer
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
@@ -123,10 +131,29 @@ class RunDirectory:
             )
         return None
 
-    def prepared_data(self, r: Recipe, state: dict | None) -> PreparedData:
+    def init_state(self, r: Recipe) -> dict:
+        """The checkpoint ``r.init_from`` names (its model, config, tokenizer and the
+        settings it carries), read by rank 0 and sent to all; ``path`` is added."""
+
+        def read() -> dict:
+            model_dir, which = split_model_spec(r.init_from)
+            path = resolve_checkpoint(model_dir, which)
+            state = load_checkpoint(path, map_location="cpu")
+            if "tokenizer" not in state:
+                raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
+            check_vocab(state, Tokenizer.from_bytes(state["tokenizer"]), path, "its tokenizer")
+            keep = ("model", "config", "tokenizer", "generation", "origin")
+            return {**{k: state[k] for k in keep if k in state}, "path": str(path)}
+
+        return self.on_main(read)
+
+    def prepared_data(
+        self, r: Recipe, state: dict | None, tokenizer: Tokenizer | None = None
+    ) -> PreparedData:
         """The recipe's prepared directory, or the raw text prepared into the run's
         ``data/`` (kept for --resume, made again for a new run; by rank 0 while the other
-        ranks wait)."""
+        ranks wait), encoded with ``tokenizer`` when given (that of the model a run starts
+        from), else with a joint tokenizer trained on it."""
         if r.data:
             directory = Path(r.data)
         else:
@@ -141,6 +168,7 @@ class RunDirectory:
                     (r.train_src, r.train_tgt), (r.valid_src, r.valid_tgt), directory,
                     vocab_size=r.vocab_size, model_type=r.spm_model_type,
                     max_len_words=r.max_len_words, log=lambda _: None, show_progress=False,
+                    tokenizer=tokenizer,
                 )  # fmt: skip
 
             self.on_main(make)
@@ -149,25 +177,31 @@ class RunDirectory:
         self.log(f"valid: {data.summary('valid')}")
         return data
 
-    def tokenizer(self, r: Recipe, data: PreparedData, state: dict | None) -> Tokenizer:
-        """The run's tokenizer: the checkpoint's when resuming (which must be the one the
-        data was encoded with), else the data's (copied beside the recipe)."""
-        if state is not None:
-            tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-            check_vocab(state, tokenizer.vocab_size, self.out_dir / LAST, "its tokenizer")
-            check_tokenizer(
-                data.manifest,
-                data.directory,
-                state["tokenizer"],
-                str(self.out_dir / LAST),
-            )
+    def tokenizer(
+        self, data: PreparedData, state: dict | None, init: dict | None = None
+    ) -> Tokenizer:
+        """The run's tokenizer: the checkpoint's when resuming, else that of the model the
+        run starts from (``init``), else the data's; the first two must be the one the
+        data was encoded with. A new run writes its files into the run directory."""
+        source = state if state is not None else init
+        if source is not None:
+            path = self.out_dir / LAST if state is not None else Path(source["path"])
+            tokenizer = Tokenizer.from_bytes(source["tokenizer"])
+            check_vocab(source, tokenizer, path, "its tokenizer")
+            check_tokenizer(data.manifest, data.directory, source["tokenizer"], str(path))
         else:
             tokenizer = data.tokenizer
-
-            def write() -> None:
-                (self.out_dir / "spm.model").write_bytes(data.spm_bytes)
-                r.save(self.out_dir / "recipe.yaml")
-
-            self.on_main(write)
-        self.log(f"tokenizer: {tokenizer.vocab_size} joint tokens")
+        if state is None:
+            self.on_main(lambda: tokenizer.save(self.out_dir))
+        self.log(f"tokenizer: {tokenizer.describe()}")
         return tokenizer
+
+    def save_recipe(self, r: Recipe, state: dict | None, cfg: TransformerConfig) -> None:
+        """A new run writes its recipe; one that starts from a model (``init_from``) with
+        the model fields it really has (the starting model's), not the recipe defaults."""
+        if state is not None:
+            return
+        if r.init_from:
+            skip = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
+            r.model = {k: v for k, v in cfg.to_dict().items() if k not in skip}
+        self.on_main(lambda: r.save(self.out_dir / "recipe.yaml"))

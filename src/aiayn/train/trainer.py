@@ -28,16 +28,17 @@ from aiayn.checkpoint import (
     step_checkpoint_name,
 )
 from aiayn.config import TransformerConfig
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World, init_from_env
 from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
-from aiayn.train.recipe import Recipe
+from aiayn.train.recipe import Recipe, fine_tune_config
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
 from aiayn.train.update import Updater, compiled_graphs
-from aiayn.train.validation import translate_texts, validate
+from aiayn.train.validation import translate_texts, validate_world
 
 
 @dataclass
@@ -85,14 +86,19 @@ class Trainer:
         self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
         self.run = run = RunDirectory(self.out_dir, self.world, self.log)
         state = run.previous_state(resume, self.device)
-        self.data = run.prepared_data(r, state)
-        self.tokenizer = run.tokenizer(r, self.data, state)
-        V = self.tokenizer.vocab_size
-        self.cfg = TransformerConfig.from_dict(
-            state["config"]
-            if state is not None
-            else {**r.model, "src_vocab_size": V, "tgt_vocab_size": V}
-        )
+        # A new run with init_from starts from that model: config, weights, tokenizer.
+        init = run.init_state(r) if state is None and r.init_from else None
+        known = state if state is not None else init
+        tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
+        self.data = run.prepared_data(r, state, tokenizer)
+        self.tokenizer = run.tokenizer(self.data, state, init)
+        self.cfg = self._config(state, init)
+        run.save_recipe(r, state, self.cfg)
+        # What a model that came from elsewhere carries along (see aiayn.checkpoint).
+        self.generation = dict((known or {}).get("generation") or {})
+        self.origin = (known or {}).get("origin")
+        if init is not None:
+            self.origin = {"init_from": init["path"], "origin": init.get("origin")}
         # Prepared data: the index in memory, ids read from disk when a batch needs them (one
         # data path for raw text and prepared directories alike).
         self.train_data, self.valid_data = self.data.train, self.data.valid
@@ -102,13 +108,20 @@ class Trainer:
             self.log(f"train: {too_long} pairs longer than {self.cfg.max_len} tokens skipped")
 
         torch.manual_seed(r.seed)  # the same initial weights on every rank
-        self.model = Transformer(self.cfg).to(self.device)
+        self.model = Transformer(self.cfg)
+        if init is not None:
+            self.model.load_state_dict(init["model"])
+            self.log(f"starting from {init['path']} (fresh optimizer and schedule)")
+        self.model.to(self.device)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), betas=r.adam_betas, eps=r.adam_eps
         )
-        self.schedule = NoamSchedule(self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.best_bleu, self.elapsed, self.skipped, self.bad_in_a_row = -1.0, 0.0, 0, 0
+        self.schedule = NoamSchedule(
+            self.optimizer, self.cfg.d_model, r.warmup, r.lr_scale, r.schedule, r.max_steps,
+            self._time_used if r.time_limit_minutes else None, r.cooldown,
+        )  # fmt: skip
         self.epoch_checkpoints: list[str] = []
         self._metrics: MetricsLog | None = None  # while train() runs
         if state is not None:
@@ -131,6 +144,24 @@ class Trainer:
             + (f", {self.world.size} processes" if self.world.size > 1 else "")
         )
 
+    def _config(self, state: dict | None, init: dict | None) -> TransformerConfig:
+        """The model's config: the checkpoint's when resuming; the starting model's with
+        the recipe's fine-tuning fields; else the recipe's, with the tokenizer's
+        vocabulary sizes and special ids."""
+        if state is not None:
+            return TransformerConfig.from_dict(state["config"])
+        if init is not None:
+            source = TransformerConfig.from_dict(init["config"])
+            return fine_tune_config(self.recipe, source, init["path"])
+        t = self.tokenizer
+        return TransformerConfig.from_dict(
+            {
+                **self.recipe.model,
+                **dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size),
+                **dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id),
+            }
+        )
+
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -151,13 +182,14 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "recipe": self.recipe.to_dict(),
             "tokenizer": self.tokenizer.to_bytes(),
+            **({"generation": self.generation} if self.generation else {}),
+            **({"origin": self.origin} if self.origin else {}),
         }
 
     def _restore(self, state: dict) -> None:
         """Continue from ``state`` (read onto this rank's device)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.schedule.load_state_dict(state["schedule"])
         torch.set_rng_state(state["rng"]["torch"].cpu())  # generator states live on the CPU
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"] and torch.cuda.is_available():
@@ -167,6 +199,7 @@ class Trainer:
         self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
         self.epoch_checkpoints = list(state["epoch_checkpoints"])
         self.skipped = state.get("skipped", 0)  # absent from checkpoints before the guard
+        self.schedule.load_state_dict(state["schedule"])  # after step and elapsed: its budget
 
     def save(self, name: str, fence: bool = True) -> Path:
         """Rank 0 writes checkpoint ``name`` (atomically); with ``fence``, every rank waits
@@ -200,7 +233,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Loss and perplexity on the validation set, and BLEU of its translations (with
         the recipe's ``valid_beam``), the same on every rank; each rank does its share."""
-        return validate(
+        return validate_world(
             self.model, self.tokenizer, self.valid_data, self.valid_src, self.valid_ref,
             self.recipe.valid_beam, self.recipe.max_tokens, self.recipe.label_smoothing,
             self.world,
@@ -275,6 +308,7 @@ class Trainer:
         while self.batch_in_epoch < len(batches):
             first = self.batch_in_epoch
             plans = batches[first : first + per_update]
+            lr = self.optimizer.param_groups[0]["lr"]  # this update's rate (logged below)
             # Index arrays in; each rank reads from disk only the batches of its share.
             result = self.updater.update(plans, self.train_data.batch)
             self.batch_in_epoch += len(plans)
@@ -284,7 +318,7 @@ class Trainer:
                 continue
             self.step, self.bad_in_a_row = self.step + 1, 0
             tick_tokens += result.n_tokens
-            loss, lr = result.loss, self.optimizer.param_groups[0]["lr"]
+            loss = result.loss
             metrics.write(
                 "train", self.step, loss=loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
                 epoch=self.epoch + 1, seconds=round(self.elapsed, 2), first_batch=first,
@@ -327,6 +361,10 @@ class Trainer:
         if r.time_limit_minutes and self.elapsed >= r.time_limit_minutes * 60:
             return "time_limit"
         return "max_epochs"
+
+    def _time_used(self) -> float:
+        """The fraction of the time limit spent (for the schedules that decay to 0)."""
+        return self.elapsed / (self.recipe.time_limit_minutes * 60)
 
     def _clock(self) -> None:
         """Rank 0's elapsed time, on every rank: the time limit and timed saves are then

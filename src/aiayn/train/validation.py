@@ -49,6 +49,21 @@ def loss_sums(
 
 def validate(
     model: Transformer,
+    data: PreparedSplit,
+    hyps: list[str],
+    refs: list[str],
+    max_tokens: int,
+    label_smoothing: float,
+) -> dict[str, float]:
+    """``{"loss", "ppl", "bleu"}``: the per-token loss and perplexity of ``model`` on
+    ``data`` (teacher forcing), and the BLEU of ``hyps`` (its translations) against
+    ``refs``, by this process alone. The model is left in training mode."""
+    bleu = corpus_bleu(hyps, refs).score
+    return _figures(loss_sums(model, data, max_tokens, label_smoothing), bleu)
+
+
+def validate_world(
+    model: Transformer,
     tokenizer: Tokenizer,
     data: PreparedSplit,
     src: list[str],
@@ -56,21 +71,24 @@ def validate(
     beam: int,
     max_tokens: int,
     label_smoothing: float,
-    world: World | None = None,
+    world: World,
 ) -> dict[str, float]:
-    """``{"loss", "ppl", "bleu"}``: the per-token loss and perplexity of ``model`` on
-    ``data`` (teacher forcing), and the BLEU of its translations of ``src`` (beam ``beam``;
-    1 = greedy) against ``refs``. Called on every rank of ``world``: each does its share,
-    and every rank returns the same figures. The model is left in training mode."""
-    world = world or World()
-    loss, nll, n_tokens = loss_sums(model, data, max_tokens, label_smoothing, world)
+    """:func:`validate` with the translations of ``src`` (beam ``beam``; 1 = greedy),
+    called on every rank of ``world``: each scores its share of the batches and translates
+    its share of the sentences, and every rank returns the figures of one process."""
+    sums = loss_sums(model, data, max_tokens, label_smoothing, world)
     share = world.shard(len(src))
     hyps = world.gather(translate_texts(model, tokenizer, src[share.start : share.stop], beam))
     bleu = corpus_bleu(hyps, refs).score if hyps is not None else 0.0
+    return _figures(sums, world.broadcast(bleu))
+
+
+def _figures(sums: list[float], bleu: float) -> dict[str, float]:
+    loss, nll, n_tokens = sums
     return {
         "loss": loss / max(n_tokens, 1),
         "ppl": math.exp(min(nll / max(n_tokens, 1), 50.0)),
-        "bleu": world.broadcast(bleu),
+        "bleu": bleu,
     }
 
 
@@ -80,7 +98,7 @@ def translate_texts(
     """``texts`` translated (greedy for ``beam=1``), in order; the model is left in
     training mode."""
     device, limit = next(model.parameters()).device, model.cfg.max_len - 1
-    ids = [tokenizer.encode(s)[:limit] for s in texts]
+    ids = [tokenizer.encode(s, limit) for s in texts]
     hyps = [""] * len(ids)
     for index, src in sorted_batches(ids, batch_size, model.cfg.pad_id):
         nbest = generate(model, src.to(device), beam)  # eval mode inside, restored after

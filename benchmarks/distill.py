@@ -1,0 +1,140 @@
+"""Sequence-level knowledge distillation (Kim & Rush 2016) on Multi30k de-en.
+
+    python benchmarks/distill.py --teacher runs/bench-de-en --out runs/distill
+
+1. The teacher (the model of `make bleu`, its checkpoint and alpha as chosen on val in its
+   results.json) translates Multi30k's training source with beam 4: the distilled corpus.
+2. Two students of one recipe (recipes/multi30k-student.yaml: a deep encoder and a one-layer
+   decoder, Kasai et al. 2021) get the same 55-minute budget each, one on the distilled
+   targets and one on the original ones; checkpoint and alpha chosen on val, then
+   test2016 decoded once (benchmarks/multi30k_bleu.py does both).
+3. Speed: teacher and students translate test2016 on the same sorted batches of 64,
+   interleaved batch by batch, greedy and beam 4, on ``--threads`` CPU threads; sentences/s
+   over the whole pass, median of ``--rounds`` passes.
+
+Each step is skipped when its output exists, so the script can be resumed. Writes
+OUT/results.json and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import load_model
+from aiayn.data.batching import pad, sorted_batches
+from aiayn.data.corpus import read_lines
+from aiayn.decode import DecodeOptions, search
+from aiayn.translator import Translator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from sample_data import multi30k_dir  # noqa: E402
+
+
+def chosen(run: Path) -> tuple[Path, float]:
+    """The checkpoint file and alpha that run's val choice picked (results.json)."""
+    results = json.loads((run / "results.json").read_text())
+    pick = results["chosen_on_val"]
+    return run / f"checkpoint_{pick['checkpoint']}.pt", pick["alpha"]
+
+
+def distill_corpus(teacher: Path, src: Path, out: Path, threads: int) -> None:
+    """The teacher's beam-4 translations of every training source line (the CLI, so a
+    torchrun launch could shard it the same way)."""
+    ckpt, alpha = chosen(teacher)
+    tmp = out.with_suffix(".tmp")
+    command = [sys.executable, "-m", "aiayn", "translate", "--model", str(teacher)]
+    command += ["--checkpoint", str(ckpt), "--beam", "4", "--alpha", str(alpha), "--quiet"]
+    command += [str(src), "-o", str(tmp)]
+    env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
+    subprocess.run(command, check=True, env=env)
+    tmp.rename(out)
+
+
+def train_student(out: Path, recipe: Path, overrides: list[str]) -> dict:
+    if not (out / "results.json").exists():
+        command = [sys.executable, str(ROOT / "benchmarks/multi30k_bleu.py"), "--direction"]
+        command += ["de-en", "--out", str(out), "--recipe", str(recipe), "--set", *overrides]
+        subprocess.run(command, check=True)
+    return json.loads((out / "results.json").read_text())
+
+
+def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int) -> dict:
+    """sentences/s of each model, greedy and beam 4: every model translates the same
+    groups of sentences (sorted by length, 64 each), interleaved group by group; the time
+    counts tokenization, decoding and detokenization."""
+    loaded = {name: Translator(*load_model(ckpt)) for name, (ckpt, _) in models.items()}
+    first = next(iter(loaded.values()))
+    ids = [first.encode(line) for line in lines]
+    groups = [index for index, _ in sorted_batches(ids, 64, first.model.cfg.pad_id)]
+    out: dict = {}
+    for beam in (1, 4):
+        rates: dict[str, list[float]] = {name: [] for name in loaded}
+        for _ in range(rounds):
+            spent = dict.fromkeys(loaded, 0.0)
+            for index in groups:
+                for name, translator in loaded.items():
+                    options = DecodeOptions(beam=beam, alpha=models[name][1])
+                    t0 = time.perf_counter()
+                    src = pad([translator.encode(lines[i]) for i in index])
+                    hyps = search(translator.model, src, options)
+                    [translator.tokenizer.decode(h[0].tokens) for h in hyps]
+                    spent[name] += time.perf_counter() - t0
+            for name in loaded:
+                rates[name].append(sum(map(len, groups)) / spent[name])
+        out[f"beam{beam}"] = {name: round(statistics.median(r), 1) for name, r in rates.items()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--teacher", required=True, help="a run of benchmarks/multi30k_bleu.py")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--recipe", default=str(ROOT / "recipes/multi30k-student.yaml"))
+    parser.add_argument("--set", nargs="*", default=[], help="student recipe overrides")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--speed-only", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data, teacher, out = multi30k_dir(), Path(args.teacher), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    distilled = out / "train.distilled.en"
+    if not distilled.exists():
+        t0 = time.perf_counter()
+        distill_corpus(teacher, data / "train.de.gz", distilled, args.threads)
+        print(f"distilled corpus: {time.perf_counter() - t0:.0f} s", flush=True)
+    students = {}
+    if not args.speed_only:
+        students["distilled"] = train_student(
+            out / "student-distilled", Path(args.recipe), [f"train_tgt={distilled}", *args.set]
+        )
+        students["original"] = train_student(
+            out / "student-original", Path(args.recipe), list(args.set)
+        )
+    models = {"teacher": chosen(teacher)}
+    for name in ("distilled", "original"):
+        if (out / f"student-{name}" / "results.json").exists():
+            models[f"student_{name}"] = chosen(out / f"student-{name}")
+    test = read_lines(data / "test2016.de.gz")
+    results = {
+        "teacher": json.loads((teacher / "results.json").read_text()),
+        "students": students,
+        "sentences_per_s": speed(models, test, args.rounds),
+        "threads": args.threads,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

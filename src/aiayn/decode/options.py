@@ -1,0 +1,138 @@
+"""One set of decoding options for every search: greedy, beam, sampling, the Translator, the
+command line and the server all take a :class:`DecodeOptions`.
+
+The object is frozen and checks itself when made, so a setting out of range (a NaN, a
+top-p of 0) or two that contradict each other (sampling with a beam) is one clear
+:class:`~aiayn.errors.DecodeError` before any decoding starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from aiayn.errors import DecodeError
+
+# Length penalties (the score a finished hypothesis is ranked by is log p / lp):
+#   gnmt: lp = ((5 + |Y|) / 6) ** alpha    Wu et al. 2016, used by the paper (Section 6.1)
+#   hf:   lp = |Y| ** alpha                Hugging Face's generate() (and Marian, OPUS-MT)
+LENGTH_PENALTIES = ("gnmt", "hf")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode: search, length rule, sampling and forced prefix.
+
+    ``beam`` 1 is greedy decoding (or sampling, with ``sampling``); ``n_best`` outputs per
+    sentence (with sampling: that many samples). A sentence of n real source tokens gets at
+    most ``max_len_a * n + max_len_b`` output tokens, EOS included, at most
+    ``max_new_tokens`` when set, never past the model's ``max_len``. ``alpha`` is the
+    length-penalty exponent of the ``length_penalty`` formula ("gnmt" or "hf"). At its
+    length limit beam search ends every hypothesis with EOS, scored with its log-prob; with
+    ``forced_eos`` (Hugging Face's ``forced_eos_token_id``) every search ends an output
+    that reaches its limit with EOS, scored 0, as ``generate()`` does.
+    Sampling draws each token from the model's distribution at ``temperature``, restricted
+    to the ``top_k`` most likely tokens (0: no limit) and to the nucleus of probability
+    ``top_p`` (1: no limit); with ``seed`` set, each line's samples depend only on (seed,
+    line index, sample index), not on the batch or the other lines. ``prefix`` is text every
+    output starts with (forced, and counted in the score); the id-level searches take
+    per-sentence prefix ids instead.
+    """
+
+    beam: int = 4
+    alpha: float = 0.6
+    n_best: int = 1
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    max_new_tokens: int | None = None
+    length_penalty: str = "gnmt"
+    forced_eos: bool = False
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        _check_int("beam", self.beam, 1)
+        _check_int("n_best", self.n_best, 1)
+        _check_int("max_len_b", self.max_len_b, 0)
+        if self.max_new_tokens is not None:
+            _check_int("max_new_tokens", self.max_new_tokens, 0)
+        _check_int("top_k", self.top_k, 0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+        _check_number("alpha", self.alpha, 0.0)
+        _check_number("max_len_a", self.max_len_a, 0.0)
+        if not (_is_number(self.temperature) and self.temperature > 0):
+            raise DecodeError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if not (_is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise DecodeError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.length_penalty not in LENGTH_PENALTIES:
+            raise DecodeError(
+                f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
+                f"got {self.length_penalty!r}"
+            )
+        for name in ("sampling", "forced_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise DecodeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.prefix, str):
+            raise DecodeError(f"prefix must be text, got {type(self.prefix).__name__}")
+        if self.sampling:
+            if self.beam != 1:
+                raise DecodeError(
+                    f"sampling draws one token at a time and takes no beam: got beam "
+                    f"{self.beam} (use beam 1, and n_best for several samples)"
+                )
+        else:
+            if self.n_best > self.beam:
+                raise DecodeError(
+                    f"n_best must be <= beam (a search keeps only beam hypotheses), "
+                    f"got n_best {self.n_best} and beam {self.beam}"
+                )
+            changed = [
+                f"{name}={getattr(self, name)}"
+                for name, neutral in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0))
+                if getattr(self, name) != neutral
+            ]
+            if changed:
+                raise DecodeError(f"{', '.join(changed)} only apply with sampling, which is off")
+
+    @property
+    def greedy(self) -> bool:
+        """One candidate per step, the most likely one (beam 1 without sampling)."""
+        return self.beam == 1 and not self.sampling
+
+    def replace(self, **changes: Any) -> DecodeOptions:
+        """A copy with ``changes`` (None values are ignored), checked like a new one."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **changes) if changes else self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def resolve(options: DecodeOptions | None, **overrides: Any) -> DecodeOptions:
+    """``options`` (default: ``DecodeOptions()``) with the keyword settings that are not
+    None applied: what the searches do with their keyword arguments."""
+    if options is not None and not isinstance(options, DecodeOptions):
+        raise DecodeError(f"options must be a DecodeOptions, got {type(options).__name__}")
+    return (options or DecodeOptions()).replace(**overrides)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise DecodeError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_number(name: str, value: Any, low: float) -> None:
+    # NaN compares false with everything: a NaN alpha would leave every hypothesis looking
+    # unbeaten and run the search to its length limit.
+    if not (_is_number(value) and value >= low):
+        raise DecodeError(f"{name} must be a finite number >= {low:g}, got {value!r}")

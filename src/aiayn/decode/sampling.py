@@ -1,0 +1,73 @@
+"""Sampling: each next token drawn from the model's distribution, sharpened or flattened by
+a temperature and cut to the top-k tokens and to the nucleus (top-p; Holtzman et al.
+2020), e.g. for back-translation (Edunov et al. 2018).
+
+Reproducible per line: every output row owns a stream of uniform numbers seeded from (seed,
+line index, sample index), and a token is drawn by inverting the cumulative distribution
+at the row's number for that step. What a line gets therefore does not depend on the batch
+it is decoded in, its neighbours, or how many processes share the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def row_uniforms(seed: int | None, lines: Sequence[int], samples: int, steps: int) -> Tensor:
+    """Uniform numbers in [0, 1) for ``len(lines) * samples`` rows (line-major, as the
+    search lays them out) and ``steps`` steps: ``[rows, steps]`` float64. Row (i, j) is a
+    pure function of (seed, lines[i], j); ``seed=None`` draws one seed at random."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    out = torch.empty(len(lines) * samples, steps, dtype=torch.float64)
+    generator = torch.Generator()
+    for i, line in enumerate(lines):
+        for j in range(samples):
+            generator.manual_seed(_row_seed(seed, line, j))
+            out[i * samples + j] = torch.rand(steps, generator=generator, dtype=torch.float64)
+    return out
+
+
+def _row_seed(seed: int, line: int, sample: int) -> int:
+    # A hash, not arithmetic: (seed, line) pairs that sum alike must not share a stream.
+    digest = hashlib.blake2b(f"{seed}:{line}:{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def sampling_probs(logp: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """The distribution to draw from, for rows of log-probs ``logp [n, V]`` (banned tokens
+    at -inf): softmax(logp / temperature), then only the ``top_k`` most likely tokens (0:
+    all; ties with the k-th are kept), then only the nucleus: the most likely tokens whose
+    mass, before each one is added, is below ``top_p`` (the most likely token always stays).
+    Returns ``[n, V]`` probabilities, each row summing to 1, zero outside what is kept."""
+    probs = torch.softmax(logp.double() / temperature, dim=-1)
+    if 0 < top_k < probs.size(-1):
+        kth = probs.topk(top_k, dim=-1).values[:, -1:]
+        probs = probs.masked_fill(probs < kth, 0.0)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely ones
+        sorted_probs = sorted_probs.masked_fill(before >= top_p * probs.sum(-1, True), 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Row i's token at ``uniforms[i]`` in [0, 1) by the inverse of its cumulative
+    distribution over ``probs [n, V]`` (token order, so the draw depends on the row alone):
+    ``[n]`` LongTensor, never a zero-probability token."""
+    cdf = probs.cumsum(dim=-1)
+    target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    token = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    token = token.clamp(max=probs.size(-1) - 1)
+    # Float rounding can land a draw on a zero-probability token after the last kept one
+    # (the cdf is flat there): step back to the kept token that ends the flat stretch.
+    bad = probs.gather(1, token[:, None]).squeeze(1) == 0
+    if bool(bad.any()):
+        last_kept = (probs > 0).cumsum(dim=-1).argmax(dim=-1)
+        token = torch.where(bad, last_kept, token)
+    return token

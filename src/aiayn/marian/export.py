@@ -1,0 +1,131 @@
+"""`aiayn export marian`: an aiayn model directory -> a transformers MarianMTModel folder
+that ``AutoModelForSeq2SeqLM.from_pretrained`` and ``MarianTokenizer.from_pretrained``
+load with no aiayn code: ``model.safetensors``, ``config.json``, ``generation_config.json``
+and the tokenizer files (``source.spm``, ``target.spm``, ``vocab.json``,
+``tokenizer_config.json``).
+
+A model aiayn trained itself has one joint SentencePiece model, whose ids are its ids: it
+becomes both spm files and an identity ``vocab.json``. Two differences stay, both on the
+transformers side: MarianTokenizer ends every source with EOS, which aiayn's own models
+never saw in training (call it with ``add_special_tokens=False`` to give the model what
+aiayn gives it), and it drops ``<unk>`` when decoding where SentencePiece writes " ⁇ ".
+Imported (and fine-tuned) Marian models go back as they came, with their generation
+settings.
+
+What Marian cannot hold is refused with one line: pre-LN layers, learned positions, a
+LayerNorm epsilon other than 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiayn.checkpoint import (
+    generation_settings,
+    load_checkpoint,
+    model_from_state,
+    resolve_checkpoint,
+)
+from aiayn.config import TransformerConfig
+from aiayn.data.marian_tokenizer import AIAYN_KEY, MarianTokenizer
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import ConversionError
+from aiayn.marian.folder import CONFIG, GENERATION_CONFIG
+from aiayn.marian.weights import config_to_marian, from_aiayn
+
+WEIGHTS = "model.safetensors"
+
+
+class ExportExistsError(ConversionError):
+    """The output folder holds an earlier export, which is replaced only when forced."""
+
+
+def marian_tokenizer(tokenizer: Tokenizer, cfg: TransformerConfig) -> MarianTokenizer:
+    """``tokenizer`` as a Marian tokenizer (itself if it is one): aiayn's joint
+    SentencePiece model as both sides, with an identity vocabulary and no EOS appended."""
+    if isinstance(tokenizer, MarianTokenizer):
+        return tokenizer
+    spm_bytes = tokenizer.to_bytes()
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    config: dict[str, Any] = {
+        "eos_token": pieces[cfg.eos_id],
+        "unk_token": pieces[tokenizer.unk_id],
+        "pad_token": pieces[cfg.pad_id],
+        "separate_vocabs": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": cfg.max_len,
+        "tokenizer_class": "MarianTokenizer",
+        AIAYN_KEY: {"add_source_eos": False, "decoder_start_id": cfg.bos_id},
+    }
+    if cfg.bos_id != cfg.pad_id:  # <s>: never an output, dropped when decoding
+        config["bos_token"] = pieces[cfg.bos_id]
+    return MarianTokenizer(spm_bytes, spm_bytes, {p: i for i, p in enumerate(pieces)}, None, config)
+
+
+def generation_defaults(cfg: TransformerConfig) -> dict[str, Any]:
+    """generation_config.json for a model aiayn trained: its special ids, its banned
+    outputs (pad and BOS), beam 4 and at most max_len positions."""
+    banned = [[cfg.pad_id]] + ([[cfg.bos_id]] if cfg.bos_id != cfg.pad_id else [])
+    return {
+        "decoder_start_token_id": cfg.bos_id,
+        "bos_token_id": cfg.bos_id,
+        "eos_token_id": cfg.eos_id,
+        "forced_eos_token_id": cfg.eos_id,
+        "pad_token_id": cfg.pad_id,
+        "bad_words_ids": banned,
+        "num_beams": 4,
+        "max_length": cfg.max_len,
+    }
+
+
+def export_marian(
+    model_dir: str | Path, out_dir: str | Path, checkpoint: str = "auto", force: bool = False
+) -> Path:
+    """Write the checkpoint ``checkpoint`` (auto, best, last, averaged or a file) of
+    ``model_dir`` as a MarianMTModel folder ``out_dir``. ``force`` replaces an earlier
+    export there (a folder whose config.json is a Marian model's); any other non-empty
+    folder is never overwritten. Returns ``out_dir``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        if not _is_marian_folder(out_dir):
+            raise ConversionError(
+                f"{out_dir}: exists and is not an earlier export; choose another folder"
+            )
+        if not force:
+            raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
+    path = resolve_checkpoint(model_dir, checkpoint)
+    state = load_checkpoint(path, map_location="cpu")
+    model, tokenizer = model_from_state(state, path)
+    config = config_to_marian(model.cfg)  # refuses what Marian cannot hold, before writing
+    config[AIAYN_KEY] = {"output_bias": model.cfg.output_bias}  # transformers ignores it
+    tokenizer = marian_tokenizer(tokenizer, model.cfg)
+    generation = generation_settings(state) or generation_defaults(model.cfg)
+    tensors = from_aiayn(model)
+
+    from safetensors.torch import save_file
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        for name, data in ((CONFIG, config), (GENERATION_CONFIG, generation)):
+            (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tokenizer.save(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _is_marian_folder(path: Path) -> bool:
+    try:
+        return json.loads((path / CONFIG).read_text("utf-8")).get("model_type") == "marian"
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -1,0 +1,264 @@
+"""`aiayn import marian`: a local transformers MarianMTModel folder -> an aiayn model
+directory (no network, no transformers needed).
+
+The folder holds ``config.json``; the weights as ``model.safetensors`` or
+``pytorch_model.bin`` (either possibly sharded with an ``.index.json``; fp16, bf16 or fp32);
+``source.spm``, ``target.spm``, ``vocab.json`` (``target_vocab.json`` with separate
+vocabularies) and ``tokenizer_config.json`` when present; ``generation_config.json`` when
+present. Everything is read and checked before anything is written, and the model
+directory is written into a temporary folder renamed into place at the end: a folder that
+cannot be imported leaves nothing behind.
+
+The model directory holds ``checkpoint_best.pt`` (model, config, tokenizer, the
+generation settings and the origin: what every aiayn command loads, and all a translation
+needs), the tokenizer's files (``source.spm``, ``target.spm``, ``vocab.json``, ...,
+``tokenizer_config.json``) and ``generation_config.json`` (the model's generation
+settings as published: ``num_beams``, ``max_length``, ``length_penalty``,
+``bad_words_ids``, ...; taken from ``config.json`` when the folder has no
+``generation_config.json``, as transformers does).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.checkpoint import BEST, save_checkpoint
+from aiayn.data.marian_tokenizer import (
+    AIAYN_KEY,
+    SOURCE_SPM,
+    TARGET_SPM,
+    TARGET_VOCAB,
+    VOCAB,
+    MarianTokenizer,
+)
+from aiayn.errors import ConversionError
+from aiayn.marian.weights import GENERATION_KEYS, config_from_marian, to_aiayn
+from aiayn.model.transformer import Transformer
+
+CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; ConversionError naming it otherwise."""
+    if not path.is_file():
+        raise ConversionError(f"{path}: missing")
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConversionError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: not a JSON object")
+    return data
+
+
+def _load_file(path: Path) -> dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated or damaged files fail anywhere in the readers
+        raise ConversionError(
+            f"{path}: cannot read the weights, the file is truncated or corrupt "
+            f"({type(e).__name__})"
+        ) from None
+    if not isinstance(state, dict):
+        raise ConversionError(f"{path}: not a state dict of named tensors")
+    return state
+
+
+def read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
+    """Every weight of the folder (float32) and the file (or index) they came from."""
+    for name in WEIGHT_FILES:
+        path, index = folder / name, folder / f"{name}.index.json"
+        if path.is_file():
+            files = [path]
+        elif index.is_file():  # sharded: the index maps each weight to its file
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ConversionError(f"{index}: no weight_map")
+            files, path = [folder / f for f in sorted(set(weight_map.values()))], index
+        else:
+            continue
+        tensors: dict[str, Tensor] = {}
+        for file in files:
+            if not file.is_file():
+                raise ConversionError(f"{file}: missing (listed in {index.name})")
+            tensors.update(_load_file(file))
+        return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, path
+    raise ConversionError(f"{folder}: no weights ({' or '.join(WEIGHT_FILES)})")
+
+
+class MarianFolder:
+    """A Marian model folder, read and checked: its config, weights, tokenizer and
+    generation settings; ConversionError (or TokenizerError) naming the file otherwise."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = folder = Path(folder)
+        if not folder.is_dir():
+            raise ConversionError(f"{folder}: no such folder")
+        self.hf = read_json(folder / CONFIG)
+        model_type = self.hf.get("model_type")
+        if model_type != "marian":
+            raise ConversionError(
+                f"{folder / CONFIG}: model_type {model_type!r}; aiayn imports Marian models "
+                "(model_type 'marian', MarianMTModel) only"
+            )
+        for name in (SOURCE_SPM, TARGET_SPM, VOCAB):
+            if not (folder / name).is_file():
+                raise ConversionError(f"{folder / name}: missing")
+        self.tensors, self.weights_path = read_weights(folder)
+        self.tokenizer = MarianTokenizer.load_dir(folder)  # its start id set by _model
+        self.model = self._model()
+        self.generation = self._generation()
+
+    def tensor(self, name: str) -> Tensor:
+        if name not in self.tensors:
+            raise ConversionError(f"{self.weights_path}: no weight {name}")
+        return self.tensors[name]
+
+    def _first(self, *names: str) -> Tensor:
+        for name in names:
+            if name in self.tensors:
+                return self.tensors[name]
+        return self.tensor(names[0])  # names the first one as missing
+
+    def _embeddings(self) -> tuple[dict[str, Tensor], bool, bool]:
+        """The source and target tables, output projection and bias as transformers 5
+        uses them, and whether aiayn shares the tables and ties the output. Shared and
+        tied (the OPUS-MT default), all three are ``model.shared.weight``; otherwise
+        transformers ties none of them to it, and the encoder's and decoder's own tables
+        are used, the decoder's as output when tied."""
+        share = bool(self.hf.get("share_encoder_decoder_embeddings", True))
+        tie = bool(self.hf.get("tie_word_embeddings", True))
+        shared, enc, dec = (
+            f"model.{k}" for k in ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
+        )
+        if share and tie:
+            source = target = output = self._first(
+                f"{shared}.weight", f"{enc}.weight", f"{dec}.weight"
+            )
+        else:
+            source = self._first(f"{enc}.weight", *([f"{shared}.weight"] if share else []))
+            target = self._first(f"{dec}.weight", *([f"{shared}.weight"] if share else []))
+            output = target if tie else self.tensor("lm_head.weight")
+        same = source.shape == target.shape and torch.equal(source, target)
+        bias = self.tensors.get("final_logits_bias", torch.zeros(output.size(0))).flatten()
+        tables = {"source": source, "target": target, "output": output, "bias": bias}
+        return tables, share and same, tie
+
+    def _model(self) -> Transformer:
+        tables, shared, tied = self._embeddings()
+        tok = self.tokenizer
+        rows = {"source": tables["source"].size(0), "target": tables["target"].size(0)}
+        sizes = {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size}
+        for side in ("source", "target"):
+            if sizes[side] != rows[side]:
+                name = TARGET_VOCAB if side == "target" and tok.separate_vocabs else VOCAB
+                raise ConversionError(
+                    f"{self.folder / name}: {sizes[side]} pieces, but the model's {side} "
+                    f"embedding has {rows[side]} rows"
+                )
+        ours = self.hf.get(AIAYN_KEY) or {}  # written by aiayn's export
+        output_bias = bool(ours.get("output_bias", bool(tables["bias"].any())))
+        cfg = config_from_marian(self.hf, shared, tied, output_bias, str(self.folder / CONFIG))
+        expect = {
+            "source": (cfg.src_vocab_size, cfg.d_model),
+            "target": (cfg.tgt_vocab_size, cfg.d_model),
+            "output": (cfg.tgt_vocab_size, cfg.d_model),
+            "bias": (cfg.tgt_vocab_size,),
+        }
+        for role, shape in expect.items():
+            if tuple(tables[role].shape) != shape:
+                raise ConversionError(
+                    f"{self.weights_path}: the {role} embedding has shape "
+                    f"{tuple(tables[role].shape)}, {CONFIG} says {shape}"
+                )
+        for name in ("pad_id", "eos_id"):
+            if getattr(tok, name) != getattr(cfg, name):
+                raise ConversionError(
+                    f"{self.folder / VOCAB}: the tokenizer's {name} is {getattr(tok, name)}, "
+                    f"{CONFIG}'s is {getattr(cfg, name)}"
+                )
+        if AIAYN_KEY not in tok.config:  # transformers' Marian: EOS ends every source
+            files = {**tok.files(), **_aiayn_settings(tok, True, cfg.bos_id)}
+            self.tokenizer = MarianTokenizer.from_files(files)
+        elif tok.bos_id != cfg.bos_id:
+            raise ConversionError(
+                f"{self.folder / 'tokenizer_config.json'}: decoder start {tok.bos_id}, "
+                f"{CONFIG}'s decoder_start_token_id is {cfg.bos_id}"
+            )
+        model = Transformer(cfg)
+        try:
+            to_aiayn(model, self.tensor, tables)
+        except RuntimeError as e:  # a tensor of the wrong shape
+            first = str(e).strip().splitlines()[0]
+            raise ConversionError(
+                f"{self.weights_path}: a weight has the wrong shape ({first})"
+            ) from None
+        return model
+
+    def _generation(self) -> dict[str, Any]:
+        path = self.folder / GENERATION_CONFIG
+        if path.is_file():
+            return read_json(path)
+        found = {k: self.hf[k] for k in GENERATION_KEYS if self.hf.get(k) is not None}
+        return {"_from_model_config": True, **found}
+
+    def origin(self) -> dict[str, Any]:
+        return {
+            "format": "marian",
+            "path": str(self.folder.resolve()),
+            "weights": self.weights_path.name,
+            "transformers_version": self.hf.get("transformers_version"),
+        }
+
+
+def _aiayn_settings(tokenizer: MarianTokenizer, add_source_eos: bool, start: int) -> dict:
+    """The tokenizer_config.json of ``tokenizer`` with aiayn's settings set."""
+    config = {
+        **tokenizer.config,
+        AIAYN_KEY: {"add_source_eos": add_source_eos, "decoder_start_id": int(start)},
+    }
+    return {"tokenizer_config.json": json.dumps(config).encode("utf-8")}
+
+
+def import_marian(folder: str | Path, out_dir: str | Path) -> Path:
+    """Convert the Marian model folder ``folder`` into the aiayn model directory
+    ``out_dir`` (which must not exist, or be empty). Returns ``out_dir``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConversionError(f"{out_dir}: exists and is not empty; choose another folder")
+    source = MarianFolder(folder)  # reads and checks everything before writing
+    state = {
+        "model": source.model.state_dict(),
+        "config": source.model.cfg.to_dict(),
+        "tokenizer": source.tokenizer.to_bytes(),
+        "generation": source.generation,
+        "origin": source.origin(),
+        "step": 0,
+        "epoch": 0,
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        save_checkpoint(state, tmp / BEST)
+        source.tokenizer.save(tmp)
+        text = json.dumps(source.generation, indent=2, sort_keys=True) + "\n"
+        (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,158 @@
+"""What a checker of :mod:`aiayn.tour` hands back: the checks that passed and the first
+bug found, named, with what was measured and the tour page that explains it."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+TOUR = "docs/tour/"
+
+
+class FoundBugError(Exception):
+    """Raised inside a check: ``bug`` is a short name (``"scale_after_softmax"``),
+    ``message`` says what was measured and why it is wrong, ``page`` the tour page."""
+
+    def __init__(self, bug: str, message: str, page: str | None = None):
+        super().__init__(message)
+        self.bug, self.message, self.page = bug, message, page
+
+
+@dataclass
+class Report:
+    """The result of one checker. True when every check passed.
+
+    ``passed`` names the checks that passed, in order; ``failed`` the check that found a
+    bug (None if none did), ``bug`` that bug's short name, ``message`` the explanation and
+    ``page`` the tour page about it. Checks after the first failure are not run: fix one
+    bug at a time.
+    """
+
+    subject: str
+    passed: list[str] = field(default_factory=list)
+    failed: str | None = None
+    bug: str | None = None
+    message: str = ""
+    page: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        if self.ok:
+            lines = [f"{self.subject}: all {len(self.passed)} checks passed"]
+        else:
+            lines = [
+                f"{self.subject}: FAILED check {len(self.passed) + 1}, {self.failed!r}",
+                f"  bug: {self.bug.replace('_', ' ')}",
+            ]
+            for paragraph in self.message.splitlines():
+                lines += textwrap.wrap(paragraph, 86, initial_indent="  ", subsequent_indent="  ")
+            if self.page:
+                lines.append(f"  see {TOUR}{self.page}")
+        lines += [f"  ok  {name}" for name in self.passed]
+        return "\n".join(lines)
+
+
+def run_checks(subject: str, checks: list[tuple[str, Callable[[], None]]]) -> Report:
+    """Run ``checks`` (name, function) in order until one raises :class:`FoundBugError`. Any other
+    exception comes from the learner's code and is reported as the bug ``raises``."""
+    report = Report(subject)
+    for name, check in checks:
+        try:
+            check()
+        except FoundBugError as found:
+            report.failed, report.bug, report.page = name, found.bug, found.page
+            report.message = found.message
+            return report
+        except Exception as error:  # the learner's function raised: say where and what
+            report.failed, report.bug = name, "raises"
+            report.message = f"calling it raised {type(error).__name__}: {error}"
+            if "size of tensor" in str(error) or "must match" in str(error):
+                report.message += (
+                    "\n(On 4-D tensors, k.T reverses every axis; transpose the last two "
+                    "with k.transpose(-2, -1).)"
+                )
+            return report
+        report.passed.append(name)
+    return report
+
+
+def name_of(thing: object) -> str:
+    """How a learner's function or module is named in a report."""
+    if isinstance(thing, nn.Module):
+        return type(thing).__name__
+    return getattr(thing, "__qualname__", None) or type(thing).__name__
+
+
+def first_tensor(result: object, what: str) -> Tensor:
+    """The output tensor of a call that returns a tensor or a tuple starting with one."""
+    if isinstance(result, (tuple, list)) and result and isinstance(result[0], Tensor):
+        return result[0]
+    if isinstance(result, Tensor):
+        return result
+    raise FoundBugError("wrong_return", f"{what} returned {type(result).__name__}, not a tensor")
+
+
+def expect_shape(t: Tensor, shape: tuple[int, ...], what: str, page: str | None = None) -> None:
+    if tuple(t.shape) != shape:
+        raise FoundBugError(
+            "wrong_shape", f"{what} has shape {list(t.shape)}, expected {list(shape)}", page
+        )
+
+
+@contextmanager
+def modules_called() -> Iterator[list[nn.Module]]:
+    """Every nn.Module whose forward runs inside the block, in call order."""
+    seen: list[nn.Module] = []
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, _: seen.append(m))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def check_no_modules_built_in_forward(module: nn.Module, call: Callable[[], object]) -> None:
+    """Every module that runs during ``call()`` must belong to ``module``: one built inside
+    ``forward`` (a fresh ``nn.LayerNorm(d)`` there, say) gets new weights on every call
+    that no optimizer ever sees, and no checkpoint saves."""
+    own = {id(m) for m in module.modules()}
+    with modules_called() as seen:
+        call()
+    strangers = [m for m in seen if id(m) not in own]
+    if strangers:
+        kinds = sorted({type(m).__name__ for m in strangers})
+        params = sum(p.numel() for m in strangers for p in m.parameters(recurse=False))
+        raise FoundBugError(
+            "module_built_in_forward",
+            f"{', '.join(kinds)} built inside forward: a new one ({params} parameters) on "
+            "every call, not in .parameters(), so the optimizer never trains its weights "
+            "and state_dict() never saves them. Build it in __init__ and keep it as an "
+            "attribute.",
+            "08-residual-layernorm.md",
+        )
+
+
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` in eval mode (dropout off) and without autograd, restored afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield module
+    finally:
+        module.train(was_training)
+
+
+def close(a: Tensor, b: Tensor, atol: float = 1e-5) -> bool:
+    return a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=atol, rtol=1e-4)

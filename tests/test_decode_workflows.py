@@ -1,0 +1,279 @@
+"""The decoding workflows beyond the best beam: one options object, ensembles, scores,
+forced prefixes, word alignments, and their command-line forms and errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from aiayn import Transformer
+from aiayn.checkpoint import load_checkpoint, save_checkpoint
+from aiayn.cli import main
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode import DecodeOptions, beam_search, greedy, length_penalty, search
+from aiayn.decode.alignment import word_starts
+from aiayn.errors import DecodeError
+from aiayn.translator import Translator
+from conftest import random_batch, tiny_config
+from sample_data import PAIRS
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"beam": 0}, "beam must be an integer >= 1"),
+        ({"alpha": float("nan")}, "alpha must be a finite number"),
+        ({"n_best": 5, "beam": 4}, "n_best must be <= beam"),
+        ({"sampling": True}, "takes no beam"),  # the default beam is 4
+        ({"sampling": True, "beam": 1, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"sampling": True, "beam": 1, "top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"sampling": True, "beam": 1, "temperature": 0.0}, "temperature must be"),
+        ({"sampling": True, "beam": 1, "top_k": -1}, "top_k must be"),
+        ({"top_k": 5}, "only apply with sampling"),
+        ({"length_penalty": "wu"}, "length_penalty must be one of gnmt, hf"),
+        ({"max_len_a": -1.0}, "max_len_a must be"),
+    ],
+)
+def test_options_check_themselves(settings, message):
+    with pytest.raises(DecodeError, match=message):
+        DecodeOptions(**settings)
+
+
+def test_options_are_frozen_and_every_search_takes_them(tiny_model):
+    options = DecodeOptions(beam=3, alpha=0.0, n_best=2, max_len_b=6)
+    with pytest.raises(AttributeError):
+        options.beam = 2  # type: ignore[misc]
+    src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
+    by_options = beam_search(tiny_model, src, options)
+    by_keywords = beam_search(tiny_model, src, beam_size=3, alpha=0.0, n_best=2, max_len_b=6)
+    assert [[h.tokens for h in s] for s in by_options] == [
+        [h.tokens for h in s] for s in by_keywords
+    ]
+    assert torch.equal(greedy(tiny_model, src, options), greedy(tiny_model, src, max_len_b=6))
+
+
+def teacher_forced_log_prob(model: Transformer, src_row: torch.Tensor, tokens, eos: bool) -> float:
+    """The slow reference: sum of log p(y_t | y_<t, x) from one full forward pass."""
+    cfg = model.cfg
+    target = [*tokens, cfg.eos_id] if eos else list(tokens)
+    tgt_in = torch.tensor([[cfg.bos_id, *target[:-1]]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(src_row[None], tgt_in)[0].double(), dim=-1)
+    return float(sum(logp[t, y] for t, y in enumerate(target)))
+
+
+SEARCHES = [
+    {"beam": 1},
+    {"beam": 4, "n_best": 3},
+    {"beam": 1, "sampling": True, "n_best": 2, "seed": 3},
+]
+
+
+@pytest.mark.parametrize("settings", SEARCHES)
+def test_scores_are_the_teacher_forced_log_probability(tiny_model, settings):
+    options = DecodeOptions(alpha=0.6, max_len_b=7, **settings)
+    src, _ = random_batch(tiny_model.cfg, [6, 2, 4], [1] * 3, seed=6)
+    for row, hyps in zip(src, search(tiny_model, src, options)):
+        assert hyps
+        for h in hyps:
+            want = teacher_forced_log_prob(tiny_model, row, h.tokens, h.eos)
+            assert h.log_prob == pytest.approx(want, abs=1e-4)
+            lp = length_penalty(len(h.tokens) + int(h.eos), 0.6)
+            assert h.score == pytest.approx(h.log_prob / lp)
+
+
+def slow_ensemble_greedy(models, src_row, steps):
+    """Full recomputation every step: the mean of the models' probabilities, argmax."""
+    cfg = models[0].cfg
+    out, total = [], 0.0
+    for _ in range(steps):
+        tgt_in = torch.tensor([[cfg.bos_id, *out]])
+        with torch.no_grad():
+            probs = torch.stack(
+                [torch.softmax(m(src_row[None], tgt_in)[0, -1].double(), -1) for m in models]
+            ).mean(0)
+        masked = probs.clone()
+        masked[[cfg.pad_id, cfg.bos_id]] = -1.0
+        token = int(masked.argmax())
+        out.append(token)
+        total += math.log(float(probs[token]))
+        if token == cfg.eos_id:
+            break
+    return out, total
+
+
+def test_an_ensemble_averages_probabilities(tiny_model):
+    torch.manual_seed(3)
+    other = Transformer(tiny_config()).eval()
+    src, _ = random_batch(tiny_model.cfg, [6, 3, 5], [1] * 3, seed=9)
+    options = DecodeOptions(beam=1, max_len_b=6)
+    got = search([tiny_model, other], src, options)
+    for row, (h,) in zip(src, got):
+        limit = int((row != 0).sum()) + 6
+        tokens, total = slow_ensemble_greedy([tiny_model, other], row, limit)
+        eos = tokens[-1:] == [tiny_model.cfg.eos_id]
+        assert h.tokens == (tokens[:-1] if eos else tokens) and h.eos == eos
+        assert h.log_prob == pytest.approx(total, abs=1e-4)
+    # Beam search with the cache equals beam search recomputing every prefix.
+    beam = DecodeOptions(beam=3, n_best=3, max_len_b=6)
+    cached = search([tiny_model, other], src, beam)
+    plain = search([tiny_model, other], src, beam, use_cache=False)
+    assert [[h.tokens for h in s] for s in cached] == [[h.tokens for h in s] for s in plain]
+
+
+@pytest.mark.parametrize("settings", SEARCHES)
+def test_a_model_ensembled_with_itself_is_that_model(tiny_model, settings):
+    options = DecodeOptions(max_len_b=8, **settings)
+    src, _ = random_batch(tiny_model.cfg, [5, 7, 2], [1] * 3, seed=4)
+    alone, twice = search(tiny_model, src, options), search([tiny_model, tiny_model], src, options)
+    for a, b in zip(alone, twice):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_ensembles_refuse_another_vocabulary(tiny_model):
+    other = Transformer(tiny_config(tgt_vocab_size=31)).eval()
+    src, _ = random_batch(tiny_model.cfg, [3], [1])
+    with pytest.raises(DecodeError, match="model 2 has tgt_vocab_size=31"):
+        search([tiny_model, other], src, DecodeOptions(beam=1))
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_forced_prefix_starts_the_output_and_counts_in_the_score(tiny_model, beam):
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [6, 3], [1, 1], seed=8)
+    options = DecodeOptions(beam=beam, n_best=1, max_len_b=8)
+    free = search(tiny_model, src, options)
+    prefix = [[7, 11, 7], []]  # row 1: no prefix
+    forced = search(tiny_model, src, options, prefix=prefix)
+    assert forced[0][0].tokens[:3] == [7, 11, 7]
+    assert forced[1][0].tokens == free[1][0].tokens
+    h = forced[0][0]
+    assert h.log_prob == pytest.approx(
+        teacher_forced_log_prob(tiny_model, src[0], h.tokens, h.eos), abs=1e-4
+    )
+    if beam > 1:  # a beam kept to the prefix explores other continuations than a free one
+        return
+    # Greedy: a prefix equal to the start of the free output changes nothing.
+    start = [free[0][0].tokens[:2], free[1][0].tokens[:1]]
+    same = search(tiny_model, src, options, prefix=start)
+    for a, b in zip(free, same):
+        assert a[0].tokens == b[0].tokens
+        assert a[0].log_prob == pytest.approx(b[0].log_prob, abs=1e-5)
+
+
+def test_bad_prefixes(tiny_model):
+    src, _ = random_batch(tiny_model.cfg, [3, 2], [1, 1])
+    options = DecodeOptions(beam=1)
+    with pytest.raises(DecodeError, match="2 prefixes for 1 sentences"):
+        search(tiny_model, src[:1], options, prefix=[[5], [6]])
+    with pytest.raises(DecodeError, match="EOS, PAD and BOS cannot be forced"):
+        search(tiny_model, src, options, prefix=[[5, tiny_model.cfg.eos_id], []])
+    with pytest.raises(DecodeError, match="outside the target vocabulary"):
+        search(tiny_model, src, options, prefix=[[99], []])
+
+
+def test_alignments_are_word_pairs_in_range(sample_model_dir):
+    translator = Translator.from_dir(sample_model_dir(False))
+    lines = [s for s, _ in PAIRS[:12]]
+    found = translator.translations(lines, DecodeOptions(beam=2), alignment_layer=-1)
+    piece = translator.tokenizer.id_to_piece
+    for line, (t,) in zip(lines, found):
+        n_src = max(word_starts([piece(i) for i in translator.encode(line)])) + 1
+        n_tgt = max(word_starts(t.pieces)) + 1
+        assert t.alignment and all(0 <= i < n_src and 0 <= j < n_tgt for i, j in t.alignment)
+        assert {j for _, j in t.alignment} == set(range(n_tgt))  # every output word is linked
+    with pytest.raises(DecodeError, match=r"decoder layers 1\.\.2"):
+        translator.translations(lines[:1], DecodeOptions(beam=1), alignment_layer=3)
+
+
+def test_word_starts_merge_pieces():
+    assert word_starts(["▁A", "▁dog", "▁r", "un", "s", "."]) == [0, 1, 2, 2, 2, 2]
+    assert word_starts(["un", "▁a"]) == [0, 1]
+
+
+def test_cli_jsonl_alignment_and_prefix(sample_model_dir, tmp_path, capsys):
+    model = str(sample_model_dir(False))
+    lines = [s for s, _ in PAIRS[:5]]
+    lines[2] = ""
+    src = tmp_path / "in.de"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    args = ["translate", "--model", model, "--quiet", str(src), "-o", str(out)]
+    assert main([*args, "--format", "jsonl", "--n-best", "2", "--alignment"]) == 0
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 5 and records[2] == {
+        "text": "", "tokens": [], "score": None, "logprob": None, "n_best": [],
+    }  # fmt: skip
+    for record in records[:2] + records[3:]:
+        assert {"text", "tokens", "score", "logprob", "alignment", "n_best"} <= set(record)
+        assert record["n_best"][0]["text"] == record["text"] and len(record["n_best"]) == 2
+        assert record["score"] >= record["n_best"][1]["score"]
+    prefixes = tmp_path / "prefixes"
+    prefixes.write_text("A\n\n\nTwo men\n\n", encoding="utf-8")
+    assert main([*args, "--beam", "1", "--prefix-file", str(prefixes)]) == 0
+    texts = out.read_text(encoding="utf-8").splitlines()
+    assert texts[0].startswith("A") and texts[3].startswith("Two men") and texts[2] == ""
+
+
+def write_other_vocab_model(model_dir, out_dir):
+    """The sample model's checkpoint with another tokenizer and vocabulary size."""
+    state = load_checkpoint(model_dir / "checkpoint_best.pt")
+    tok = Tokenizer.train([s for p in PAIRS for s in p], out_dir / "spm", vocab_size=120)
+    cfg = dict(state["config"], src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+    from aiayn import TransformerConfig
+
+    model = Transformer(TransformerConfig.from_dict(cfg))
+    state = {**state, "config": cfg, "model": model.state_dict(), "tokenizer": tok.to_bytes()}
+    save_checkpoint(state, out_dir / "checkpoint_best.pt")
+    return out_dir
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--sampling", "--top-p", "0"], r"top_p must be in \(0, 1\]"),
+        (["--sampling", "--top-p", "1.2"], r"top_p must be in \(0, 1\]"),
+        (["--sampling", "--beam", "4"], "takes no beam"),
+        (["--top-k", "3"], "only apply with sampling"),
+        (["--prefix-file", "EMPTY"], "the prefix file is empty"),
+        (["--prefix-file", "SHORT"], "1 prefix line.s. for 3 input line"),
+        (["--prefix", "A", "--prefix-file", "SHORT"], "not both"),
+        (["--model", "OTHER"], "another tokenizer"),
+    ],
+)
+def test_cli_decoding_errors_are_one_line(sample_model_dir, tmp_path, capsys, extra, message):
+    model = sample_model_dir(False)
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund.\nZwei Katzen.\nEin Mann.\n", encoding="utf-8")
+    files = {"EMPTY": tmp_path / "empty", "SHORT": tmp_path / "short"}
+    files["EMPTY"].write_text("", encoding="utf-8")
+    files["SHORT"].write_text("A\n", encoding="utf-8")
+    if "OTHER" in extra:
+        files["OTHER"] = write_other_vocab_model(model, tmp_path / "other")
+    extra = [str(files.get(a, a)) for a in extra]
+    code = main(["translate", "--model", str(model), "--quiet", str(src), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_forced_eos_ends_outputs_at_the_limit_with_eos_scored_zero(tiny_model, beam):
+    """Hugging Face's forced_eos_token_id: a random model rarely says EOS, so its outputs
+    reach the limit; there the last token is EOS and adds nothing to the log-prob."""
+    cfg = tiny_model.cfg
+    src, _ = random_batch(cfg, [4, 6], [1, 1], seed=12)
+    options = DecodeOptions(beam=beam, max_len_a=0.0, max_len_b=5, forced_eos=True)
+    for row, (h, *_) in zip(src, search(tiny_model, src, options)):
+        assert h.eos and len(h.tokens) <= 4
+        if len(h.tokens) == 4:  # reached the limit: EOS forced, scored 0
+            want = teacher_forced_log_prob(tiny_model, row, h.tokens, eos=False)
+            assert h.log_prob == pytest.approx(want, abs=1e-4)
+    free = search(tiny_model, src, options.replace(forced_eos=False))
+    assert any(not h[0].eos for h in free) or beam > 1  # greedy runs to the limit freely

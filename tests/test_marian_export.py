@@ -1,0 +1,154 @@
+"""`aiayn export marian`: a model aiayn trained, handed to transformers, loads with
+``AutoModelForSeq2SeqLM`` and ``MarianTokenizer`` (no aiayn code) and gives our logits,
+our greedy output and our tokenizer ids; ``import(export(m))`` restores every weight
+exactly; what Marian cannot hold is refused with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianTokenizer
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.checkpoint import BEST, load_checkpoint, load_model, save_checkpoint
+from aiayn.cli import main
+from aiayn.data.batching import pad
+from aiayn.decode import generate
+from aiayn.marian import export_marian, import_marian
+from marian_util import make_marian, write_tokenizer
+from sample_data import PAIRS
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def exported(sample_model_dir, tmp_path_factory):
+    """(the trained aiayn model directory, its Marian export)."""
+    model_dir = sample_model_dir()
+    return model_dir, export_marian(model_dir, tmp_path_factory.mktemp("hf") / "de-en")
+
+
+def test_transformers_loads_it_and_gives_our_logits(exported):
+    model_dir, folder = exported
+    hf = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).double().eval()
+    ours, tokenizer = load_model(model_dir / BEST)
+    ours = ours.double()
+    src = pad([tokenizer.encode(s) for s, _ in PAIRS[:8]], tokenizer.pad_id)
+    targets = [[tokenizer.bos_id, *tokenizer.encode_target(t)] for _, t in PAIRS[:8]]
+    tgt_in = pad(targets, tokenizer.pad_id)
+    real = tgt_in != tokenizer.pad_id
+    with torch.no_grad():
+        theirs = hf(input_ids=src, attention_mask=src != tokenizer.pad_id, decoder_input_ids=tgt_in)
+        logits = ours(src, tgt_in)
+    assert (logits - theirs.logits)[real].abs().max().item() < 1e-10
+    assert json.loads((folder / "config.json").read_text())["activation_function"] == "relu"
+
+
+def test_generate_gives_our_greedy_output(exported):
+    model_dir, folder = exported
+    hf = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model, tokenizer = load_model(model_dir / BEST)
+    src = pad([tokenizer.encode(s) for s, _ in PAIRS[:16]], tokenizer.pad_id)
+    steps = 20
+    ours = [o[0] for o in generate(model, src, beam_size=1, max_len_a=0, max_len_b=steps)]
+    with torch.no_grad():  # the exported generation config bans pad and <s>, as aiayn does
+        out = hf.generate(
+            input_ids=src, attention_mask=src != tokenizer.pad_id, num_beams=1,
+            max_new_tokens=steps, forced_eos_token_id=None,
+        )  # fmt: skip
+    theirs = []
+    for row in out[:, 1:].tolist():
+        theirs.append(row[: row.index(tokenizer.eos_id)] if tokenizer.eos_id in row else row)
+    assert ours == theirs
+    assert sum(len(t) < steps for t in theirs) >= 12  # real sentences that end with EOS
+    hf_tokenizer = MarianTokenizer.from_pretrained(folder)
+    texts = [tokenizer.decode(ids) for ids in ours]
+    assert texts == hf_tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert sum(t == ref for t, (_, ref) in zip(texts, PAIRS)) >= 4  # it did learn
+
+
+def test_marian_tokenizer_gives_our_ids(exported):
+    model_dir, folder = exported
+    _, tokenizer = load_model(model_dir / BEST)
+    hf = AutoTokenizer.from_pretrained(folder)
+    assert isinstance(hf, MarianTokenizer)
+    for src, tgt in PAIRS:
+        # MarianTokenizer appends EOS to every source; aiayn's own models never saw one
+        assert hf(src).input_ids == [*tokenizer.encode(src), tokenizer.eos_id]
+        assert hf(src, add_special_tokens=False).input_ids == tokenizer.encode(src)
+        assert hf(text_target=tgt).input_ids == [*tokenizer.encode_target(tgt), tokenizer.eos_id]
+
+
+def test_import_of_the_export_restores_every_weight(exported, tmp_path):
+    model_dir, folder = exported
+    original = load_checkpoint(model_dir / BEST)
+    back = load_checkpoint(import_marian(folder, tmp_path / "back") / BEST)
+    assert TransformerConfig.from_dict(back["config"]) == TransformerConfig.from_dict(
+        original["config"]
+    )
+    assert back["model"].keys() == original["model"].keys()
+    for name, tensor in original["model"].items():
+        assert torch.equal(back["model"][name], tensor), name
+    # and it translates as the original does (same ids in, no EOS appended)
+    ours = load_model(model_dir / BEST)[1]
+    again = load_model(tmp_path / "back" / BEST)[1]
+    for src, tgt in PAIRS[:10]:
+        assert again.encode(src) == ours.encode(src)
+        assert again.encode_target(tgt) == ours.encode_target(tgt)
+
+
+def test_a_marian_model_goes_back_as_it_came(tmp_path):
+    """Marian folder -> aiayn -> Marian folder: the same logits in transformers, the same
+    generation settings, and a second import equal to the first."""
+    write_tokenizer(tmp_path / "tok")
+    make_marian(tmp_path / "hf", tmp_path / "tok", tied=False)
+    first = import_marian(tmp_path / "hf", tmp_path / "aiayn")
+    back = export_marian(first, tmp_path / "hf2")
+    a = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).double()
+    b = AutoModelForSeq2SeqLM.from_pretrained(back, dtype=torch.float32).double()
+    ids = torch.tensor([[5, 9, 14, 0], [7, 3, 0, a.config.pad_token_id]])
+    dec = torch.tensor([[a.config.pad_token_id, 4, 8], [a.config.pad_token_id, 11, 2]])
+    with torch.no_grad():
+        la = a(input_ids=ids, attention_mask=ids != a.config.pad_token_id, decoder_input_ids=dec)
+        lb = b(input_ids=ids, attention_mask=ids != a.config.pad_token_id, decoder_input_ids=dec)
+    assert torch.equal(la.logits, lb.logits)
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert json.loads((back / "generation_config.json").read_text()) == generation
+    second = load_checkpoint(import_marian(back, tmp_path / "aiayn2") / BEST)
+    first_state = load_checkpoint(first / BEST)
+    assert all(torch.equal(second["model"][k], v) for k, v in first_state["model"].items())
+    assert second["tokenizer"] == first_state["tokenizer"]
+
+
+def test_what_marian_cannot_hold_is_refused_with_one_line(sample_model_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    pre_ln = ["export", "marian", "--model", str(sample_model_dir(True)), "--out", str(out)]
+    assert main(pre_ln) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pre-LN" in err
+    state = load_checkpoint(sample_model_dir() / BEST)
+    cfg = TransformerConfig.from_dict({**state["config"], "learned_positions": True})
+    learned = tmp_path / "learned"
+    save_checkpoint(
+        {**state, "config": cfg.to_dict(), "model": Transformer(cfg).state_dict()}, learned / BEST
+    )
+    assert main(["export", "marian", "--model", str(learned), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sinusoidal" in err
+    assert not out.exists()
+
+
+def test_an_earlier_export_is_replaced_only_when_forced(exported, tmp_path, capsys):
+    model_dir, _ = exported
+    out = tmp_path / "hf"
+    assert main(["export", "marian", "--model", str(model_dir), "--out", str(out)]) == 0
+    assert main(["export", "marian", "--model", str(model_dir), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["export", "marian", "--model", str(model_dir), "--out", str(out), "--force"]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert main(["export", "marian", "--model", str(model_dir), "--out", str(other)]) == 2
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]

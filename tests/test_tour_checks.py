@@ -1,0 +1,357 @@
+"""aiayn.tour's checkers: each passes the library's own implementation (and a learner's
+correct one written differently) and names the bug of each classic wrong one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn import tour
+from aiayn.config import TransformerConfig
+from aiayn.data.batching import pad, shift_target
+from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.model.embedding import sinusoidal_table
+from aiayn.model.layers import DecoderLayer, EncoderLayer, FeedForward
+from aiayn.model.masks import causal_mask, padding_mask
+from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.schedule import noam_rate
+
+# -- scaled dot-product attention ------------------------------------------------------
+
+
+def learner_attention(q, k, v, mask=None):
+    """A correct one written the way the notes write it."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1).nan_to_num(0.0) @ v
+
+
+def attention_with(scale=None, after=False, dim=-1, inverted=False, fill=None, nan_safe=True):
+    def fn(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1)
+        factor = scale(q, k) if scale else math.sqrt(q.size(-1))
+        if not after:
+            s = s / factor
+        if mask is not None:
+            allowed = mask if not inverted else ~mask
+            s = s + fill * (~allowed) if fill is not None else s.masked_fill(~allowed, -math.inf)
+        w = torch.softmax(s, dim)
+        if after:
+            w = w / factor
+        return (w.nan_to_num(0.0) if nan_safe else w) @ v
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [learner_attention, lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask)],
+    ids=["learner", "library"],
+)
+def test_check_attention_passes_correct_implementations(fn):
+    report = tour.check_attention(fn)
+    assert report.ok, str(report)
+    assert len(report.passed) == 6 and report.bug is None
+    assert "all 6 checks passed" in str(report)
+
+
+def test_check_attention_passes_the_library_with_weights():
+    fn = lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask, need_weights=True)  # noqa: E731
+    assert tour.check_attention(fn)
+
+
+@pytest.mark.parametrize(
+    ("fn", "bug"),
+    [
+        (attention_with(after=True), "scale_after_softmax"),
+        (attention_with(scale=lambda q, k: 1.0), "missing_scale"),
+        (attention_with(scale=lambda q, k: q.size(-1)), "divides_by_d_k"),
+        (attention_with(scale=lambda q, k: math.sqrt(k.size(-2))), "scale_from_wrong_axis"),
+        (attention_with(scale=lambda q, k: 3.0), "wrong_scale"),
+        (attention_with(dim=-2), "softmax_over_queries"),
+        (attention_with(inverted=True), "inverted_mask"),
+        (attention_with(fill=-1.0), "masked_keys_get_weight"),
+        (lambda q, k, v, mask=None: attention_with()(q, k, v), "mask_ignored"),
+        (attention_with(nan_safe=False), "nan_on_fully_masked_rows"),
+        (lambda q, k, v, mask=None: torch.softmax(q @ k.transpose(-2, -1), -1), "wrong_shape"),
+        (lambda q, k, v, mask=None: q @ k.transpose(-2, -1) @ v / 4.0, "not_a_weighted_sum"),
+        (
+            attention_with(scale=lambda q, k: math.sqrt(q.size(-1) * q.size(0) / 2)),
+            "depends_on_the_batch",
+        ),
+        (attention_with(scale=lambda q, k: math.sqrt(k.size(1))), "scale_from_wrong_axis"),
+        (lambda q, k, v: attention_with()(q, k, v), "raises"),  # takes no mask
+        (lambda q, k, v, mask=None: torch.softmax(q @ k.T / 4, -1) @ v, "raises"),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+def test_check_attention_names_each_bug(fn, bug):
+    report = tour.check_attention(fn)
+    assert not report.ok
+    assert report.bug == bug, str(report)
+    assert bug.replace("_", " ") in str(report) and report.message
+
+
+def test_check_attention_measures_rather_than_compares():
+    """A scale of 1/sqrt(2 d_k) is not one of the named slips: the message gives the fitted
+    temperature, so it was measured."""
+    report = tour.check_attention(attention_with(scale=lambda q, k: math.sqrt(2 * q.size(-1))))
+    assert report.bug == "wrong_scale"
+    assert f"s = {1 / math.sqrt(32):.4f}" in report.message
+
+
+def test_report_after_a_failure_lists_the_checks_that_passed():
+    report = tour.check_attention(attention_with(nan_safe=False))
+    assert report.failed.startswith("a query with no allowed key")
+    assert len(report.passed) == 4
+    assert "see docs/tour/04-masks.md" in str(report)
+
+
+# -- masks and padding -------------------------------------------------------------------
+
+
+def test_mask_checkers():
+    assert tour.check_causal_mask(lambda n: causal_mask(n))
+    assert tour.check_causal_mask(lambda n: torch.ones(n, n).tril().bool())
+    bugs = {
+        "notes_convention": lambda n: torch.ones(n, n, dtype=torch.bool).triu(1),
+        "diagonal_masked": lambda n: torch.ones(n, n, dtype=torch.bool).tril(-1),
+        "sees_the_future": lambda n: torch.ones(n, n, dtype=torch.bool).triu(),
+        "not_boolean": lambda n: torch.full((n, n), float("-inf")).triu(1),
+    }
+    for bug, fn in bugs.items():
+        assert tour.check_causal_mask(fn).bug == bug
+    assert tour.check_padding_mask(padding_mask)
+    assert tour.check_padding_mask(lambda ids, p: (ids == p)[:, None, None]).bug == "inverted_mask"
+    assert tour.check_padding_mask(lambda ids, p: (ids != p)[:, None, :, None]).bug == "wrong_shape"
+    assert tour.check_padding_mask(lambda ids, p: (ids != 5)[:, None, None]).bug == "ignores_pad_id"
+
+
+def test_check_pad():
+    assert tour.check_pad(pad)
+    assert tour.check_pad(lambda rows: pad(rows, pad_id=3)).bug == "unk_for_padding"
+    assert tour.check_pad(lambda rows: pad(rows, pad_id=7)).bug == "wrong_pad_id"
+    left = lambda rows: pad([r[::-1] for r in rows]).flip(1)  # noqa: E731
+    assert tour.check_pad(left).bug == "left_padded"
+
+
+# -- heads -------------------------------------------------------------------------------
+
+
+def test_check_split_heads():
+    def split(x, h):
+        B, T, d = x.shape
+        return x.view(B, T, h, d // h).transpose(1, 2)
+
+    def merge(x):
+        B, h, T, d_k = x.shape
+        return x.transpose(1, 2).reshape(B, T, h * d_k)
+
+    assert tour.check_split_heads(split, merge)
+    bare = lambda x, h: x.reshape(x.size(0), h, x.size(1), x.size(2) // h)  # noqa: E731
+    assert tour.check_split_heads(bare).bug == "reshape_without_transpose"
+    strided = lambda x, h: x.view(*x.shape[:2], -1, h).permute(0, 3, 1, 2)  # noqa: E731
+    assert tour.check_split_heads(strided).bug == "strided_features"
+    flat = lambda x: x.reshape(x.size(0), x.size(2), -1)  # noqa: E731
+    assert tour.check_split_heads(split, flat).bug == "merge_without_transpose"
+
+
+class LearnerMHA(nn.Module):
+    """Separate W^Q, W^K, W^V, W^O; the three bugs are switches."""
+
+    def __init__(self, d_model, n_heads, bare_reshape=False, kv_from_query=False):
+        super().__init__()
+        self.d_model, self.h = d_model, n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.bare_reshape, self.kv_from_query = bare_reshape, kv_from_query
+
+    def split(self, x):
+        B, T, _ = x.shape
+        if self.bare_reshape:
+            return x.reshape(B, self.h, T, -1)
+        return x.view(B, T, self.h, -1).transpose(1, 2)
+
+    def forward(self, x, memory=None, mask=None):
+        source = x if memory is None or self.kv_from_query else memory
+        q, k, v = (
+            self.split(self.w_q(x)),
+            self.split(self.w_k(source)),
+            self.split(self.w_v(source)),
+        )
+        out = learner_attention(q, k, v, mask)
+        return self.w_o(out.transpose(1, 2).reshape(x.shape))
+
+
+class LayerNormInForward(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.d_model, self.attn = d_model, LearnerMHA(d_model, n_heads)
+
+    def forward(self, x, memory=None, mask=None):
+        return nn.LayerNorm(self.d_model)(x + self.attn(x, memory, mask))
+
+
+def test_check_multi_head_attention():
+    assert tour.check_multi_head_attention(MultiHeadAttention(12, 3))
+    assert tour.check_multi_head_attention(LearnerMHA(12, 3))
+    cases = {
+        "mixes_positions": LearnerMHA(12, 3, bare_reshape=True),
+        "kv_from_query": LearnerMHA(12, 3, kv_from_query=True),
+        "module_built_in_forward": LayerNormInForward(12, 3),
+    }
+    for bug, module in cases.items():
+        report = tour.check_multi_head_attention(module)
+        assert report.bug == bug, str(report)
+
+
+# -- positional encoding, FFN, layers ----------------------------------------------------
+
+
+def test_check_positional_encoding():
+    assert tour.check_positional_encoding(sinusoidal_table)
+
+    def table(max_len, d, exponent=lambda i, d: 2 * i / d, interleave=True, swap=False):
+        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        angle = pos / 10000 ** exponent(torch.arange(d // 2, dtype=torch.float64), d)
+        sin, cos = (angle.cos(), angle.sin()) if swap else (angle.sin(), angle.cos())
+        if not interleave:
+            return torch.cat([sin, cos], dim=-1)
+        return torch.stack([sin, cos], dim=-1).flatten(1)
+
+    assert tour.check_positional_encoding(table)
+    assert (
+        tour.check_positional_encoding(lambda L, d: table(L, d, lambda i, d: i / d)).bug
+        == "halved_exponent"
+    )
+    assert (
+        tour.check_positional_encoding(lambda L, d: table(L, d, swap=True)).bug == "sin_cos_swapped"
+    )
+    assert (
+        tour.check_positional_encoding(lambda L, d: table(L, d, interleave=False)).bug
+        == "halves_not_interleaved"
+    )
+    odd = lambda L, d: table(L, d, lambda i, d: 2 * i / (d + 2))  # noqa: E731
+    assert tour.check_positional_encoding(odd).bug == "wrong_frequencies"
+
+
+def test_check_feed_forward():
+    assert tour.check_feed_forward(FeedForward(8, 16), 8)
+    linear = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+    assert tour.check_feed_forward(linear, 8).bug == "no_relu"
+
+
+CFG = TransformerConfig(
+    src_vocab_size=10, tgt_vocab_size=10, d_model=12, n_heads=3, n_layers=1, d_ff=24, dropout=0.1
+)
+
+
+class FreshNorm(EncoderLayer):
+    def forward(self, x, src_mask, need_weights=False):
+        y, w = self._sa_block(x, src_mask, need_weights)
+        x = nn.LayerNorm(x.size(-1))(x + y)  # the bug: a new LayerNorm on every call
+        return self.ffn_norm(x + self._ff_block(x)), w
+
+
+class AlwaysDropout(EncoderLayer):
+    def forward(self, x, src_mask, need_weights=False):
+        x, w = super().forward(x, src_mask, need_weights)
+        return F.dropout(x, 0.1), w  # the bug: training=True by default
+
+
+class SelfTwice(DecoderLayer):
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        x, self_w, _ = super().forward(x, memory, self_mask, cross_mask, cache, need_weights)
+        return x, self_w, self_w  # the bug
+
+
+class NoCrossMask(DecoderLayer):
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        return super().forward(x, memory, self_mask, None, cache, need_weights)
+
+
+class NoCausalMask(DecoderLayer):
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        return super().forward(x, memory, None, cross_mask, cache, need_weights)
+
+
+def test_check_encoder_layer():
+    for norm_first in (False, True):
+        cfg = TransformerConfig(**{**CFG.to_dict(), "norm_first": norm_first})
+        assert tour.check_encoder_layer(EncoderLayer(cfg), 12)
+    assert tour.check_encoder_layer(FreshNorm(CFG), 12).bug == "module_built_in_forward"
+    assert tour.check_encoder_layer(AlwaysDropout(CFG), 12).bug == "dropout_in_eval"
+
+
+def test_check_decoder_layer():
+    layer = DecoderLayer(CFG)
+    layer.train()
+    report = tour.check_decoder_layer(layer, 12)
+    assert report.ok, str(report)
+    assert layer.training  # the checker restores the mode it found
+    cases = {
+        "returns_self_attention_twice": SelfTwice(CFG),
+        "source_padding_leaks": NoCrossMask(CFG),
+        "future_leaks": NoCausalMask(CFG),
+    }
+    for bug, module in cases.items():
+        report = tour.check_decoder_layer(module, 12)
+        assert report.bug == bug, str(report)
+
+
+# -- training side -----------------------------------------------------------------------
+
+
+def test_training_checkers():
+    assert tour.check_shift_target(shift_target)
+    assert tour.check_shift_target(lambda ys: (ys, ys)).bug == "not_shifted"
+    assert tour.check_shift_target(lambda ys: shift_target(ys)[::-1]).bug == "swapped"
+
+    assert tour.check_label_smoothing(lambda *a: label_smoothed_cross_entropy(*a)[0])
+    torch_mean = lambda lg, t, eps, p: F.cross_entropy(lg, t, ignore_index=p, label_smoothing=eps)  # noqa: E731
+    assert tour.check_label_smoothing(torch_mean)
+    no_ignore = lambda lg, t, eps, p: F.cross_entropy(lg, t, label_smoothing=eps, reduction="sum")  # noqa: E731
+    assert tour.check_label_smoothing(no_ignore).bug == "pads_counted"
+    plain = lambda lg, t, eps, p: F.cross_entropy(lg, t, ignore_index=p, reduction="sum")  # noqa: E731
+    assert tour.check_label_smoothing(plain).bug == "no_smoothing"
+
+    def other_v_minus_1(logits, target, eps, pad_id):
+        q = torch.full_like(logits, eps / (logits.size(-1) - 1))
+        q[torch.arange(len(target)), target] = 1 - eps
+        keep = target != pad_id
+        return -(q * logits.log_softmax(-1)).sum(-1)[keep].sum()
+
+    assert tour.check_label_smoothing(other_v_minus_1).bug == "smoothing_over_v_minus_1"
+
+    assert tour.check_noam_rate(noam_rate)
+    wrong = lambda s, d, w: d**-0.5 * min(s**-0.5, s * w**-0.5)  # noqa: E731
+    assert tour.check_noam_rate(wrong).bug == "wrong_rate"
+
+
+def test_trace_shapes_observes_the_model():
+    from aiayn import Transformer
+
+    cfg = TransformerConfig(
+        src_vocab_size=30,
+        tgt_vocab_size=30,
+        d_model=16,
+        n_heads=2,
+        n_layers=2,
+        d_ff=40,
+        share_embeddings=True,
+    )
+    model = Transformer(cfg).train()
+    stages = {
+        s.key: s.shape
+        for s in tour.trace_shapes(model, torch.ones(1, 7).long() + 4, torch.ones(1, 5).long() + 4)
+    }
+    assert model.training
+    assert stages["src_embed"] == (1, 7, 16) and stages["tgt_embed"] == (1, 5, 16)
+    assert stages["enc_q"] == (1, 2, 7, 8) and stages["enc_ffn_inner"] == (1, 7, 40)
+    assert stages["dec_cross_q"] == (1, 2, 5, 8) and stages["dec_cross_k"] == (1, 2, 7, 8)
+    assert stages["dec_cross_weights"] == (1, 2, 5, 7) and stages["logits"] == (1, 5, 30)
+    assert list(stages) == list(tour.shapes.STAGES)

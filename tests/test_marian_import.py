@@ -16,7 +16,13 @@ import pytest
 import torch
 from transformers import MarianMTModel
 
-from aiayn.checkpoint import BEST, generation_settings, load_checkpoint, load_model
+from aiayn.checkpoint import (
+    BEST,
+    generation_settings,
+    load_checkpoint,
+    load_inference,
+    load_model,
+)
 from aiayn.cli import main
 from aiayn.decode import generate
 from aiayn.marian import import_marian
@@ -179,7 +185,7 @@ def test_the_checkpoint_alone_translates(folders, tmp_path):
     lone = tmp_path / "alone.pt"
     shutil.copy(model_dir / BEST, lone)
     lines = ["Ein Mann fährt Fahrrad.", "", ">>fra<< Zwei Hunde spielen im Schnee."]
-    alone = Translator(*load_model(lone)).translate(lines, beam=2)
+    alone = Translator(*load_inference(lone)).translate(lines, beam=2)  # settings too
     assert alone == Translator.from_dir(model_dir).translate(lines, beam=2)
     assert alone[1] == [""] and alone[0][0]
 
@@ -237,7 +243,8 @@ def test_serve_translates_with_the_imported_tokenizer(folders):
             time.sleep(0.02)
         r = client.post("/translate", json={"src": lines, "beam": 2, "attention": True})
     assert r.status_code == 200, r.text
-    assert r.json()["translations"] == [c[0] for c in translator.translate(lines, beam=2)]
+    want = translator.translate(lines, beam=2, alpha=0.6)  # the request's alpha
+    assert r.json()["translations"] == [c[0] for c in want]
     attention = r.json()["attention"][0]
     assert attention["source"][-1] == "</s>" and attention["target_in"][0] == "<pad>"
 

@@ -249,7 +249,20 @@ def load_model(
     quantize: bool = False,
     precision: str = "fp32",
 ) -> tuple[Transformer, Tokenizer]:
-    """Model (in eval mode) and tokenizer from one checkpoint file, with clear errors.
+    """Model (in eval mode) and tokenizer from one checkpoint file: :func:`load_inference`
+    without the generation settings."""
+    model, tokenizer, _ = load_inference(path, device, quantize, precision)
+    return model, tokenizer
+
+
+def load_inference(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    quantize: bool = False,
+    precision: str = "fp32",
+) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
+    """Model (in eval mode), tokenizer and generation settings (:func:`generation_settings`)
+    from one checkpoint file, with clear errors.
 
     ``quantize`` gives an int8 dynamically quantized model for CPU inference
     (:func:`aiayn.quantize.quantize_dynamic_int8`); it needs the CPU.
@@ -268,4 +281,4 @@ def load_model(
     model = model.to(device=device, dtype=PRECISIONS[precision]).eval()
     if quantize:
         model = quantize_dynamic_int8(model)
-    return model, tokenizer
+    return model, tokenizer, generation_settings(state)

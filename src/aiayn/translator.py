@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.checkpoint import load_inference, resolve_checkpoint
 from aiayn.data.batching import pad, shift_target, sorted_batches
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import ContinuousBeamSearch, DecodeOptions, Hypothesis, search
@@ -80,10 +80,18 @@ class Translator:
     probabilities; ``model`` is the first of them.
     """
 
-    def __init__(self, model: Transformer | Sequence[Transformer], tokenizer: Tokenizer):
+    def __init__(
+        self,
+        model: Transformer | Sequence[Transformer],
+        tokenizer: Tokenizer,
+        generation: dict[str, Any] | None = None,
+    ):
         self.models = [m.eval() for m in as_list(model)]
         self.model, self.tokenizer = self.models[0], tokenizer
         self.device = next(self.model.parameters()).device
+        # What options=None means: the paper's beam 4 and alpha 0.6, or for an imported
+        # model the generation settings it was published with (decoding as generate() does).
+        self.defaults = DecodeOptions.from_generation(generation) if generation else DecodeOptions()
 
     @classmethod
     def from_dir(
@@ -97,13 +105,15 @@ class Translator:
         """``checkpoint``: auto, best, last, averaged or a file; ``quantize``: int8 dynamic
         quantization, CPU only; ``precision``: fp32 or bf16 weights (see
         :func:`aiayn.checkpoint.load_model`). Several directories, or several checkpoints
-        of one, make an ensemble; their tokenizers must be the same."""
+        of one, make an ensemble; their tokenizers must be the same. An imported model's
+        generation settings become :attr:`defaults` (those of the first model)."""
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         names = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
         paths = [resolve_checkpoint(d, n) for d, n in _members(dirs, names)]
-        models, tokenizer = [], None
+        models, tokenizer, generation = [], None, None
         for path in paths:
-            model, tok = load_model(path, device, quantize, precision)
+            model, tok, settings = load_inference(path, device, quantize, precision)
+            generation = settings if generation is None else generation
             if tokenizer is not None and tok.to_bytes() != tokenizer.to_bytes():
                 raise AiaynError(
                     f"ensemble: {path} has another tokenizer than {paths[0]}; ensembled "
@@ -112,7 +122,7 @@ class Translator:
             models.append(model)
             tokenizer = tok
         try:
-            return cls(models, tokenizer)
+            return cls(models, tokenizer, generation)
         except AiaynError as e:
             raise AiaynError(f"{', '.join(map(str, paths))}: {e}") from None
 
@@ -138,10 +148,11 @@ class Translator:
         **settings: Any,
     ) -> list[list[str]]:
         """``options.n_best`` translations (best first; samples in the order drawn) for each
-        line, as texts. ``options``: a :class:`DecodeOptions` (default beam 4, alpha 0.6;
-        beam 1 is greedy decoding); keyword ``settings`` (beam, alpha, n_best, max_len_a,
-        max_len_b, ...) override it, and an int in its place is the beam size. See
-        :meth:`translations` for ``prefixes`` and ``first_line``."""
+        line, as texts. ``options``: a :class:`DecodeOptions` (default :attr:`defaults`:
+        beam 4 and alpha 0.6, or an imported model's generation settings; beam 1 is greedy
+        decoding); keyword ``settings`` (beam, alpha, n_best, max_len_a, max_len_b, ...)
+        override it, and an int in its place is the beam size. See :meth:`translations` for
+        ``prefixes`` and ``first_line``."""
         found = self.translations(
             lines,
             options,
@@ -151,7 +162,7 @@ class Translator:
             on_batch=on_batch,
             **settings,
         )
-        n_best = decode_options(options, settings).n_best
+        n_best = self.options(options, settings).n_best
         return [[t.text for t in out] + [""] * (n_best - len(out)) for out in found]
 
     def translations(
@@ -171,7 +182,7 @@ class Translator:
         decoder layer, from 1, -1 the last). ``prefixes[i]`` (text) is forced as the start
         of line i's outputs (default: ``options.prefix`` for every line). Line i is line
         ``first_line + i`` of the whole input, which seeds its samples."""
-        options = decode_options(options, settings)
+        options = self.options(options, settings)
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
@@ -188,6 +199,20 @@ class Translator:
                     t.alignment = pairs
             out.append(found)
         return out
+
+    def options(
+        self, options: DecodeOptions | int | None = None, settings: dict[str, Any] | None = None
+    ) -> DecodeOptions:
+        """``options`` (default: :attr:`defaults`) with the keyword ``settings`` of the
+        methods above applied (an int in place of options is the beam size); an unknown
+        setting is an error."""
+        settings = dict(settings or {})
+        if isinstance(options, int) and not isinstance(options, bool):
+            options, settings = None, {"beam": options, **settings}
+        unknown = sorted(set(settings) - set(DecodeOptions.__dataclass_fields__))
+        if unknown:
+            raise AiaynError(f"unknown decoding setting(s): {', '.join(unknown)}")
+        return resolve(self.defaults if options is None else options, **settings)
 
     def _translation(self, h: Hypothesis) -> Translation:
         piece = self.tokenizer.id_to_piece
@@ -210,7 +235,7 @@ class Translator:
     ) -> list[list[list[int]]]:
         """Like :meth:`translate` on token ids: for each row its n-best output ids (no BOS
         or EOS), best first; an empty row gets no candidates."""
-        options = decode_options(options, settings)
+        options = self.options(options, settings)
         hyps = self.hypotheses(ids, options, batch_size=batch_size, on_batch=on_batch)
         return [[h.tokens for h in candidates] for candidates in hyps]
 
@@ -281,6 +306,8 @@ class Translator:
         add may set its own ``alpha``). Each sentence's hypotheses are those
         :meth:`translate_ids` gives it with these settings (``beam >= 2``; beam 1 there is
         greedy decoding, which this is not). An int in place of ``options`` is the beam."""
+        if options is None or (isinstance(options, int) and not isinstance(options, bool)):
+            options = self.defaults.replace(beam=options)
         return ContinuousBeamSearch(
             self.model, options, alpha, max_len_a=max_len_a, max_len_b=max_len_b
         )
@@ -321,26 +348,17 @@ class Translator:
             )
         return maps
 
-    def attention(self, sentence: str, beam: int = 4, alpha: float = 0.6) -> AttentionMap:
-        """Translate ``sentence`` and return every layer's attention weights for the best
-        translation."""
+    def attention(
+        self, sentence: str, beam: int | None = None, alpha: float | None = None
+    ) -> AttentionMap:
+        """Translate ``sentence`` (:attr:`defaults`, with ``beam`` and ``alpha`` when given)
+        and return every layer's attention weights for the best translation."""
         ids = self.encode(sentence)
         if not ids:
             raise AiaynError("attention: the sentence is empty")
-        best = self.translate_ids([ids], DecodeOptions(beam=beam, alpha=alpha))[0]
+        options = self.options(None, {"beam": beam, "alpha": alpha}).replace(n_best=1)
+        best = self.translate_ids([ids], options)[0]
         return self.attention_maps([ids], [best[0] if best else []])[0]
-
-
-def decode_options(options: DecodeOptions | int | None, settings: dict[str, Any]) -> DecodeOptions:
-    """``options`` with the keyword ``settings`` of the Translator's methods applied (an int
-    in place of options is the beam size); unknown settings are an error."""
-    if isinstance(options, int) and not isinstance(options, bool):
-        options, settings = None, {"beam": options, **settings}
-    known = DecodeOptions.__dataclass_fields__
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise AiaynError(f"unknown decoding setting(s): {', '.join(unknown)}")
-    return resolve(options, **settings)
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

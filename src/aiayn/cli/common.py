@@ -38,27 +38,21 @@ def translator_for(args: argparse.Namespace, device: str | None = None):
     )
 
 
-def decode_options(args: argparse.Namespace, n_best: int = 1):
-    """The :class:`~aiayn.decode.DecodeOptions` of the decoding flags (checked there). The
-    beam defaults to 4, or to 1 when sampling (which takes no beam)."""
-    from aiayn.decode import DecodeOptions
+# The flags that set DecodeOptions fields of the same name; unset (None) ones keep the
+# model's defaults (the paper's, or an imported model's generation settings).
+OPTION_FLAGS = (
+    "beam", "alpha", "max_len_a", "max_len_b", "length_penalty", "early_stopping",
+    "forced_eos", "sampling", "temperature", "top_k", "top_p", "seed", "prefix",
+)  # fmt: skip
 
-    beam = args.beam if args.beam is not None else (1 if args.sampling else 4)
-    return DecodeOptions(
-        beam=beam,
-        alpha=args.alpha,
-        n_best=n_best,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        length_penalty=args.length_penalty,
-        forced_eos=args.forced_eos,
-        sampling=args.sampling,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        prefix=getattr(args, "prefix", None) or "",
-    )
+
+def decode_options(args: argparse.Namespace, defaults, n_best: int = 1):
+    """``defaults`` (a :class:`~aiayn.decode.DecodeOptions`) with the decoding flags that
+    were given; checked there. Sampling without a beam flag samples (beam 1)."""
+    given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
+    if given["sampling"] and given["beam"] is None:
+        given["beam"] = 1
+    return defaults.replace(n_best=n_best, **given)
 
 
 def translate_lines(
@@ -75,9 +69,9 @@ def translate_lines(
     from aiayn.distributed import init_from_env
     from aiayn.progress import progress
 
-    options = decode_options(args, n_best)  # bad settings fail before the model loads
     world = init_from_env(args.device)
     translator = translator_for(args, world.device(args.device))
+    options = decode_options(args, translator.defaults, n_best)
     share = world.shard(len(lines))
     mine = lines[share.start : share.stop]
     quiet = args.quiet or not world.is_main
@@ -125,37 +119,50 @@ def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> No
     p.add_argument(
         "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4; 1 sampling)"
     )
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    p.add_argument("--alpha", type=float, default=None, help="length penalty (default 0.6)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def add_search_flags(p: argparse.ArgumentParser) -> None:
-    """Length rule, penalty formula, sampling: the rest of DecodeOptions."""
-    g = p.add_argument_group("search")
-    g.add_argument(
-        "--max-len-a", type=float, default=1.0, help="output tokens <= a * source + b (a=1)"
-    )
-    g.add_argument("--max-len-b", type=int, default=50, help="(b=50)")
+    """Length rule, penalty formula, stopping, sampling: the rest of DecodeOptions. Every
+    default is None: the model's own (the paper's settings, or an imported model's
+    generation_config.json)."""
+    g = p.add_argument_group("search (defaults: the paper's, or an imported model's own)")
+    g.add_argument("--max-len-a", type=float, help="output tokens <= a * source + b (a=1)")
+    g.add_argument("--max-len-b", type=int, help="(b=50)")
     g.add_argument(
         "--length-penalty",
         choices=["gnmt", "hf"],
-        default="gnmt",
         help="gnmt: ((5+|Y|)/6)^alpha (the paper's); hf: |Y|^alpha (Hugging Face's)",
+    )
+    g.add_argument(
+        "--early-stopping",
+        type=_early_stopping,
+        help="never (exact; default), false (generate()'s default heuristic) or true",
     )
     g.add_argument(
         "--forced-eos",
         action="store_true",
+        default=None,
         help="an output that reaches its length limit ends with EOS scored 0 (generate()'s "
         "forced_eos_token_id)",
     )
     g = p.add_argument_group("sampling")
     g.add_argument(
-        "--sampling", action="store_true", help="draw each token (--n-best N: N samples)"
+        "--sampling",
+        action="store_true",
+        default=None,
+        help="draw each token (--n-best N: N samples)",
     )
-    g.add_argument("--temperature", type=float, default=1.0, help="(default 1.0)")
-    g.add_argument("--top-k", type=int, default=0, help="only the k most likely (0: all)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1.0: all)")
-    g.add_argument(
-        "--seed", type=int, default=None, help="the same seed gives each line the same samples"
-    )
+    g.add_argument("--temperature", type=float, help="(default 1.0)")
+    g.add_argument("--top-k", type=int, help="only the k most likely (default 0: all)")
+    g.add_argument("--top-p", type=float, help="nucleus mass (default 1.0: all)")
+    g.add_argument("--seed", type=int, help="the same seed gives each line the same samples")
+
+
+def _early_stopping(text: str) -> bool | str:
+    value = {"never": "never", "true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected never, true or false")
+    return value

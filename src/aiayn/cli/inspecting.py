@@ -28,8 +28,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
 
     translator = translator_for(args)
-    beam = 4 if args.beam is None else args.beam
-    amap = translator.attention(args.sentence, beam=beam, alpha=args.alpha)
+    amap = translator.attention(args.sentence, beam=args.beam, alpha=args.alpha)
     pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
     print("translation: " + translator.tokenizer.decode(pieces))
     layer = -1 if args.layer is None else args.layer  # the last layer unless one is chosen

@@ -103,9 +103,8 @@ def _beam_search(model, src, options, limit, forced, use_cache):
     # Per-sentence bookkeeping lives on the host, so that a GPU is synchronised only for
     # the few small tensors each step must look at (EOS hits, best active scores).
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    # The largest length penalty a sentence can reach; with log-probs <= 0 an active beam's
-    # final score can never exceed its current log-prob divided by it.
-    lp_bound = [length_penalty(n, alpha, kind) for n in limit]
+    # With log-probs <= 0 an active beam's final score can never exceed its current
+    # log-prob divided by the largest length penalty it can reach (stop_bound).
 
     step = DecodeStep(model, src, use_cache, expand=K)  # rows: sentence-major, K beams each
     sent = list(range(B))  # original sentence of each active group
@@ -137,7 +136,8 @@ def _beam_search(model, src, options, limit, forced, use_cache):
 
         best = scores.max(dim=1).values.tolist()
         done = [
-            end or is_done(finished[s], b, lp_bound[s], K) for s, b, end in zip(sent, best, ending)
+            end or is_done(finished[s], b, stop_bound(options, limit[s], t + 1), K)
+            for s, b, end in zip(sent, best, ending)
         ]
         if all(done):
             break
@@ -206,10 +206,25 @@ def hypothesis(tokens: list[int], log_prob: float, alpha: float, kind: str = "gn
 
 def is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:
     """A sentence is done when K hypotheses have finished and no active beam can still
-    beat the K-th best of them (so an early, poor EOS cannot end the search)."""
+    beat the K-th best of them (so an early, poor EOS cannot end the search): its best
+    log-prob over ``lp_max``, the largest length penalty it can reach (0: K finished is
+    enough)."""
     if best_active == float("-inf"):
         return True
     if len(finished) < K:
         return False
+    if lp_max == 0:
+        return True
     kth = sorted((h.score for h in finished), reverse=True)[K - 1]
     return kth >= best_active / lp_max
+
+
+def stop_bound(options: DecodeOptions, limit: int, steps: int) -> float:
+    """The length penalty :func:`is_done` divides the best active log-prob by, after
+    ``steps`` tokens of a sentence that may produce ``limit``: the penalty at the limit
+    (``early_stopping="never"``: exact), at the current length (False: Hugging Face's
+    default heuristic), or 0 (True: stop once ``beam`` hypotheses finished)."""
+    if options.early_stopping is True:
+        return 0.0
+    length = limit if options.early_stopping == "never" else steps
+    return length_penalty(length, options.alpha, options.length_penalty)

@@ -27,8 +27,8 @@ from aiayn.decode.beam import (
     eos_hits,
     hypothesis,
     is_done,
-    length_penalty,
     select,
+    stop_bound,
 )
 from aiayn.decode.core import ban, banned_ids, inference, search_limits
 from aiayn.decode.options import DecodeOptions, resolve
@@ -40,8 +40,7 @@ from aiayn.model.transformer import Transformer
 class _Sentence:
     tag: Hashable  # the caller's name for it
     limit: int  # the most tokens it may produce, EOS included
-    alpha: float  # its length penalty
-    lp_bound: float  # the largest length penalty it can reach (see beam_search)
+    options: DecodeOptions  # the instance's, with this sentence's length penalty alpha
     steps: int = 0  # tokens decoded so far: its rows' prefix is BOS + this many tokens
     finished: list[Hypothesis] = field(default_factory=list)
 
@@ -108,7 +107,7 @@ class ContinuousBeamSearch:
             raise ValueError(f"add: {src.size(0)} sentences but {len(tags)} tags")
         alpha = self.alpha if alpha is None else alpha
         options = self.options.replace(alpha=alpha)  # checks alpha
-        cfg, K, kind = self.model.cfg, self.K, options.length_penalty
+        cfg, K = self.model.cfg, self.K
         src = src.to(self.device)
         limits = search_limits(cfg, src, options, None).tolist()
         with inference(self.model):
@@ -117,7 +116,7 @@ class ContinuousBeamSearch:
         scores = torch.full((len(tags), K), float("-inf"), device=self.device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first
         bos = torch.full((len(tags) * K, 1), cfg.bos_id, dtype=torch.long, device=self.device)
-        new = [_Sentence(t, n, alpha, length_penalty(n, alpha, kind)) for t, n in zip(tags, limits)]
+        new = [_Sentence(t, n, options) for t, n in zip(tags, limits)]
         if not self.sentences:
             self.src, self.memory, self.prefix = src, memory, bos
             self.scores, self.state, self.sentences = scores, state, new
@@ -161,14 +160,14 @@ class ContinuousBeamSearch:
             for g, row, log_prob in zip(groups, hit_rows, log_probs):
                 sentence = self.sentences[g]  # its tokens: the last `steps` columns
                 tokens = row[P - sentence.steps :]
-                sentence.finished.append(
-                    hypothesis(tokens, log_prob, sentence.alpha, self.options.length_penalty)
-                )
+                o = sentence.options
+                sentence.finished.append(hypothesis(tokens, log_prob, o.alpha, o.length_penalty))
         best = scores.max(dim=1).values.tolist()
         keep, out = [], []
         for i, (sentence, b, end) in enumerate(zip(self.sentences, best, ending)):
             sentence.steps += 1
-            if end or is_done(sentence.finished, b, sentence.lp_bound, K):
+            bound = stop_bound(sentence.options, sentence.limit, sentence.steps)
+            if end or is_done(sentence.finished, b, bound, K):
                 out.append((sentence.tag, sorted(sentence.finished, key=_score, reverse=True)))
             else:
                 keep.append(i)

@@ -28,7 +28,11 @@ class DecodeOptions:
     sentence (with sampling: that many samples). A sentence of n real source tokens gets at
     most ``max_len_a * n + max_len_b`` output tokens, EOS included, at most
     ``max_new_tokens`` when set, never past the model's ``max_len``. ``alpha`` is the
-    length-penalty exponent of the ``length_penalty`` formula ("gnmt" or "hf"). At its
+    length-penalty exponent of the ``length_penalty`` formula ("gnmt" or "hf"). A beam
+    search sentence ends once ``beam`` hypotheses finished and no active beam can beat them
+    at the longest length it may reach (``early_stopping="never"``, as Hugging Face names
+    it: exact), at its current length (False: Hugging Face's default heuristic), or at once
+    (True). At its
     length limit beam search ends every hypothesis with EOS, scored with its log-prob; with
     ``forced_eos`` (Hugging Face's ``forced_eos_token_id``) every search ends an output
     that reaches its limit with EOS, scored 0, as ``generate()`` does.
@@ -47,6 +51,7 @@ class DecodeOptions:
     max_len_b: int = 50
     max_new_tokens: int | None = None
     length_penalty: str = "gnmt"
+    early_stopping: bool | str = "never"
     forced_eos: bool = False
     sampling: bool = False
     temperature: float = 1.0
@@ -70,6 +75,10 @@ class DecodeOptions:
             raise DecodeError(f"temperature must be a finite number > 0, got {self.temperature}")
         if not (_is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise DecodeError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.early_stopping not in (True, False, "never"):
+            raise DecodeError(
+                f"early_stopping must be true, false or 'never', got {self.early_stopping!r}"
+            )
         if self.length_penalty not in LENGTH_PENALTIES:
             raise DecodeError(
                 f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
@@ -112,6 +121,34 @@ class DecodeOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_generation(cls, settings: dict[str, Any]) -> DecodeOptions:
+        """The options that decode as Hugging Face's ``generate()`` does with these
+        generation settings (a ``generation_config.json``; missing keys take transformers'
+        defaults): ``num_beams``, ``length_penalty`` (its formula, |Y|^alpha), ``max_length``
+        (which counts the decoder's start token) or ``max_new_tokens``, ``early_stopping``,
+        ``forced_eos_token_id``, ``num_return_sequences``, and sampling (``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``). The pad id is always banned, as Marian's
+        ``bad_words_ids`` do."""
+        get = settings.get
+        sampling = bool(get("do_sample", False))
+        max_new = get("max_new_tokens")
+        max_tokens = int(max_new) if max_new is not None else int(get("max_length", 20)) - 1
+        return cls(
+            beam=1 if sampling else int(get("num_beams", 1)),
+            alpha=float(get("length_penalty", 1.0)),
+            n_best=int(get("num_return_sequences", 1)),
+            max_len_a=0.0,
+            max_len_b=max(max_tokens, 0),
+            length_penalty="hf",
+            early_stopping=get("early_stopping", False),
+            forced_eos=get("forced_eos_token_id") is not None,
+            sampling=sampling,
+            temperature=float(get("temperature", 1.0)) if sampling else 1.0,
+            top_k=int(get("top_k", 50)) if sampling else 0,
+            top_p=float(get("top_p", 1.0)) if sampling else 1.0,
+        )
 
 
 def resolve(options: DecodeOptions | None, **overrides: Any) -> DecodeOptions:

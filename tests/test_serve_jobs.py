@@ -11,7 +11,9 @@ import threading
 import pytest
 import torch
 
+from aiayn import Transformer
 from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.decode import DecodeOptions
 from aiayn.decode.core import length_limits
 from aiayn.serve.batching import BatchWorker
 from aiayn.serve.jobs import (
@@ -79,6 +81,10 @@ def test_the_budget_uses_the_decoders_length_rule(max_len):
         assert [budget.output_limit(n) for n in lengths] == want
     budget = CacheBudget(1000, max_len)
     assert budget.cost(3, 4, 10) == 3 * 4 * (10 + 60)
+    translator = Translator(Transformer(cfg), None)
+    assert CacheBudget.for_translator(1000, translator) == budget  # the paper's rule
+    translator.defaults = DecodeOptions(max_len_a=1.5, max_len_b=7, max_new_tokens=40)
+    assert CacheBudget.for_translator(1000, translator) == CacheBudget(1000, 40, 1.5, 7)
     with pytest.raises(TooLargeError, match="2 sentences x beam 4 x \\(100 source \\+ "):
         budget.check(Outcomes().job([[5] * 100, [], [5] * 7]))
 
@@ -102,7 +108,7 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
     b = outcomes.job([ids[2]], beam=3, alpha=1.0, n_best=2)
     c = outcomes.job([ids[3], ids[4]], beam=3)
     blank = outcomes.job([[]], beam=3)
-    batch = RunningBatch(translator, CacheBudget.for_model(10**6, translator.model.cfg))
+    batch = RunningBatch(translator, CacheBudget.for_translator(10**6, translator))
     assert batch.admit([a, blank]) and batch.key == ContinuousKey(3)  # blank leaves at once
     assert len(batch) == 2 and batch.jobs == [a]
     batch.step()
@@ -127,7 +133,7 @@ def test_a_failing_step_empties_the_batch_and_names_every_job(translator):
     controlled.fail_at_running = 1
     outcomes = Outcomes()
     jobs = [outcomes.job([translator.encode(de)], beam=2) for de, _ in PAIRS[:2]]
-    batch = RunningBatch(controlled, CacheBudget.for_model(10**6, translator.model.cfg))
+    batch = RunningBatch(controlled, CacheBudget.for_translator(10**6, translator))
     batch.admit(jobs)
     left = batch.step()
     assert [gone.job for gone in left] == jobs

@@ -96,7 +96,7 @@ class BatchWorker:
         if not (join_ratio >= 0 and join_wait_steps >= 0):
             raise AiaynError("batching needs join_ratio >= 0 and join_wait_steps >= 0")
         self.translator, self.metrics = translator, metrics
-        self.budget = CacheBudget.for_model(max_cache_tokens, translator.model.cfg)
+        self.budget = CacheBudget.for_translator(max_cache_tokens, translator)
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.wait_s = batch_wait_ms / 1000.0
         self.continuous = continuous

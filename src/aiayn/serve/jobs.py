@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from aiayn.config import TransformerConfig
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
-from aiayn.translator import AttentionMap
+from aiayn.translator import AttentionMap, Translator
 
 
 class QueueFullError(AiaynError):
@@ -185,20 +184,26 @@ class CacheBudget:
     """What a batch may hold in its decoder cache: ``max_tokens`` positions, counted as
     rows x beam x (longest source + longest allowed output), the self-attention keys
     and values every beam row may reach plus the encoder-decoder ones it attends to
-    (for a base model in fp32, 24 KiB a position). ``max_len_a``/``max_len_b`` are the
-    output-length rule of the decoding (fairseq's; see
-    :func:`aiayn.decode.core.length_limits`), capped by the model's ``max_len``."""
+    (for a base model in fp32, 24 KiB a position). The output-length rule is the
+    decoder's (``max_len_a * source + max_len_b``, fairseq's; see
+    :func:`aiayn.decode.core.length_limits`), capped by ``max_len``: the model's
+    positions, or fewer where the decoding settings say so."""
 
     max_tokens: int
     max_len: int
-    max_len_a: float = DecodeOptions.max_len_a  # the server decodes with these defaults
+    max_len_a: float = DecodeOptions.max_len_a
     max_len_b: int = DecodeOptions.max_len_b
 
     @classmethod
-    def for_model(cls, max_tokens: int, cfg: TransformerConfig) -> CacheBudget:
+    def for_translator(cls, max_tokens: int, translator: Translator) -> CacheBudget:
+        """The budget of ``max_tokens`` positions under the length rule that
+        ``translator`` decodes with by default (the server's requests set no other)."""
         if max_tokens < 1:
             raise AiaynError(f"the decoder-cache budget must be >= 1 position, got {max_tokens}")
-        return cls(max_tokens, cfg.max_len)
+        rule, cap = translator.defaults, translator.model.cfg.max_len
+        if rule.max_new_tokens is not None:
+            cap = min(cap, rule.max_new_tokens)
+        return cls(max_tokens, cap, rule.max_len_a, rule.max_len_b)
 
     def output_limit(self, src_len: int) -> int:
         """The most tokens (EOS included) a sentence of ``src_len`` tokens may produce."""

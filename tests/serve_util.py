@@ -39,10 +39,10 @@ class ControlledTranslator(Translator):
         if self.fail:
             raise RuntimeError("the model fell over")
 
-    def translate_ids(self, ids, *args, **kwargs):
+    def hypotheses(self, ids, *args, **kwargs):
         self.batches.append(len(ids))
         self._hold()
-        return super().translate_ids(ids, *args, **kwargs)
+        return super().hypotheses(ids, *args, **kwargs)
 
     def continuous_search(self, *args, **kwargs):
         search = super().continuous_search(*args, **kwargs)
@@ -120,7 +120,7 @@ class BrokenTranslator(Translator):
     """A picklable Translator whose model always raises: for the worker process, which
     gets a copy of its translator (a ControlledTranslator's events do not pickle)."""
 
-    def translate_ids(self, *args, **kwargs):
+    def hypotheses(self, *args, **kwargs):
         raise RuntimeError("the model fell over")
 
     def continuous_search(self, *args, **kwargs):

@@ -243,7 +243,7 @@ def test_serve_translates_with_the_imported_tokenizer(folders):
             time.sleep(0.02)
         r = client.post("/translate", json={"src": lines, "beam": 2, "attention": True})
     assert r.status_code == 200, r.text
-    want = translator.translate(lines, beam=2, alpha=0.6)  # the request's alpha
+    want = translator.translate(lines, beam=2)  # the model's own settings, beam aside
     assert r.json()["translations"] == [c[0] for c in want]
     attention = r.json()["attention"][0]
     assert attention["source"][-1] == "</s>" and attention["target_in"][0] == "<pad>"

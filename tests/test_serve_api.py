@@ -311,3 +311,51 @@ def test_a_failing_step_answers_every_job_in_the_running_batch(sample_model_dir)
         translator.fail_at_running = None
         ok = httpx.post(f"{base}/translate", json={"src": SENTENCES}, timeout=30)
         assert ok.json()["translations"] == [c[0] for c in translator.translate(SENTENCES)]
+
+
+def test_scores_are_the_translators(client, translator):
+    """`"scores": true` adds each sentence's outputs as `aiayn translate --format jsonl`
+    gives them: text, tokens, score and log-probability, for every candidate."""
+    r = client.post("/translate", json={"src": SENTENCES, "beam": 3, "n_best": 2, "scores": True})
+    assert r.status_code == 200, r.text
+    outputs = r.json()["outputs"]
+    want = translator.translations(SENTENCES, beam=3, n_best=2)
+    assert len(outputs) == 2 and all(len(o) == 2 for o in outputs)
+    for got, expected in zip(outputs, want):
+        assert [o["text"] for o in got] == [t.text for t in expected]
+        assert [o["tokens"] for o in got] == [t.pieces for t in expected]
+        assert [o["score"] for o in got] == pytest.approx([t.score for t in expected], abs=1e-4)
+        assert [o["logprob"] for o in got] == pytest.approx(
+            [t.log_prob for t in expected], abs=1e-4
+        )
+    assert r.json()["n_best"] == [[o["text"] for o in got] for got in outputs]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_prefix_for_all_or_one_per_sentence(client, translator, beam):
+    one = client.post("/translate", json={"src": SENTENCES, "beam": beam, "prefix": "Two"})
+    assert one.status_code == 200, one.text
+    assert one.json()["translations"] == [
+        c[0] for c in translator.translate(SENTENCES, beam=beam, prefix="Two")
+    ]
+    assert all(t.startswith("Two") for t in one.json()["translations"])
+    each = client.post("/translate", json={"src": SENTENCES, "beam": beam, "prefix": ["A", ""]})
+    want = translator.translate(SENTENCES, beam=beam, prefixes=["A", ""])
+    assert each.json()["translations"] == [c[0] for c in want]
+    free = translator.translate(SENTENCES[1:], beam=beam)[0][0]
+    assert each.json()["translations"][1] == free  # an empty prefix forces nothing
+    bad = client.post("/translate", json={"src": SENTENCES, "prefix": ["A"]})
+    assert bad.status_code == 422 and "prefix: 1 prefixes for 2 sentences" in bad.text
+
+
+def test_sampling_with_a_seed_is_reproducible(client, translator):
+    body = {"src": SENTENCES, "sampling": True, "n_best": 3, "seed": 5, "temperature": 2.0}
+    a, b = (client.post("/translate", json=body).json() for _ in range(2))
+    assert a == b and len(a["n_best"][0]) == 3
+    want = translator.translate(SENTENCES, sampling=True, beam=1, n_best=3, seed=5, temperature=2.0)
+    assert a["n_best"] == want
+    other = client.post("/translate", json={**body, "seed": 6}).json()
+    assert other != a
+    for bad, message in (({"top_p": 0.0}, "top_p must be in"), ({"beam": 3}, "takes no beam")):
+        r = client.post("/translate", json={**body, **bad})
+        assert r.status_code == 422 and message in r.json()["error"]["message"], r.text

@@ -92,13 +92,16 @@ def test_the_budget_uses_the_decoders_length_rule(max_len):
 def test_batch_keys_are_frozen_dataclasses():
     outcomes = Outcomes()
     a, b = outcomes.job([[5]], beam=4, alpha=0.2), outcomes.job([[6]], beam=4, alpha=1.0)
-    assert batch_key(a, True) == batch_key(b, True) == ContinuousKey(4)  # alpha may differ
+    # alpha may differ (and n_best): the search's other settings may not
+    assert batch_key(a, True) == batch_key(b, True) == ContinuousKey(Settings(4, 0.0))
+    c = outcomes.job([[6]], beam=4, length_penalty="hf")
+    assert batch_key(c, True) != batch_key(a, True) and batch_key(c, True).beam == 4
     assert batch_key(a, False) == WholeKey(Settings(4, 0.2), False) != batch_key(b, False)
     greedy = outcomes.job([[5]], beam=1)
     assert isinstance(batch_key(greedy, True), WholeKey)
     assert len({batch_key(a, True), batch_key(b, True), batch_key(greedy, True)}) == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
-        batch_key(a, True).beam = 5  # type: ignore[misc]
+        batch_key(a, True).search = Settings(5)  # type: ignore[misc]
 
 
 def test_a_running_batch_admits_steps_and_cancels(translator):
@@ -109,7 +112,7 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
     c = outcomes.job([ids[3], ids[4]], beam=3)
     blank = outcomes.job([[]], beam=3)
     batch = RunningBatch(translator, CacheBudget.for_translator(10**6, translator))
-    assert batch.admit([a, blank]) and batch.key == ContinuousKey(3)  # blank leaves at once
+    assert batch.admit([a, blank]) and batch.key == ContinuousKey(Settings(3, 0.0))  # blank leaves
     assert len(batch) == 2 and batch.jobs == [a]
     batch.step()
     assert batch.admit([b, c]) == []  # two length penalties: two adds
@@ -121,7 +124,7 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
     while len(batch):
         for gone in batch.step():
             assert gone.error is None
-            finished[gone.job.id] = gone.outputs
+            finished[gone.job.id] = [[h.tokens for h in c] for c in gone.outputs]
     assert set(finished) == {a.id, b.id}
     assert finished[a.id] == translator.translate_ids(a.src, beam=3)
     assert finished[b.id] == translator.translate_ids(b.src, beam=3, alpha=1.0, n_best=2)

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
 from aiayn.serve.batching import DEFAULT_CACHE_TOKENS, BatchWorker
 from aiayn.serve.jobs import (
@@ -35,7 +36,6 @@ from aiayn.serve.jobs import (
     Outcome,
     QueueFullError,
     Result,
-    Settings,
     Status,
     StoppedError,
     TooLargeError,
@@ -54,6 +54,8 @@ from aiayn.serve.protocol import (
     error_response,
     parse_request,
     read_body,
+    request_options,
+    request_prefixes,
 )
 from aiayn.translator import Translator
 
@@ -93,6 +95,7 @@ class ModelInfo:
     parameters: int
     device: str
     max_source_tokens: int
+    defaults: DecodeOptions  # what a request decodes with where it sets nothing
 
     @classmethod
     def of(cls, translator: Translator, device: str | None = None) -> ModelInfo:
@@ -104,6 +107,7 @@ class ModelInfo:
             model.num_parameters(),
             device,
             translator.max_source_tokens,
+            translator.defaults,
         )
 
     def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
@@ -174,17 +178,18 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
 
     async def run(
         src: list[list[int]],
-        settings: Settings,
+        settings: DecodeOptions,
         attention: bool,
         request: Request | None = None,
         deadline: float | None = None,
+        prefix: list[list[int]] | None = None,
     ) -> Outcome:
         """Submit a job and wait for whichever comes first: its outcome, its client going
         away (ApiError 499) or the deadline (ApiError 504, on the loop's clock). Whichever
         it is, the job ends in the worker (the other two cancel it)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
-        job = Job(src, settings, attention, future_reply(loop, future))
+        job = Job(src, settings, attention, future_reply(loop, future), prefix)
         worker.submit(job)
         gone = asyncio.ensure_future(client_gone(request.receive)) if request else None
         timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
@@ -212,7 +217,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     async def warm_up() -> None:
         try:
             ids = [info.tokenizer.encode(WARMUP_SENTENCE, info.max_source_tokens)]
-            result = (await run(ids, Settings(beam=1), attention=False)).unwrap()
+            result = (await run(ids, DecodeOptions(beam=1), attention=False)).unwrap()
             if len(result.ids) != 1:
                 raise AiaynError("the warm-up translation returned no result")
             state.update(ready=True, reason="")
@@ -270,7 +275,9 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             )
         except asyncio.TimeoutError:
             raise ApiError(408, "the body did not arrive within the request's deadline") from None
-        req = parse_request(body, cfg.max_sentences, cfg.max_beam, cfg.max_alpha)
+        req = parse_request(body, cfg.max_sentences)
+        options = request_options(req, info.defaults, cfg.max_beam, cfg.max_alpha)
+        prefix = request_prefixes(req, info.tokenizer.encode_target)
         src = []
         limit = info.max_source_tokens
         for i, line in enumerate(req.src):
@@ -278,9 +285,9 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             if len(ids) > limit:
                 raise ApiError(422, f"src.{i}: {len(ids)} tokens, the model takes at most {limit}")
             src.append(ids)
-        settings = Settings(req.beam, req.alpha, req.n_best)
         try:
-            result = _answer(await run(src, settings, req.attention, request, deadline))
+            outcome = await run(src, options, req.attention, request, deadline, prefix)
+            result = _answer(outcome)
         except ApiError:
             raise
         except QueueFullError as e:
@@ -291,6 +298,16 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
         body_out: dict[str, Any] = {"translations": [c[0] for c in n_best]}
         if req.n_best > 1:
             body_out["n_best"] = n_best
+        if req.scores:  # the objects of `aiayn translate --format jsonl`'s n_best lists
+            piece = info.tokenizer.id_to_piece
+            body_out["outputs"] = [
+                [
+                    {"text": text, "tokens": [piece(t) for t in h.tokens], "score": h.score,
+                     "logprob": h.log_prob}
+                    for text, h in zip(texts, hyps)
+                ]
+                for texts, hyps in zip(n_best, result.hypotheses)
+            ]  # fmt: skip
         if req.attention:
             body_out["attention"] = await asyncio.to_thread(
                 lambda: [attention_json(a) for a in result.attention or []]

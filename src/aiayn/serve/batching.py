@@ -49,6 +49,7 @@ from aiayn.serve.jobs import (
     StoppedError,
     WholeKey,
     batch_key,
+    width,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.running import Left, Outputs, RunningBatch
@@ -290,7 +291,7 @@ class BatchWorker:
             first = next(iter(self._queue))
             self._take(first)
             key, batch = batch_key(first, self.continuous), [first]
-            beam = first.settings.beam
+            beam = width(first.settings)
             rows, longest = first.rows, first.longest
             deadline = time.perf_counter() + self.wait_s
             full = False
@@ -374,7 +375,7 @@ class BatchWorker:
         """The attention maps of each row's best output (None for a blank row)."""
         real = [i for i, src in enumerate(rows) if src]
         found = self.translator.attention_maps(
-            [rows[i] for i in real], [outputs[i][0] if outputs[i] else [] for i in real]
+            [rows[i] for i in real], [outputs[i][0].tokens if outputs[i] else [] for i in real]
         )
         maps: list[AttentionMap | None] = [None] * len(rows)
         for i, amap in zip(real, found):
@@ -386,10 +387,12 @@ class BatchWorker:
         rows = [src for job in batch for src in job.src]
         key = batch_key(batch[0], self.continuous)
         assert isinstance(key, WholeKey)
-        s = key.settings
+        # Each sentence's forced prefix, and its index in its request (what seeds samples).
+        prefixes = [p for job in batch for p in (job.prefix or [[]] * len(job.src))]
+        lines = [i for job in batch for i in range(len(job.src))]
         try:
-            outputs = self.translator.translate_ids(
-                rows, beam=s.beam, alpha=s.alpha, n_best=s.n_best, batch_size=max(len(rows), 1)
+            outputs = self.translator.hypotheses(
+                rows, key.settings, prefixes, lines, batch_size=max(len(rows), 1)
             )
             maps = self._attention(rows, outputs) if key.attention else None
         except Exception as e:  # every job of the batch gets it; the worker carries on

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from aiayn.decode import DecodeOptions
+from aiayn.decode import DecodeOptions, Hypothesis
 from aiayn.errors import AiaynError
 from aiayn.translator import AttentionMap, Translator
 
@@ -61,22 +61,27 @@ class Status(Enum):
 ENDINGS = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Decoding settings of one request; only jobs with equal settings share a whole batch.
-    A continuous batch needs an equal beam only: alpha only scores a sentence's finished
-    hypotheses, and n_best only picks among them."""
+# A request's decoding settings: the options every search takes (an alias, for the code
+# that named them so before they were one object).
+Settings = DecodeOptions
 
-    beam: int = 4
-    alpha: float = 0.6
-    n_best: int = 1
+
+def width(options: DecodeOptions) -> int:
+    """Decoder rows per sentence: the beam, or the samples when sampling."""
+    return options.n_best if options.sampling else options.beam
 
 
 @dataclass(frozen=True)
 class ContinuousKey:
-    """Beam search, continuously batched: sentences of one beam size share the search."""
+    """Beam search, continuously batched: sentences whose options differ at most in alpha
+    (which only scores a sentence's finished hypotheses) and n_best (which only picks
+    among them) share the search; ``search`` holds those options, alpha 0 and n_best 1."""
 
-    beam: int
+    search: DecodeOptions
+
+    @property
+    def beam(self) -> int:
+        return self.search.beam
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class WholeKey:
     """A whole batch: requests with equal settings (and attention or not) are translated
     together, start to end."""
 
-    settings: Settings
+    settings: DecodeOptions
     attention: bool
 
 
@@ -93,10 +98,16 @@ BatchKey = ContinuousKey | WholeKey
 
 @dataclass
 class Result:
-    """One job's outputs: per sentence its n-best ids, and attention maps when asked."""
+    """One job's outputs: per sentence its hypotheses (best first; samples in the order
+    drawn; none for a blank line), and attention maps when asked."""
 
-    ids: list[list[list[int]]]
+    hypotheses: list[list[Hypothesis]]
     attention: list[AttentionMap | None] | None = None
+
+    @property
+    def ids(self) -> list[list[list[int]]]:
+        """Per sentence, its n-best output ids."""
+        return [[h.tokens for h in candidates] for candidates in self.hypotheses]
 
 
 @dataclass(frozen=True)
@@ -139,9 +150,10 @@ class Job:
     ``status`` is written under the worker's lock only."""
 
     src: list[list[int]]  # token ids per sentence; [] for a blank line
-    settings: Settings
+    settings: DecodeOptions
     attention: bool
     reply: Reply
+    prefix: list[list[int]] | None = None  # forced target ids per sentence
     id: int = field(default_factory=lambda: next(_ids))  # unique in this process
     status: Status = Status.QUEUED
     queued_step: int = 0  # the continuous batch's step count when it was queued
@@ -157,11 +169,13 @@ class Job:
 
 
 def batch_key(job: Job, continuous: bool) -> BatchKey:
-    """Jobs with equal keys may share a batch: beam search joins the continuous batch of
-    its beam size (when ``continuous``), the rest go in whole batches of equal settings."""
-    if continuous and job.settings.beam > 1:
-        return ContinuousKey(job.settings.beam)
-    return WholeKey(job.settings, job.attention)
+    """Jobs with equal keys may share a batch: beam search without a forced prefix joins
+    the continuous batch of its search settings (when ``continuous``); greedy decoding,
+    sampling and forced prefixes go in whole batches of equal settings."""
+    s = job.settings
+    if continuous and s.beam > 1 and not s.sampling and job.prefix is None:
+        return ContinuousKey(s.replace(alpha=0.0, n_best=1))
+    return WholeKey(s, job.attention)
 
 
 def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:
@@ -220,11 +234,13 @@ class CacheBudget:
 
     def check(self, job: Job) -> None:
         """TooLargeError when ``job`` alone is over the budget: it could never run."""
-        need = self.cost_of([job], job.settings.beam)
+        rows = width(job.settings)
+        need = self.cost_of([job], rows)
         if need > self.max_tokens:
+            per = f"{rows} samples" if job.settings.sampling else f"beam {rows}"
             raise TooLargeError(
                 f"this request needs {need} decoder-cache positions ({job.rows} sentences x "
-                f"beam {job.settings.beam} x ({job.longest} source + "
+                f"{per} x ({job.longest} source + "
                 f"{self.output_limit(job.longest)} output tokens)), more than a batch may "
                 f"hold ({self.max_tokens}): send fewer or shorter sentences, or a smaller beam"
             )

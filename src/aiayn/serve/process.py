@@ -6,7 +6,7 @@ process (spawned, so no thread or OpenMP state is forked) runs a :class:`BatchWo
 own copy of the translator; the server process keeps the HTTP side and tokenization, and
 no copy of the model. They talk over a pipe in small pickled messages:
 
-    server -> worker:  ("job", id, src, settings, attention) | ("cancel", id, status)
+    server -> worker:  ("job", id, src, settings, prefix, attention) | ("cancel", id, status)
                        | ("metrics",) | ("stop",)
     worker -> server:  ("finished", id, outcome) | ("metrics", state) | ("died", reason)
                        | ("failed", reason) | ("stopped",)
@@ -124,8 +124,8 @@ def _child(
             message = pipe.recv()
             kind = message[0]
             if kind == "job":
-                _, job_id, src, settings, attention = message
-                job = Job(src, settings, attention, reply_for(job_id), id=job_id)
+                _, job_id, src, settings, prefix, attention = message
+                job = Job(src, settings, attention, reply_for(job_id), prefix, id=job_id)
                 try:
                     worker.submit(job)
                 except AiaynError as e:  # queue full, stopping: answered at once
@@ -230,7 +230,7 @@ class ProcessWorker:
             self._pending[job.id] = job
             self.metrics.set_jobs_pending(len(self._pending))
         try:
-            self._pipe.send("job", job.id, job.src, job.settings, job.attention)
+            self._pipe.send("job", job.id, job.src, job.settings, job.prefix, job.attention)
         except OSError:
             with self._lock:
                 self._pending.pop(job.id, None)

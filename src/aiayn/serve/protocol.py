@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from aiayn.decode import DecodeOptions
+from aiayn.errors import DecodeError
 from aiayn.serve.metrics import Metrics
 from aiayn.translator import ATTENTION_KINDS, AttentionMap
 
@@ -33,13 +35,25 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class TranslateRequest(BaseModel):
-    """The body of ``POST /translate``."""
+    """The body of ``POST /translate``. Unset decoding fields take the model's defaults
+    (the paper's beam 4 and alpha 0.6, or an imported model's generation settings)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     src: list[str] = Field(description="sentences to translate, one per entry")
-    beam: int = Field(4, description="beam size; 1 = greedy")
-    alpha: float = Field(0.6, description="length penalty (GNMT), >= 0")
-    n_best: int = Field(1, description="candidates per sentence, 1..beam")
+    beam: int | None = Field(None, description="beam size; 1 = greedy (default the model's)")
+    alpha: float | None = Field(None, description="length penalty, >= 0 (default the model's)")
+    n_best: int = Field(1, description="candidates per sentence, 1..beam (with sampling: samples)")
+    sampling: bool = Field(False, description="draw each token instead of searching")
+    temperature: float | None = Field(None, description="sampling temperature (default 1)")
+    top_k: int | None = Field(None, description="sample from the k most likely (default 0: all)")
+    top_p: float | None = Field(None, description="sample from the nucleus of this mass (0, 1]")
+    seed: int | None = Field(None, description="a sentence's samples depend on (seed, its index)")
+    prefix: str | list[str] | None = Field(
+        None, description="text every output starts with: one for all, or one per sentence"
+    )
+    scores: bool = Field(
+        False, description="also return each sentence's outputs: text, tokens, score, logprob"
+    )
     attention: bool = Field(False, description="also return every layer's attention weights")
 
 
@@ -150,9 +164,7 @@ def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse_request(
-    body: bytes, max_sentences: int, max_beam: int, max_alpha: float
-) -> TranslateRequest:
+def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
     """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON, 422
     for JSON of the wrong shape or settings out of range."""
     try:
@@ -173,10 +185,43 @@ def parse_request(
         raise ApiError(422, "src: the list of sentences is empty")
     if len(req.src) > max_sentences:
         raise ApiError(422, f"src: {len(req.src)} sentences, at most {max_sentences}")
-    if not 1 <= req.beam <= max_beam:
-        raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
-    if not 1 <= req.n_best <= req.beam:
-        raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({req.beam})")
-    if not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
-        raise ApiError(422, f"alpha: {req.alpha} is out of range 0..{max_alpha}")
     return req
+
+
+def request_options(
+    req: TranslateRequest, defaults: DecodeOptions, max_beam: int, max_alpha: float
+) -> DecodeOptions:
+    """The decoding options of a request: the model's ``defaults`` with the fields it sets,
+    checked (422 naming the field) against the server's limits and by DecodeOptions."""
+    if req.beam is not None and not 1 <= req.beam <= max_beam:
+        raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
+    if req.alpha is not None and not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
+        raise ApiError(422, f"alpha: {req.alpha} is out of range 0..{max_alpha}")
+    sampling = req.sampling or defaults.sampling
+    beam = 1 if req.sampling and req.beam is None else req.beam
+    if sampling:  # n_best samples: as many rows as a beam of that size
+        if not 1 <= req.n_best <= max_beam:
+            raise ApiError(422, f"n_best: {req.n_best} samples is out of range 1..{max_beam}")
+    else:
+        limit = beam if beam is not None else defaults.beam
+        if not 1 <= req.n_best <= limit:
+            raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({limit})")
+    try:
+        return defaults.replace(
+            beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling or None,
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+        )  # fmt: skip
+    except DecodeError as e:
+        raise ApiError(422, str(e)) from None
+
+
+def request_prefixes(req: TranslateRequest, encode: Callable[[str], list[int]]):
+    """Per sentence the forced target ids (``encode`` is the tokenizer's target side), or
+    None when the request forces nothing."""
+    if req.prefix is None:
+        return None
+    texts = [req.prefix] * len(req.src) if isinstance(req.prefix, str) else req.prefix
+    if len(texts) != len(req.src):
+        raise ApiError(422, f"prefix: {len(texts)} prefixes for {len(req.src)} sentences")
+    ids = [encode(t) if t.strip() else [] for t in texts]
+    return ids if any(ids) else None

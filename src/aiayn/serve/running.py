@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiayn.data.batching import pad
-from aiayn.decode import ContinuousBeamSearch
-from aiayn.serve.jobs import CacheBudget, ContinuousKey, Job
+from aiayn.decode import ContinuousBeamSearch, Hypothesis
+from aiayn.serve.jobs import CacheBudget, ContinuousKey, Job, batch_key
 from aiayn.translator import Translator
 
-Outputs = list[list[list[int]]]  # per sentence of a job, its n-best ids
+Outputs = list[list[Hypothesis]]  # per sentence of a job, its n-best hypotheses
 
 
 @dataclass
@@ -78,12 +78,13 @@ class RunningBatch:
         if not jobs:
             return []
         if self._search is None:
-            beam = jobs[0].settings.beam
+            key = batch_key(jobs[0], continuous=True)
+            assert isinstance(key, ContinuousKey)
             try:
-                self._search = self.translator.continuous_search(beam)
+                self._search = self.translator.continuous_search(key.search)
             except Exception as e:  # these jobs fail; nothing was running
                 return [Left(job, error=e) for job in jobs]
-            self.key = ContinuousKey(beam)
+            self.key = key
         left: list[Left] = []
         # One add (one copy of the batch's cache) per length penalty among them.
         for alpha in dict.fromkeys(job.settings.alpha for job in jobs):
@@ -118,7 +119,7 @@ class RunningBatch:
         finished = []
         for (job, i), hypotheses in done:
             running = self._jobs[job]
-            running.outputs[i] = [h.tokens for h in hypotheses[: job.settings.n_best]]
+            running.outputs[i] = hypotheses[: job.settings.n_best]
             running.left -= 1
             if not running.left:
                 finished.append(Left(job, self._jobs.pop(job).outputs))

@@ -12,6 +12,7 @@ import torch
 from aiayn import Transformer
 from aiayn.decode import ContinuousBeamSearch, beam_search
 from aiayn.errors import DecodeError, ModelInputError
+from aiayn.model.transformer import DecoderState
 from conftest import random_batch, tiny_config
 
 
@@ -76,6 +77,17 @@ def test_ragged_rows_get_the_logits_of_their_own_decoding(tiny_model):
                 torch.testing.assert_close(logits[i], alone[b][0, t - b], atol=1e-5, rtol=1e-5)
     with pytest.raises(ModelInputError, match="one step at a time"):
         tiny_model.decode(tgt[rows, :2], memory[rows], src[rows], state)
+
+
+def test_only_ragged_states_crop(tiny_model):
+    """``crop`` (and ``join``) need a ragged state: a plain one gets a clear error, not an
+    AttributeError on its missing per-row keys."""
+    src, tgt = random_batch(tiny_model.cfg, [4], [3], seed=2)
+    state = DecoderState()
+    with torch.no_grad():
+        tiny_model.decode(tgt, tiny_model.encode(src), src, state)
+    with pytest.raises(ModelInputError, match="not a ragged DecoderState"):
+        state.crop(src.size(1))
 
 
 def test_joining_sentences_get_their_beam_search_results(varied_model):

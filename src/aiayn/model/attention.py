@@ -18,9 +18,13 @@ try:  # torch >= 2.3
     # cuDNN's fused attention builds an execution plan for every new shape (~0.3 s each on
     # an H100, torch 2.11), and ours change with every batch and every decoding step (the
     # key/value cache grows); the other fused kernels have no such per-shape cost.
-    _CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    _CUDA_BACKENDS: list[SDPBackend] | None = [
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    ]
 except ImportError:  # pragma: no cover - older torch has no cuDNN attention either
-    sdpa_kernel, _CUDA_BACKENDS = None, None
+    _CUDA_BACKENDS = None  # and no sdpa_kernel: never called then
 
 
 def scaled_dot_product_attention(
@@ -41,7 +45,7 @@ def scaled_dot_product_attention(
     """
     if not need_weights:
         # The fused kernel gives the same result (tested) without materialising weights.
-        if q.is_cuda and sdpa_kernel is not None:
+        if q.is_cuda and _CUDA_BACKENDS is not None:
             with sdpa_kernel(_CUDA_BACKENDS):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:

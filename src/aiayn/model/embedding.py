@@ -31,10 +31,13 @@ class PositionalEncoding(nn.Module):
     that joined a running batch at different steps).
     """
 
+    table: Tensor  # the sinusoidal buffer ``[max_len, d_model]``, when not learned
+
     def __init__(self, d_model: int, max_len: int, dropout: float, learned: bool = False):
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
+        self.learned: nn.Parameter | None
         if learned:
             self.learned = nn.Parameter(torch.empty(max_len, d_model))
             nn.init.normal_(self.learned, std=d_model**-0.5)

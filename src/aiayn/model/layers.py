@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -38,7 +41,11 @@ class FeedForward(nn.Module):
 
 
 # TransformerConfig.activation -> the function (swish is SiLU: x * sigmoid(x)).
-_ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+}
 
 
 # Checkpoints written before the sub-layer blocks were spelled out kept each LayerNorm in a
@@ -51,7 +58,7 @@ _LEGACY_NORM_KEYS = {
 }
 
 
-def _rename_legacy_keys(state_dict: dict, prefix: str) -> None:
+def _rename_legacy_keys(state_dict: dict[str, Any], prefix: str) -> None:
     for key in [k for k in state_dict if k.startswith(prefix)]:
         rest = key[len(prefix) :]
         for old, new in _LEGACY_NORM_KEYS.items():
@@ -88,14 +95,18 @@ class EncoderLayer(nn.Module):
             x = self.ffn_norm(x + self._ff_block(x))
         return x, weights
 
-    def _sa_block(self, x: Tensor, mask: Tensor | None, need_weights: bool):
+    def _sa_block(
+        self, x: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
         y, weights = self.self_attn(x, mask=mask, need_weights=need_weights)
         return self.dropout(y), weights
 
     def _ff_block(self, x: Tensor) -> Tensor:
         return self.dropout(self.ffn(x))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
         _rename_legacy_keys(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -147,17 +158,28 @@ class DecoderLayer(nn.Module):
             x = self.ffn_norm(x + self._ff_block(x))
         return x, self_w, cross_w
 
-    def _sa_block(self, x: Tensor, mask: Tensor | None, cache, need_weights: bool):
+    def _sa_block(
+        self, x: Tensor, mask: Tensor | None, cache: dict[str, Tensor] | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
         y, weights = self.self_attn(x, None, mask, cache, need_weights)
         return self.dropout(y), weights
 
-    def _mha_block(self, x: Tensor, memory: Tensor, mask: Tensor | None, cache, need_weights):
+    def _mha_block(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        mask: Tensor | None,
+        cache: dict[str, Tensor] | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         y, weights = self.cross_attn(x, memory, mask, cache, need_weights)
         return self.dropout(y), weights
 
     def _ff_block(self, x: Tensor) -> Tensor:
         return self.dropout(self.ffn(x))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
         _rename_legacy_keys(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +48,6 @@ class DecoderState:
         sentences). The self-attention rows' order is left pending: the next step gathers
         them as it appends its keys (one copy of the cache per step, not two).
         """
-        ragged = self.positions is not None
         for layer in self.layers:
             for kind, cache in layer.items():
                 if kind == "self":
@@ -56,8 +57,15 @@ class DecoderState:
                 if rows is not None:
                     for name in ("k", "v"):
                         cache[name] = cache[name].index_select(0, rows)
-        if ragged:
-            self.positions, self.keys = self.positions[index], self.keys[index]
+        if self.positions is not None:
+            positions, keys = self.ragged()
+            self.positions, self.keys = positions[index], keys[index]
+
+    def ragged(self) -> tuple[Tensor, Tensor]:
+        """``(positions, keys)`` of a ragged state; raises for any other."""
+        if self.positions is None or self.keys is None:
+            raise ModelInputError("not a ragged DecoderState (see Transformer.start_state)")
+        return self.positions, self.keys
 
     def join(self, other: DecoderState) -> None:
         """Append the rows of ``other`` (both ragged). Self-attention caches are left-padded
@@ -66,6 +74,7 @@ class DecoderState:
         hides these columns)."""
         if self.positions is None or other.positions is None or self.group != other.group:
             raise ModelInputError("only ragged states of one group size can be joined")
+        (my_positions, my_keys), (their_positions, their_keys) = self.ragged(), other.ragged()
         width = max(self.offset, other.offset)
         for mine, theirs in zip(self.layers, other.layers):
             for kind, left in (("self", True), ("cross", False)):
@@ -75,25 +84,26 @@ class DecoderState:
                 for name in ("k", "v"):
                     a[name] = _stack([a[name], b[name]], orders, size, left)
         self.keys = torch.cat(
-            [F.pad(k, (width - k.size(1), 0), value=False) for k in (self.keys, other.keys)]
+            [F.pad(k, (width - k.size(1), 0), value=False) for k in (my_keys, their_keys)]
         )
-        self.positions = torch.cat([self.positions, other.positions])
+        self.positions = torch.cat([my_positions, their_positions])
         self.offset = width
 
     def crop(self, src_len: int) -> None:
         """Drop the leading key columns that no row uses any more (ragged) and the
         encoder-decoder keys/values past ``src_len`` source positions (after rows with the
         longest sources left; crop the source ids alike)."""
-        used = self.keys.any(dim=0)
+        _, keys = self.ragged()
+        used = keys.any(dim=0)
         first = int(used.int().argmax()) if bool(used.any()) else self.offset
         for layer in self.layers:
             for name in ("k", "v"):
                 layer["self"][name] = layer["self"][name][:, :, first:]
                 layer["cross"][name] = layer["cross"][name][:, :, :src_len]
-        self.keys, self.offset = self.keys[:, first:], self.offset - first
+        self.keys, self.offset = keys[:, first:], self.offset - first
 
 
-def _stack(parts: list[Tensor], orders, size: int, left: bool) -> Tensor:
+def _stack(parts: list[Tensor], orders: Sequence[Tensor | None], size: int, left: bool) -> Tensor:
     """Rows of ``parts`` (each ``[B_i, h, L_i, d_k]``, taken in ``orders[i]`` when given)
     one after the other in a ``[sum B_i, h, size, d_k]`` tensor, each zero-padded to
     ``size`` columns on the left or the right: written once, with no intermediate copy."""
@@ -249,8 +259,9 @@ class Transformer(nn.Module):
         own outputs, and checking them would synchronise a GPU at every step.
         """
         offset = state.offset if state is not None else 0
-        ragged = state is not None and state.positions is not None
-        vocab, room = self.cfg.tgt_vocab_size, self.cfg.max_len - (0 if ragged else offset)
+        ragged = state.ragged() if state is not None and state.positions is not None else None
+        vocab = self.cfg.tgt_vocab_size
+        room = self.cfg.max_len - (0 if ragged is not None else offset)
         _check_ids("tgt_in", tgt_in, vocab, room, values=offset == 0)
         group = state.group if state is not None else 1  # target rows per source row
         rows = tgt_in.size(0)
@@ -266,11 +277,13 @@ class Transformer(nn.Module):
             )
         T = tgt_in.size(1)
         positions: int | Tensor = offset
-        if ragged:  # each row at its own position; its cached keys only
+        self_mask: Tensor | None
+        if ragged is not None:  # each row at its own position; its cached keys only
             if T != 1:
                 raise ModelInputError(f"a ragged state takes one step at a time, got {T}")
-            keys = torch.cat([state.keys, state.keys.new_ones(tgt_in.size(0), 1)], dim=1)
-            self_mask, positions = keys[:, None, None, :], state.positions  # [B, 1, 1, L + 1]
+            positions, cached = ragged
+            keys = torch.cat([cached, cached.new_ones(tgt_in.size(0), 1)], dim=1)
+            self_mask = keys[:, None, None, :]  # [B, 1, 1, L + 1]
         elif state is None:
             self_mask = decoder_self_mask(tgt_in, self.cfg.pad_id)  # [B, 1, T, T]
         elif T == 1:
@@ -283,8 +296,8 @@ class Transformer(nn.Module):
         x = self.decoder(x, memory, self_mask, padding_mask(src, self.cfg.pad_id), state, weights)
         if state is not None:
             state.offset += T
-        if ragged:
-            state.keys, state.positions = keys, state.positions + 1
+            if ragged is not None:
+                state.keys, state.positions = keys, ragged[0] + 1
         return self.project(x) if project else x
 
     def start_state(self, memory: Tensor, group: int = 1) -> DecoderState:
@@ -293,7 +306,7 @@ class Transformer(nn.Module):
         to take their first step: encoder-decoder keys/values projected once per source,
         no self-attention keys yet. :meth:`DecoderState.join` adds it to a running batch."""
         rows, layers = memory.size(0) * group, []
-        for layer in self.decoder.layers:
+        for layer in cast("list[DecoderLayer]", self.decoder.layers):  # an nn.ModuleList
             k, v = layer.cross_attn.memory_kv(memory)
             empty = k.new_zeros(rows, k.size(1), 0, k.size(3))
             layers.append({"self": {"k": empty, "v": empty}, "cross": {"k": k, "v": v}})
@@ -303,8 +316,8 @@ class Transformer(nn.Module):
 
     def project(self, x: Tensor) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``."""
-        tied = self.out_proj is None
-        logits = F.linear(x, self.tgt_embed.weight) if tied else self.out_proj(x)
+        out_proj = self.out_proj  # None: tied to the target embedding
+        logits = F.linear(x, self.tgt_embed.weight) if out_proj is None else out_proj(x)
         return logits if self.out_bias is None else logits + self.out_bias
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:

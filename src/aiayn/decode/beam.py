@@ -95,7 +95,14 @@ def beam_search(
         return _beam_search(model, src, options, limits, forced, use_cache)
 
 
-def _beam_search(model, src, options, limit, forced, use_cache):
+def _beam_search(
+    model: Models,
+    src: Tensor,
+    options: DecodeOptions,
+    limit: list[int],
+    forced: ForcedPrefix | None,
+    use_cache: bool,
+) -> list[list[Hypothesis]]:
     cfg = as_list(model)[0].cfg
     K, alpha, kind = options.beam, options.alpha, options.length_penalty
     device = src.device
@@ -155,7 +162,7 @@ def _beam_search(model, src, options, limit, forced, use_cache):
 
 def select(
     scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int, eos_scores_zero: bool = False
-):
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One step's choice for n sentences of K beams (shared with continuous batching).
 
     ``scores [n, K]`` are the beams' log-probs so far, ``logp [n*K, V]`` the next-token
@@ -186,14 +193,16 @@ def select(
     return top_scores, beam, is_eos, next_scores, parent, token.gather(1, pick).view(-1, 1)
 
 
-def eos_hits(beam: Tensor, is_eos: Tensor, top_scores: Tensor):
+def eos_hits(
+    beam: Tensor, is_eos: Tensor, top_scores: Tensor
+) -> tuple[list[int], Tensor, list[float]]:
     """EOS among the best K candidates of a sentence ends that hypothesis (as fairseq
     does). Returns, for each such hit in order, its sentence index (a list), the row of its
     parent beam (a LongTensor, to gather the parents' tokens at once) and its log-prob."""
     K = beam.size(1) // 2
     hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
     if not hits.numel():
-        return [], None, []
+        return [], hits.new_empty(0), []
     g, j = hits[:, 0], hits[:, 1]
     return g.tolist(), g * K + beam[g, j], top_scores[g, j].tolist()
 

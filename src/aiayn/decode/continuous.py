@@ -33,7 +33,7 @@ from aiayn.decode.beam import (
 from aiayn.decode.core import ban, banned_ids, inference, search_limits
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
-from aiayn.model.transformer import Transformer
+from aiayn.model.transformer import DecoderState, Transformer
 
 
 @dataclass
@@ -96,7 +96,18 @@ class ContinuousBeamSearch:
     def _clear(self) -> None:
         self.sentences: list[_Sentence] = []
         self.src = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        self.memory = self.prefix = self.scores = self.state = None
+        # Set while sentences run (see :meth:`_running`).
+        self.memory: Tensor | None = None
+        self.prefix: Tensor | None = None
+        self.scores: Tensor | None = None
+        self.state: DecoderState | None = None
+
+    def _running(self) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
+        """``memory``, ``prefix``, ``scores`` and ``state`` of the running batch."""
+        memory, prefix, scores, state = self.memory, self.prefix, self.scores, self.state
+        if memory is None or prefix is None or scores is None or state is None:
+            raise DecodeError("no sentence is running")
+        return memory, prefix, scores, state
 
     def add(self, src: Tensor, tags: Sequence[Hashable], alpha: float | None = None) -> None:
         """Encode ``src [m, S]`` (right-padded token ids, every row non-empty) and let those
@@ -121,14 +132,15 @@ class ContinuousBeamSearch:
             self.src, self.memory, self.prefix = src, memory, bos
             self.scores, self.state, self.sentences = scores, state, new
             return
+        old_memory, old_prefix, old_scores, old_state = self._running()
         width = max(self.width, src.size(1))
-        pad_id, P = cfg.pad_id, self.prefix.size(1)
+        pad_id, P = cfg.pad_id, old_prefix.size(1)
         with inference(self.model):
-            self.state.join(state)
+            old_state.join(state)
             self.src = torch.cat([_pad_right(s, width, pad_id) for s in (self.src, src)])
-            self.memory = torch.cat([_pad_right(m, width, 0.0) for m in (self.memory, memory)])
-            self.prefix = torch.cat([self.prefix, F.pad(bos, (P - 1, 0), value=pad_id)])
-            self.scores = torch.cat([self.scores, scores])
+            self.memory = torch.cat([_pad_right(m, width, 0.0) for m in (old_memory, memory)])
+            self.prefix = torch.cat([old_prefix, F.pad(bos, (P - 1, 0), value=pad_id)])
+            self.scores = torch.cat([old_scores, scores])
         self.sentences += new
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
@@ -147,23 +159,25 @@ class ContinuousBeamSearch:
 
     def _step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         cfg, K = self.model.cfg, self.K
-        logits = self.model.decode(self.prefix[:, -1:], self.memory, self.src, self.state)
+        memory, prefix, running_scores, state = self._running()
+        logits = self.model.decode(prefix[:, -1:], memory, self.src, state)
         # The whole vocabulary's log-probs first, then the ban (as in beam_search).
         logp = ban(torch.log_softmax(logits[:, -1].float(), dim=-1), self._banned)
         ending = [s.steps + 1 >= s.limit for s in self.sentences]
         top_scores, beam, is_eos, scores, parent, token = select(
-            self.scores, logp, ending, cfg.eos_id, self.options.forced_eos
+            running_scores, logp, ending, cfg.eos_id, self.options.forced_eos
         )
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:
-            P, hit_rows = self.prefix.size(1), self.prefix.index_select(0, rows).tolist()
+            P, hit_rows = prefix.size(1), prefix.index_select(0, rows).tolist()
             for g, row, log_prob in zip(groups, hit_rows, log_probs):
                 sentence = self.sentences[g]  # its tokens: the last `steps` columns
                 tokens = row[P - sentence.steps :]
                 o = sentence.options
                 sentence.finished.append(hypothesis(tokens, log_prob, o.alpha, o.length_penalty))
         best = scores.max(dim=1).values.tolist()
-        keep, out = [], []
+        keep: list[int] = []
+        out: list[tuple[Hashable, list[Hypothesis]]] = []
         for i, (sentence, b, end) in enumerate(zip(self.sentences, best, ending)):
             sentence.steps += 1
             bound = stop_bound(sentence.options, sentence.limit, sentence.steps)
@@ -179,10 +193,10 @@ class ContinuousBeamSearch:
             sources = torch.tensor(keep, device=self.device)
             parent, token = parent.view(-1, K)[sources].view(-1), token.view(-1, K)[sources]
             self.sentences = [self.sentences[i] for i in keep]
-            scores, self.src, self.memory = scores[sources], self.src[sources], self.memory[sources]
+            scores, self.src, self.memory = scores[sources], self.src[sources], memory[sources]
         self.scores = scores
-        self.prefix = torch.cat([self.prefix.index_select(0, parent), token.view(-1, 1)], dim=1)
-        self.state.reorder(parent, sources)
+        self.prefix = torch.cat([prefix.index_select(0, parent), token.view(-1, 1)], dim=1)
+        state.reorder(parent, sources)
         if out:
             self._crop()
         return out
@@ -195,22 +209,24 @@ class ContinuousBeamSearch:
         if not keep:
             self._clear()
             return
+        memory, prefix, scores, state = self._running()
         K, sources = self.K, torch.tensor(keep, device=self.device)
         rows = (sources[:, None] * K + torch.arange(K, device=self.device)).view(-1)
         with inference(self.model):
             self.sentences = [self.sentences[i] for i in keep]
-            self.scores, self.prefix = self.scores[sources], self.prefix[rows]
-            self.src, self.memory = self.src[sources], self.memory[sources]
-            self.state.reorder(rows, sources)
+            self.scores, self.prefix = scores[sources], prefix[rows]
+            self.src, self.memory = self.src[sources], memory[sources]
+            state.reorder(rows, sources)
             self._crop()
 
     def _crop(self) -> None:
         """Drop the columns that are padding for every row left (the longest running
         prefix and the longest source may have been among the sentences that left)."""
+        memory, prefix, _, state = self._running()
         width = int((self.src != self.model.cfg.pad_id).sum(dim=1).max())
-        self.src, self.memory = self.src[:, :width], self.memory[:, :width]
-        self.state.crop(width)
-        self.prefix = self.prefix[:, self.prefix.size(1) - self.state.offset - 1 :]
+        self.src, self.memory = self.src[:, :width], memory[:, :width]
+        state.crop(width)
+        self.prefix = prefix[:, prefix.size(1) - state.offset - 1 :]
 
 
 def _score(h: Hypothesis) -> float:

@@ -218,7 +218,9 @@ class DecodeStep:
         logp = torch.stack([torch.log_softmax(o.float(), dim=-1) for o in out])  # [M, n, V]
         return torch.logsumexp(logp, dim=0) - math.log(len(out))
 
-    def _logits(self, model, memory, state, prefix: Tensor) -> Tensor:
+    def _logits(
+        self, model: Transformer, memory: Tensor, state: DecoderState | None, prefix: Tensor
+    ) -> Tensor:
         if state is not None:
             return model.decode(prefix[:, -1:], memory, self.src, state)[:, -1]
         return model.decode(prefix, memory, self.src)[:, -1]

@@ -97,7 +97,17 @@ def one_per_row(
         return _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, scores)
 
 
-def _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, scores):
+def _one_per_row(
+    models: Models,
+    src: Tensor,
+    options: DecodeOptions,
+    n: int,
+    limits: Tensor,
+    forced: ForcedPrefix | None,
+    uniforms: Tensor | None,
+    use_cache: bool,
+    scores: bool,
+) -> RowOutputs:
     cfg = as_list(models)[0].cfg
     R, device = limits.numel(), src.device
     steps = int(limits.max()) if R else 0
@@ -115,6 +125,7 @@ def _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, s
         # The model's log-probs over the whole vocabulary, before the ban (as in beam search)
         logp = torch.log_softmax(logits.float(), dim=-1) if scores or options.sampling else None
         if options.sampling:
+            assert logp is not None and uniforms is not None  # both made when sampling
             probs = sampling_probs(
                 ban(logp.clone(), banned), options.temperature, options.top_k, options.top_p
             )
@@ -127,6 +138,7 @@ def _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, s
         if options.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
             token = torch.where(last, cfg.eos_id, token)
         if scores:
+            assert logp is not None
             token_logp = logp.gather(1, token[:, None]).squeeze(1).double()
             if options.forced_eos:
                 token_logp = token_logp.masked_fill(last, 0.0)

@@ -151,9 +151,11 @@ class DecodeOptions:
         )
 
 
-def resolve(options: DecodeOptions | None, **overrides: Any) -> DecodeOptions:
+def resolve(options: object, **overrides: Any) -> DecodeOptions:
     """``options`` (default: ``DecodeOptions()``) with the keyword settings that are not
-    None applied: what the searches do with their keyword arguments."""
+    None applied: what the searches do with their keyword arguments. Any ``options`` but
+    a DecodeOptions or None (what a caller passed through, such as a bool) is a
+    DecodeError."""
     if options is not None and not isinstance(options, DecodeOptions):
         raise DecodeError(f"options must be a DecodeOptions, got {type(options).__name__}")
     return (options or DecodeOptions()).replace(**overrides)

@@ -127,10 +127,10 @@ def check_vocab(
         return
     model = (cfg["src_vocab_size"], cfg["tgt_vocab_size"])
     if model != (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size):
-        sizes = sorted(set(model))
+        ours = sorted(set(model))
         theirs = sorted({tokenizer.src_vocab_size, tokenizer.tgt_vocab_size})
         raise CheckpointError(
-            f"{path}: checkpoint was trained with vocabulary size {sizes}, but {what} has "
+            f"{path}: checkpoint was trained with vocabulary size {ours}, but {what} has "
             f"{theirs} tokens; use the tokenizer it was trained with"
         )
     config = TransformerConfig.from_dict(cfg)

@@ -49,9 +49,12 @@ class World:
         None on the other ranks."""
         if self.size == 1:
             return list(items)
-        parts: list[Any] = [None] * self.size if self.is_main else None
+        if not self.is_main:
+            dist.gather_object(items, None, dst=0)
+            return None
+        parts: list[Any] = [None] * self.size
         dist.gather_object(items, parts, dst=0)
-        return [item for part in parts for item in part] if self.is_main else None
+        return [item for part in parts for item in part]
 
     def sum(self, values: list[float]) -> list[float]:
         """``values`` summed element-wise over all ranks (float64), on every rank."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -31,8 +31,8 @@ class PlainProgress:
         file: TextIO | None = None,
         interval: float = PLAIN_INTERVAL_S,
     ):
-        if total is None and iterable is not None and hasattr(iterable, "__len__"):
-            total = len(iterable)
+        if total is None:
+            total = _length(iterable)
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
         self.n, self.file, self.interval = initial, file or sys.stderr, interval
         self.postfix = ""
@@ -40,6 +40,8 @@ class PlainProgress:
         self.closed = False
 
     def __iter__(self) -> Iterator:
+        if self.iterable is None:
+            raise TypeError("a PlainProgress made without an iterable is not iterable")
         for item in self.iterable:
             yield item
             self.update(1)
@@ -71,6 +73,11 @@ class PlainProgress:
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         text = f"{self.desc}: {count} {self.unit}{share}, {now - self.start:.0f} s"
         print(text + (f", {self.postfix}" if self.postfix else ""), file=self.file, flush=True)
+
+
+def _length(iterable: object) -> int | None:
+    # An object, not an Iterable: mypy finds no type that is both Iterable and Sized.
+    return len(iterable) if isinstance(iterable, Sized) else None
 
 
 def progress(

@@ -124,7 +124,7 @@ def plan_batches(
     rng = random.Random(seed * 1_000_003 + epoch)
     mt = np.random.RandomState()
     words = rng.getstate()[1]
-    mt.set_state(("MT19937", np.array(words[:-1], dtype=np.uint32), words[-1]))
+    mt.set_state(("MT19937", np.array(words[:-1], dtype=np.uint32), words[-1], 0, 0.0))
     keys = mt.random_sample(len(src))
     order = _sort_by_length(src, tgt, keys)
     cost = np.maximum(np.maximum(src, 1), tgt + 1)[order]  # padded size per sentence
@@ -139,8 +139,8 @@ def plan_batches(
         count = max(1, int(np.count_nonzero(fits)))
         batches.append(order[i : i + count])
         i += count
-    state = mt.get_state()
-    rng.setstate((3, (*(int(w) for w in state[1]), int(state[2])), None))
+    state = mt.get_state(legacy=False)["state"]
+    rng.setstate((3, (*(int(w) for w in state["key"]), int(state["pos"])), None))
     rng.shuffle(batches)
     return batches
 

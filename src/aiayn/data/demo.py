@@ -64,7 +64,7 @@ def word_sources(n: int) -> list[set[int]]:
         return [{0}]
 
     def group(k: int, base: int) -> list[set[int]]:  # base: place of the group's units
-        h, t, u = (position.get(base + i) for i in (2, 1, 0))
+        h, t, u = (position.get(base + i, -1) for i in (2, 1, 0))  # -1: k has no such digit
         out = []
         if k >= 100:
             out += [{h}, {h}]  # "four hundred"

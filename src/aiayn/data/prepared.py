@@ -110,7 +110,8 @@ def encode_split(
     ``workers`` processes (1: in this one); returns the counts and, for a validation split
     (``writer.split == "valid"``), the kept text. At most two chunks per worker are in
     flight, so memory stays flat whatever the corpus."""
-    counts, texts = PairCounts(), ([], [])
+    counts = PairCounts()
+    texts: tuple[list[str], list[str]] = ([], [])
     bar = progress(desc=writer.split, unit="pairs", disable=not show_progress)
 
     def write(result: Encoded) -> None:

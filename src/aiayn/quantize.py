@@ -14,12 +14,14 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
 
 from aiayn.errors import AiaynError
 from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.layers import DecoderLayer
 from aiayn.model.transformer import Transformer
 
 
@@ -67,7 +69,7 @@ def quantize_dynamic_int8(model: Transformer) -> Transformer:
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise AiaynError("int8 dynamic quantization runs on the CPU only; load on the cpu")
     model = copy.deepcopy(model).eval()
-    for layer in model.decoder.layers:
+    for layer in cast("list[DecoderLayer]", model.decoder.layers):  # an nn.ModuleList
         layer.cross_attn = SplitCrossAttention(layer.cross_attn)
     if model.out_proj is None:  # tied: logits = x E^T, through an int8 copy of E
         out_proj = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=False)

@@ -96,7 +96,8 @@ def run_demo(
     train_seconds = time.perf_counter() - start
 
     model.eval()
-    right, examples = [], []
+    right: list[int] = []
+    examples: list[tuple[str, str, str]] = []
     for i in range(0, len(test_numbers), 250):
         chunk = test_numbers[i : i + 250]
         out = greedy(model, _encode(vocab, chunk).src, max_new_tokens=16)

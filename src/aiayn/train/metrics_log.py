@@ -25,7 +25,9 @@ class MetricsLog:
             except ImportError:  # optional dependency
                 self.tb = None
 
-    def write(self, kind: str, step: int, **values: float) -> None:
+    def write(self, kind: str, step: int, **values: float | str) -> None:
+        """One line of ``kind`` at ``step``; the numbers among ``values`` also go to
+        TensorBoard (strings are for what JSON cannot hold, such as a NaN loss)."""
         if not self.enabled:
             return
         self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")

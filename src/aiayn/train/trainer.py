@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.recipe import Recipe, fine_tune_config
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
-from aiayn.train.update import Updater, compiled_graphs
+from aiayn.train.update import Updater, UpdateResult, compiled_graphs
 from aiayn.train.validation import translate_texts, validate_world
 
 
@@ -51,7 +52,7 @@ class TrainResult:
     skipped: int = 0  # updates skipped for a non-finite loss or gradient
 
 
-def _quiet(*_args, **_kwargs) -> None:
+def _quiet(*_args: object, **_kwargs: object) -> None:
     """The log of ranks other than 0: one process speaks for the run."""
 
 
@@ -70,7 +71,7 @@ class Trainer:
         recipe: Recipe,
         out_dir: str | Path,
         resume: bool | str = False,
-        log=print,
+        log: Callable[[str], None] = print,
         world: World | None = None,
     ):
         r = self.recipe = recipe
@@ -374,7 +375,7 @@ class Trainer:
             elapsed = self.world.sum([elapsed if self.world.is_main else 0.0])[0]
         self.elapsed = elapsed
 
-    def _skip(self, result, metrics: MetricsLog, first: int) -> None:
+    def _skip(self, result: UpdateResult, metrics: MetricsLog, first: int) -> None:
         """Log an update that was skipped for a non-finite loss or gradient; stop the run
         after ``max_skipped_updates`` in a row (the checkpoints on disk hold the last good
         state: nothing is saved from here)."""

@@ -19,7 +19,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,7 @@ from aiayn.distributed import World
 from aiayn.errors import RecipeError
 from aiayn.model.transformer import Transformer
 from aiayn.train.loss import label_smoothed_cross_entropy, token_losses
+from aiayn.train.schedule import NoamSchedule
 
 T = TypeVar("T")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -70,7 +71,7 @@ class UpdateResult:
     skipped: bool  # the loss or the gradient was not finite: parameters left unchanged
 
 
-def rank_share(group: list, world: World) -> list[tuple[int, float]]:
+def rank_share(group: Sequence[Any], world: World) -> list[tuple[int, float]]:
     """This rank's micro-batches of ``group`` as (index into group, weight): every W-th
     one from the rank's own offset, then zero-weight repeats of the group's first so every
     rank runs ``ceil(len(group) / W)`` of them."""
@@ -90,7 +91,7 @@ class Updater:
         self,
         model: Transformer,
         optimizer: torch.optim.Optimizer,
-        schedule,
+        schedule: NoamSchedule,
         world: World,
         *,
         label_smoothing: float = 0.1,
@@ -109,8 +110,8 @@ class Updater:
         # to zero, and halves itself (skipping that update) when one overflows.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         step: nn.Module = TrainingLoss(model, label_smoothing, static_shapes=compile)
-        if compile:
-            step = torch.compile(step, dynamic=True)
+        if compile:  # an OptimizedModule, a Module (typed as a mere callable)
+            step = cast(nn.Module, torch.compile(step, dynamic=True))
         if world.size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # The positional table is a constant buffer: nothing to broadcast each step.
@@ -128,8 +129,12 @@ class Updater:
         self.scaler.scale(sums[0] * scale).backward()
         return sums.detach()
 
+    @overload
+    def update(self, group: Sequence[Batch]) -> UpdateResult: ...
+    @overload
+    def update(self, group: Sequence[T], load: Callable[[T], Batch]) -> UpdateResult: ...
     def update(
-        self, group: Sequence[T], load: Callable[[T], Batch] = lambda batch: batch
+        self, group: Sequence[Any], load: Callable[[Any], Batch] = lambda batch: batch
     ) -> UpdateResult:
         """One update over ``group`` (the whole group, as every rank sees it; each rank runs
         its share, and ``load``s only its share: e.g. index arrays read into batches).
@@ -141,21 +146,23 @@ class Updater:
         n_tokens = int(world.sum([sum(b.n_tgt_tokens for b, w in share if w)])[0])
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, device=self.device)
+        step = self.step_module
+        ddp = step if isinstance(step, nn.parallel.DistributedDataParallel) else None  # W > 1
         for k, (batch, weight) in enumerate(share):
             # DDP averages gradients over ranks: W / n_tokens makes that average the
             # gradient of the group's per-token mean. no_sync skips the all-reduce on all
             # but the last micro-batch; it must enclose the forward pass too, not only
             # the backward, or DDP would still reduce.
             last = k == len(share) - 1
-            quiet = world.size > 1 and not last
-            with self.step_module.no_sync() if quiet else contextlib.nullcontext():
+            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
                 sums += weight * self._forward_backward(batch, weight * world.size / n_tokens)
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.clip_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.clip_norm))
         else:  # the norm only, for the guard below
-            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+            grads = [p.grad for p in params if p.grad is not None]
+            grad_norm = float(torch.nn.utils.get_total_norm(grads))
         loss_sum, nll_sum = world.sum(sums.tolist())
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
         if skipped:

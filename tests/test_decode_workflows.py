@@ -16,7 +16,7 @@ from aiayn.cli import main
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import DecodeOptions, beam_search, greedy, length_penalty, search
 from aiayn.decode.alignment import word_starts
-from aiayn.errors import DecodeError
+from aiayn.errors import AiaynError, DecodeError
 from aiayn.translator import Translator
 from conftest import random_batch, tiny_config
 from sample_data import PAIRS
@@ -140,6 +140,12 @@ def test_ensembles_refuse_another_vocabulary(tiny_model):
     src, _ = random_batch(tiny_model.cfg, [3], [1])
     with pytest.raises(DecodeError, match="model 2 has tgt_vocab_size=31"):
         search([tiny_model, other], src, DecodeOptions(beam=1))
+
+
+@pytest.mark.parametrize(("dirs", "checkpoints"), [([], "auto"), ("model", [])])
+def test_a_translator_of_no_model_says_so(dirs, checkpoints):
+    with pytest.raises(AiaynError, match=r"^no model to load: no model directory or no check"):
+        Translator.from_dir(dirs, checkpoints)
 
 
 @pytest.mark.parametrize("beam", [1, 3])

@@ -90,7 +90,7 @@ class ExportExistsError(ExportError):
     """The output folder holds an earlier export, which is replaced only when forced."""
 
 
-def _ctranslate2():
+def _ctranslate2() -> Any:  # the module (untyped)
     try:
         import ctranslate2
         import ctranslate2.converters
@@ -214,8 +214,10 @@ def export_ctranslate2(
             raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
     model, tokenizer = load_model(resolve_checkpoint(model_dir, checkpoint), "cpu")
 
-    class AiaynConverter(ct2.converters.Converter):
-        def _load(self):
+    Converter: Any = ct2.converters.Converter
+
+    class AiaynConverter(Converter):
+        def _load(self) -> Any:
             return build_spec(model, tokenizer)
 
     AiaynConverter().convert(str(out_dir), quantization=quantization, force=True)

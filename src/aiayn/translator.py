@@ -121,6 +121,8 @@ class Translator:
                 )
             models.append(model)
             tokenizer = tok
+        if tokenizer is None:
+            raise AiaynError("no model to load: no model directory or no checkpoint given")
         try:
             return cls(models, tokenizer, generation)
         except AiaynError as e:

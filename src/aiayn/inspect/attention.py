@@ -4,6 +4,7 @@ encoder-decoder attention), or a compact grid of every head of a layer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -129,7 +130,11 @@ def plot_cross_attention(amap: AttentionMap, path: str | Path, layer: int = -1) 
 
 
 def plot_all(
-    amap: AttentionMap, out_dir: str | Path, kinds=ATTENTION_KINDS, layer=None, head: int = 0
+    amap: AttentionMap,
+    out_dir: str | Path,
+    kinds: Sequence[str] = ATTENTION_KINDS,
+    layer: int | None = None,
+    head: int = 0,
 ) -> list[Path]:
     """Grids of every head for each kind and layer (only ``layer`` when given) into
     ``out_dir`` as ``{kind}_layer{L}.png``, plus ``{kind}_layer{L}_head{H}.png`` when a

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from aiayn.model.transformer import Transformer
 
 
-def _shape(output) -> str:
+def _shape(output: object) -> str:
     if isinstance(output, Tensor):
         return str(list(output.shape))
     if isinstance(output, tuple) and output and isinstance(output[0], Tensor):
@@ -22,8 +25,8 @@ def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int
     module row counts its own parameters and those of everything below it."""
     shapes: dict[str, str] = {}
 
-    def record(name: str):
-        def hook(module, inputs, output) -> None:  # returning None keeps the output as is
+    def record(name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:  # None: output as is
             shapes.setdefault(name, _shape(output))
 
         return hook

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import cast
 
 from aiayn.errors import AiaynError
 
@@ -62,7 +63,11 @@ class BLEUScore:
         )
 
 
-def _corpus_statistics(hypotheses, streams, prepare) -> tuple[list[int], list[int], int, int]:
+def _corpus_statistics(
+    hypotheses: Sequence[str],
+    streams: Sequence[Sequence[str]],
+    prepare: Callable[[str], list[str]],
+) -> tuple[list[int], list[int], int, int]:
     """Clipped n-gram matches and hypothesis n-grams per order, summed over the corpus, and
     the hypothesis and (closest, shorter on ties) reference lengths."""
     counts, totals = [0] * MAX_ORDER, [0] * MAX_ORDER
@@ -111,8 +116,9 @@ def corpus_bleu(
     summed over the corpus, BP = exp(1 - r / c) if c < r else 1, where c is the hypothesis
     length and r the closest reference length (the shorter on ties).
     """
-    if references and isinstance(references[0], str):
-        streams = [list(references)]
+    streams: list[list[str]]
+    if references and isinstance(references[0], str):  # one stream
+        streams = [list(cast("Sequence[str]", references))]
     else:
         streams = [list(s) for s in references]
     for stream in streams:

@@ -146,7 +146,7 @@ class Translator:
         prefixes: Sequence[str] | None = None,
         first_line: int = 0,
         batch_size: int = 64,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int], object] | None = None,
         **settings: Any,
     ) -> list[list[str]]:
         """``options.n_best`` translations (best first; samples in the order drawn) for each
@@ -175,7 +175,7 @@ class Translator:
         prefixes: Sequence[str] | None = None,
         first_line: int = 0,
         batch_size: int = 64,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int], object] | None = None,
         alignment_layer: int | None = None,
         **settings: Any,
     ) -> list[list[Translation]]:
@@ -232,7 +232,7 @@ class Translator:
         options: DecodeOptions | int | None = None,
         *,
         batch_size: int = 64,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int], object] | None = None,
         **settings: Any,
     ) -> list[list[list[int]]]:
         """Like :meth:`translate` on token ids: for each row its n-best output ids (no BOS
@@ -248,7 +248,7 @@ class Translator:
         prefixes: Sequence[Sequence[int]] | None = None,
         lines: Sequence[int] | None = None,
         batch_size: int = 64,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int], object] | None = None,
     ) -> list[list[Hypothesis]]:
         """The searches' hypotheses for each row of source ``ids`` (none for an empty row),
         with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples."""

@@ -6,8 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
+
+if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
+    from aiayn.decode.options import DecodeOptions
+    from aiayn.translator import Translation, Translator
 
 
 def read_input(path: str | None) -> list[str]:
@@ -25,7 +30,7 @@ def write_text(path: str, text: str) -> None:
         raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
 
 
-def translator_for(args: argparse.Namespace, device: str | None = None):
+def translator_for(args: argparse.Namespace, device: str | None = None) -> Translator:
     """The Translator of ``--model`` (several: an ensemble) and ``--checkpoint``."""
     from aiayn.translator import Translator
 
@@ -46,7 +51,9 @@ OPTION_FLAGS = (
 )  # fmt: skip
 
 
-def decode_options(args: argparse.Namespace, defaults, n_best: int = 1):
+def decode_options(
+    args: argparse.Namespace, defaults: DecodeOptions, n_best: int = 1
+) -> DecodeOptions:
     """``defaults`` (a :class:`~aiayn.decode.DecodeOptions`) with the decoding flags that
     were given; checked there. Sampling without a beam flag samples (beam 1)."""
     given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
@@ -61,7 +68,7 @@ def translate_lines(
     n_best: int = 1,
     prefixes: list[str] | None = None,
     alignment_layer: int | None = None,
-):
+) -> list[list[Translation]] | None:
     """``n_best`` :class:`~aiayn.translator.Translation` objects per line. Under torchrun
     every process decodes its share of the lines and rank 0 gets them all, in input order
     (the other ranks get None); line indices stay those of the whole input, so samples do
@@ -162,7 +169,8 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _early_stopping(text: str) -> bool | str:
-    value = {"never": "never", "true": True, "false": False}.get(text.lower())
+    values: dict[str, bool | str] = {"never": "never", "true": True, "false": False}
+    value = values.get(text.lower())
     if value is None:
         raise argparse.ArgumentTypeError(f"{text!r}: expected never, true or false")
     return value

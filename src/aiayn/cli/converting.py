@@ -41,7 +41,7 @@ def cmd_export_marian(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="convert a pretrained model folder into a model directory")
     formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
     p = formats.add_parser(

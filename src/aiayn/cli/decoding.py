@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
     add_decoding_flags,
@@ -15,6 +16,9 @@ from aiayn.cli.common import (
     write_text,
 )
 from aiayn.errors import AiaynError
+
+if TYPE_CHECKING:
+    from aiayn.translator import Translation
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -40,7 +44,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(outputs: list, n_best: int, args: argparse.Namespace) -> str:
+def render(outputs: list[list[Translation]], n_best: int, args: argparse.Namespace) -> str:
     """One line of text, or one JSON object (``--format jsonl``), per input line."""
     if args.format == "jsonl":
         records = (line_record(c, n_best) for c in outputs)
@@ -70,14 +74,14 @@ def alignment_layer(args: argparse.Namespace) -> int | None:
     return args.alignment_layer if getattr(args, "alignment", False) else None
 
 
-def candidate_record(t, with_alignment: bool) -> dict:
+def candidate_record(t: Translation, with_alignment: bool) -> dict[str, object]:
     record = {"text": t.text, "tokens": t.pieces, "score": t.score, "logprob": t.log_prob}
     if with_alignment:
         record["alignment"] = [list(p) for p in t.alignment or []]
     return record
 
 
-def line_record(candidates: list, n_best: int) -> dict:
+def line_record(candidates: list[Translation], n_best: int) -> dict[str, object]:
     """One input line's JSON object: the best output's fields, and with ``n_best`` > 1 the
     list of every output (best first; samples in the order drawn). An empty input line
     gets an empty text and no scores (null)."""
@@ -91,12 +95,12 @@ def line_record(candidates: list, n_best: int) -> dict:
     return record
 
 
-def text_line(candidates: list, n_best: int, with_alignment: bool) -> str:
+def text_line(candidates: list[Translation], n_best: int, with_alignment: bool) -> str:
     """Plain text: the output, or the n-best joined by " ||| "; with alignments each
     output is followed by a tab and its Pharaoh pairs."""
     from aiayn.decode.alignment import pharaoh
 
-    def one(t) -> str:
+    def one(t: Translation) -> str:
         return f"{t.text}\t{pharaoh(t.alignment or [])}" if with_alignment else t.text
 
     if not candidates:
@@ -159,7 +163,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-file", help="one forced prefix per input line")
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
     add_decoding_flags(p, ensemble=True)
     add_search_flags(p)

@@ -53,7 +53,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("summary", help="print the layer table of a preset or trained model")
     p.add_argument("--preset", choices=["base", "big"], default="base")
     p.add_argument("--vocab", type=int, default=37000, help="joint vocabulary size")

@@ -23,22 +23,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise AiaynError(f"the environment variable {args.api_key_env} holds no API key")
     if not args.request_timeout > 0:
         raise AiaynError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
-    cache: dict[str, int] = {}  # the server's default unless given
-    if args.max_cache_tokens is not None:
-        if args.max_cache_tokens < 1:
-            raise AiaynError(f"--max-cache-tokens must be >= 1, got {args.max_cache_tokens}")
-        cache["max_cache_tokens"] = args.max_cache_tokens
+    if args.max_cache_tokens is not None and args.max_cache_tokens < 1:
+        raise AiaynError(f"--max-cache-tokens must be >= 1, got {args.max_cache_tokens}")
     cfg = ServeConfig(
         worker=args.worker,
         max_batch_tokens=args.max_batch_tokens,
         request_timeout_s=args.request_timeout,
-        **cache,
         batch_wait_ms=args.batch_wait_ms,
         continuous=not args.no_continuous,
         max_queue=args.max_queue,
         max_sentences=args.max_sentences,
         api_key=api_key,
     )
+    if args.max_cache_tokens is not None:  # else the server's default
+        cfg.max_cache_tokens = args.max_cache_tokens
     if args.threads is not None and args.threads < 1:
         raise AiaynError(f"threads must be >= 1, got {args.threads}")
     if args.worker == "process" and args.device != "cpu":
@@ -57,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="an HTTP translation server with batching and a web page")
     p.add_argument("--model", required=True, help="model directory from `aiayn train`")
     p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")

@@ -58,7 +58,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise AiaynError(
                 f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data)"
             )
-    resume = {None: False, "yes": True, "auto": "auto"}[args.resume]
+    resumes: dict[str | None, bool | str] = {None: False, "yes": True, "auto": "auto"}
+    resume = resumes[args.resume]
     trainer = Trainer(recipe, args.out, resume=resume)
     trainer.train(progress=not args.no_progress)
     return 0
@@ -88,7 +89,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="train on the built-in numbers-to-words task (~2 min, CPU)")
     p.add_argument("--steps", type=int, default=800, help="training updates (default 800)")
     p.add_argument("--seed", type=int, default=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -35,17 +36,19 @@ from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
 from aiayn.model.transformer import DecoderState, Transformer
 
+Tag = TypeVar("Tag", bound=Hashable)  # what a caller names its sentences by
+
 
 @dataclass
-class _Sentence:
-    tag: Hashable  # the caller's name for it
+class _Sentence(Generic[Tag]):
+    tag: Tag  # the caller's name for it
     limit: int  # the most tokens it may produce, EOS included
     options: DecodeOptions  # the instance's, with this sentence's length penalty alpha
     steps: int = 0  # tokens decoded so far: its rows' prefix is BOS + this many tokens
     finished: list[Hypothesis] = field(default_factory=list)
 
 
-class ContinuousBeamSearch:
+class ContinuousBeamSearch(Generic[Tag]):
     """Beam search over a batch that changes between steps.
 
     :meth:`add` encodes new sentences and appends them, ``beam_size`` rows each, to the
@@ -94,7 +97,7 @@ class ContinuousBeamSearch:
         return self.src.size(1)
 
     def _clear(self) -> None:
-        self.sentences: list[_Sentence] = []
+        self.sentences: list[_Sentence[Tag]] = []
         self.src = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         # Set while sentences run (see :meth:`_running`).
         self.memory: Tensor | None = None
@@ -109,7 +112,7 @@ class ContinuousBeamSearch:
             raise DecodeError("no sentence is running")
         return memory, prefix, scores, state
 
-    def add(self, src: Tensor, tags: Sequence[Hashable], alpha: float | None = None) -> None:
+    def add(self, src: Tensor, tags: Sequence[Tag], alpha: float | None = None) -> None:
         """Encode ``src [m, S]`` (right-padded token ids, every row non-empty) and let those
         sentences join the running batch; ``tags[i]`` names sentence i in :meth:`step`'s
         results; ``alpha`` is their length penalty (default: the instance's). A source the
@@ -143,7 +146,7 @@ class ContinuousBeamSearch:
             self.scores = torch.cat([old_scores, scores])
         self.sentences += new
 
-    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+    def step(self) -> list[tuple[Tag, list[Hypothesis]]]:
         """Decode one token for every running sentence; returns ``(tag, hypotheses)`` of
         the sentences that are done (they leave the batch), hypotheses best first: all the
         finished ones, of which :func:`beam_search` would return the first ``n_best``.
@@ -157,7 +160,7 @@ class ContinuousBeamSearch:
             self._clear()
             raise
 
-    def _step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+    def _step(self) -> list[tuple[Tag, list[Hypothesis]]]:
         cfg, K = self.model.cfg, self.K
         memory, prefix, running_scores, state = self._running()
         logits = self.model.decode(prefix[:, -1:], memory, self.src, state)
@@ -177,7 +180,7 @@ class ContinuousBeamSearch:
                 sentence.finished.append(hypothesis(tokens, log_prob, o.alpha, o.length_penalty))
         best = scores.max(dim=1).values.tolist()
         keep: list[int] = []
-        out: list[tuple[Hashable, list[Hypothesis]]] = []
+        out: list[tuple[Tag, list[Hypothesis]]] = []
         for i, (sentence, b, end) in enumerate(zip(self.sentences, best, ending)):
             sentence.steps += 1
             bound = stop_bound(sentence.options, sentence.limit, sentence.steps)
@@ -201,7 +204,7 @@ class ContinuousBeamSearch:
             self._crop()
         return out
 
-    def remove(self, tags: set[Hashable]) -> None:
+    def remove(self, tags: set[Tag]) -> None:
         """Drop the running sentences named in ``tags`` (their requests went away)."""
         keep = [i for i, s in enumerate(self.sentences) if s.tag not in tags]
         if len(keep) == len(self.sentences):

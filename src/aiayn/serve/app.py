@@ -193,9 +193,10 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
         worker.submit(job)
         gone = asyncio.ensure_future(client_gone(request.receive)) if request else None
         timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+        waits: list[asyncio.Future[Any]] = [future] if gone is None else [future, gone]
         try:
             await asyncio.wait(
-                [future] if gone is None else [future, gone],
+                waits,
                 timeout=timeout,
                 return_when=asyncio.FIRST_COMPLETED,
             )

@@ -131,9 +131,9 @@ def _child(
                 except AiaynError as e:  # queue full, stopping: answered at once
                     worker.finish(job, Outcome.failed(e))
             elif kind == "cancel":
-                job = worker.job(message[1])
-                if job is not None:
-                    worker.cancel(job, Status(message[2]))
+                cancelled = worker.job(message[1])
+                if cancelled is not None:
+                    worker.cancel(cancelled, Status(message[2]))
             elif kind == "metrics":
                 tell("metrics", metrics.worker_state())
             elif kind == "stop":

@@ -215,7 +215,9 @@ def request_options(
         raise ApiError(422, str(e)) from None
 
 
-def request_prefixes(req: TranslateRequest, encode: Callable[[str], list[int]]):
+def request_prefixes(
+    req: TranslateRequest, encode: Callable[[str], list[int]]
+) -> list[list[int]] | None:
     """Per sentence the forced target ids (``encode`` is the tokenizer's target side), or
     None when the request forces nothing."""
     if req.prefix is None:

@@ -45,7 +45,7 @@ class RunningBatch:
     def __init__(self, translator: Translator, budget: CacheBudget):
         self.translator, self.budget = translator, budget
         self.key: ContinuousKey | None = None
-        self._search: ContinuousBeamSearch | None = None
+        self._search: ContinuousBeamSearch[tuple[Job, int]] | None = None  # tags: (job, row)
         self._jobs: dict[Job, _Running] = {}
 
     def __len__(self) -> int:

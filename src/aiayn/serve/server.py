@@ -42,7 +42,8 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=graceful_s,
+        # uvicorn annotates an int but passes it to asyncio.wait_for: any number of seconds
+        timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
         access_log=False,  # /metrics counts requests; a line per request costs throughput
         # uvicorn parses HTTP with httptools (C) when it is installed, as the serve extra
         # makes sure: less CPU beside the model on the event loop.

@@ -52,7 +52,7 @@ def check_attention(fn: Callable[..., object]) -> Report:
     eye = torch.eye(T_K).expand(B, H, T_K, T_K)  # values = identity: the output IS the weights
     state: dict[str, Tensor] = {}
 
-    def call(q, k, v, mask=None) -> Tensor:
+    def call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         out = fn(q, k, v) if mask is None else fn(q, k, v, mask)
         return first_tensor(out, "the function")
 
@@ -189,7 +189,7 @@ def check_attention(fn: Callable[..., object]) -> Report:
                 "04-masks.md",
             )
         out.sum().backward()
-        if not torch.isfinite(qg.grad).all():
+        if qg.grad is not None and not torch.isfinite(qg.grad).all():
             raise FoundBugError(
                 "nan_on_fully_masked_rows",
                 "the output is finite but the gradient through a fully masked row is NaN",

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.tour.report import (
+    Check,
     FoundBugError,
     Report,
     check_no_modules_built_in_forward,
@@ -29,7 +30,9 @@ def _split_reference(x: Tensor, h: int) -> Tensor:
     return x.view(b, t, h, d // h).transpose(1, 2)
 
 
-def check_split_heads(split: Callable[[Tensor, int], Tensor], merge=None) -> Report:
+def check_split_heads(
+    split: Callable[[Tensor, int], Tensor], merge: Callable[[Tensor], Tensor] | None = None
+) -> Report:
     """Check a learner's ``split(x [B, T, d_model], n_heads) -> [B, h, T, d_k]`` and, if
     given, ``merge([B, h, T, d_k]) -> [B, T, d_model]``. Head i must hold features
     i*d_k..(i+1)*d_k of every position (the paper's W_i blocks), and positions must stay
@@ -73,7 +76,7 @@ def check_split_heads(split: Callable[[Tensor, int], Tensor], merge=None) -> Rep
             "05-multi-head.md",
         )
 
-    def merged() -> None:
+    def merged(merge: Callable[[Tensor], Tensor]) -> None:
         heads = _split_reference(x, H)
         back = merge(heads)
         if close(back, x, atol=0):
@@ -87,13 +90,15 @@ def check_split_heads(split: Callable[[Tensor, int], Tensor], merge=None) -> Rep
             )
         raise FoundBugError("merge_wrong", "merge(split(x)) is not x", "05-multi-head.md")
 
-    checks = [
+    checks: list[Check] = [
         ("split returns [B, h, T, d_k]", shape),
         ("each position stays one position in every head", positions),
         ("head i holds features i*d_k..(i+1)*d_k", features),
     ]
     if merge is not None:
-        checks.append(("merge undoes split (the concatenation of the heads)", merged))
+        checks.append(
+            ("merge undoes split (the concatenation of the heads)", lambda: merged(merge))
+        )
     return run_checks(f"check_split_heads({name_of(split)})", checks)
 
 
@@ -112,7 +117,7 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
     x, memory = torch.randn(B, T, d, generator=g), torch.randn(B, S, d, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
 
-    def attend(x, memory=None, mask=None) -> Tensor:
+    def attend(x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         with evaluating(module):
             return first_tensor(module(x, memory=memory, mask=mask), "the module")
 

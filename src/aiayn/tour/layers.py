@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.tour.report import (
+    Check,
     FoundBugError,
     Report,
     check_no_modules_built_in_forward,
@@ -23,6 +25,12 @@ from aiayn.tour.report import (
 )
 
 B, T, S = 2, 5, 7
+
+
+class _Run(Protocol):
+    """A layer's output for ``x`` (``grad=True``: in training mode, for a backward)."""
+
+    def __call__(self, x: Tensor, *, grad: bool = False) -> Tensor: ...
 
 
 def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
@@ -161,7 +169,7 @@ def _with_weights(layer: nn.Module, *args: object) -> object:
     return layer(*args)
 
 
-def _common_checks(layer: nn.Module, run: Callable[[Tensor], Tensor], x: Tensor, d: int):
+def _common_checks(layer: nn.Module, run: _Run, x: Tensor, d: int) -> list[Check]:
     def deterministic() -> None:
         if not close(run(x), run(x), atol=0):
             raise FoundBugError(
@@ -253,7 +261,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     sources = torch.ones(B, 1, 1, S, dtype=torch.bool)
     sources[1, ..., 5:] = False  # sentence 1: 5 real source tokens, then 2 pads
 
-    def outputs(x: Tensor, memory: Tensor = memory, grad: bool = False) -> tuple:
+    def outputs(x: Tensor, memory: Tensor = memory, grad: bool = False) -> Sequence[Any]:
         if grad:
             result = _with_weights(layer, x, memory, causal, sources)
         else:
@@ -333,7 +341,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
                 "04-masks.md",
             )
 
-    checks = [("returns (x, self weights, cross weights)", lambda: outputs(x))]
+    checks: list[Check] = [("returns (x, self weights, cross weights)", lambda: outputs(x))]
     checks += _common_checks(layer, run, x, d_model)
     checks += [
         ("the weights: [B, h, T, T] over the target, [B, h, T, S] over the source", weights),

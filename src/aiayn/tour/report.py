@@ -4,7 +4,7 @@ bug found, named, with what was measured and the tour page that explains it."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -12,6 +12,8 @@ import torch
 from torch import Tensor, nn
 
 TOUR = "docs/tour/"
+
+Check = tuple[str, Callable[[], object]]  # a check's name and the check (its result unused)
 
 
 class FoundBugError(Exception):
@@ -53,7 +55,7 @@ class Report:
         else:
             lines = [
                 f"{self.subject}: FAILED check {len(self.passed) + 1}, {self.failed!r}",
-                f"  bug: {self.bug.replace('_', ' ')}",
+                f"  bug: {(self.bug or '').replace('_', ' ')}",
             ]
             for paragraph in self.message.splitlines():
                 lines += textwrap.wrap(paragraph, 86, initial_indent="  ", subsequent_indent="  ")
@@ -63,7 +65,7 @@ class Report:
         return "\n".join(lines)
 
 
-def run_checks(subject: str, checks: list[tuple[str, Callable[[], None]]]) -> Report:
+def run_checks(subject: str, checks: Sequence[Check]) -> Report:
     """Run ``checks`` (name, function) in order until one raises :class:`FoundBugError`. Any other
     exception comes from the learner's code and is reported as the bug ``raises``."""
     report = Report(subject)

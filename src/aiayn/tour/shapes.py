@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 import aiayn.model.attention as attention_module
+from aiayn.errors import AiaynError
+from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.transformer import Transformer
 
 
@@ -47,11 +50,18 @@ STAGES = {
 
 
 @contextmanager
-def _recorded_attention(calls: list[tuple[Tensor, Tensor, Tensor]]) -> Iterator[None]:
+def _recorded_attention(calls: list[tuple[Tensor, Tensor, Tensor | None]]) -> Iterator[None]:
     """Record (q, k, weights) of every scaled_dot_product_attention call of the model."""
     original = attention_module.scaled_dot_product_attention
 
-    def recording(q, k, v, mask=None, dropout_p=0.0, need_weights=False):
+    def recording(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         out, weights = original(q, k, v, mask, dropout_p, need_weights)
         calls.append((q, k, weights))
         return out, weights
@@ -68,12 +78,13 @@ def trace_shapes(model: Transformer, src: Tensor, tgt_in: Tensor) -> list[Stage]
     shape of every stage of Figure 1 (first layer of each stack: all N are alike), in the
     order computed. Shapes are observed with forward hooks, not derived from the config."""
     seen: dict[str, tuple[int, ...]] = {}
-    outputs: list[tuple[str, Tensor]] = []
+    outputs: list[tuple[str, Any]] = []  # a module's output: a tensor, or a tuple of them
 
     def watch(module: nn.Module, name: str) -> torch.utils.hooks.RemovableHandle:
         return module.register_forward_hook(lambda m, i, o: outputs.append((name, o)))
 
-    enc, dec = model.encoder.layers[0], model.decoder.layers[0]
+    enc = cast(EncoderLayer, model.encoder.layers[0])  # an nn.ModuleList's first
+    dec = cast(DecoderLayer, model.decoder.layers[0])
     handles = [
         watch(model.src_embed, "embed"),  # may be tgt_embed too: the order tells them apart
         watch(model.src_pos, "src_pos"),
@@ -87,7 +98,7 @@ def trace_shapes(model: Transformer, src: Tensor, tgt_in: Tensor) -> list[Stage]
     ]
     if model.tgt_embed is not model.src_embed:
         handles.append(watch(model.tgt_embed, "embed"))
-    calls: list[tuple[Tensor, Tensor, Tensor]] = []
+    calls: list[tuple[Tensor, Tensor, Tensor | None]] = []
     was_training = model.training
     model.eval()
     try:
@@ -102,11 +113,13 @@ def trace_shapes(model: Transformer, src: Tensor, tgt_in: Tensor) -> list[Stage]
     seen["src_embed"], seen["tgt_embed"] = tuple(embeds[0].shape), tuple(embeds[-1].shape)
     for name, o in outputs:
         if name != "embed":
-            o = o[0] if isinstance(o, tuple) else o
-            seen.setdefault(name, tuple(o.shape))
+            first = o[0] if isinstance(o, tuple) else o
+            seen.setdefault(name, tuple(first.shape))
     # Attention calls: N encoder layers, then per decoder layer self then cross.
     n_enc = len(model.encoder.layers)
     (q, _, w), (dq, _, dw), (cq, ck, cw) = calls[0], calls[n_enc], calls[n_enc + 1]
+    if w is None or dw is None or cw is None:  # forward_with_attention asks for them all
+        raise AiaynError("an attention call returned no weights")
     seen.update(
         enc_q=tuple(q.shape),
         enc_weights=tuple(w.shape),

@@ -146,8 +146,8 @@ def check_label_smoothing(fn: Callable) -> Report:
             "(like torch's cross_entropy(label_smoothing=...)) spreads it over all V",
             "no_smoothing": "this is plain cross-entropy: eps is not used",
         }
-        for bug, total in candidates.items():
-            if any(math.isclose(got, float(t), rel_tol=1e-5) for t in (total, total / n)):
+        for bug, loss in candidates.items():
+            if any(math.isclose(got, float(t), rel_tol=1e-5) for t in (loss, loss / n)):
                 raise FoundBugError(bug, explain[bug], "13-label-smoothing.md")
         raise FoundBugError(
             "wrong_loss",

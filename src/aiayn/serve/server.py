@@ -43,7 +43,8 @@ def serve(
         port=port,
         log_level=log_level,
         # uvicorn annotates an int but passes it to asyncio.wait_for: any number of seconds
-        timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
+        # (unused-ignore: uvicorn is not pinned, and a release may fix the annotation)
+        timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type, unused-ignore]
         access_log=False,  # /metrics counts requests; a line per request costs throughput
         # uvicorn parses HTTP with httptools (C) when it is installed, as the serve extra
         # makes sure: less CPU beside the model on the event loop.

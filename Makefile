@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 # Pinned: a looser requirement makes pip fetch GBs of CUDA wheels on a CPU machine.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench bleu figures table3 clean browser
+.PHONY: setup demo test lint typecheck bench bleu figures table3 clean browser
 
 setup: $(VENV)/.installed
 
@@ -36,7 +36,12 @@ browser:
 test: setup browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# Types of src/aiayn, with the settings of pyproject.toml's [tool.mypy] (part of `make test`).
+typecheck: setup
+	$(BIN)/mypy
 
 # Speed, peers side by side (torch.nn.Transformer, Marian, CTranslate2): bench_out/speed.md.
 # Uses the de-en model of `make bleu` when it exists, else an untrained one (speed only).
@@ -67,4 +72,4 @@ lint: setup
 	$(BIN)/ruff format src tests benchmarks
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache bench_out
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .mypy_cache bench_out

@@ -27,10 +27,11 @@ from aiayn.decode.beam import (
     eos_hits,
     hypothesis,
     is_done,
+    next_logits,
     select,
     stop_bound,
 )
-from aiayn.decode.core import ban, banned_ids, inference, search_limits
+from aiayn.decode.core import banned_ids, inference, search_limits
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
 from aiayn.model.transformer import Transformer
@@ -148,11 +149,10 @@ class ContinuousBeamSearch:
     def _step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         cfg, K = self.model.cfg, self.K
         logits = self.model.decode(self.prefix[:, -1:], self.memory, self.src, self.state)
-        # The whole vocabulary's log-probs first, then the ban (as in beam_search).
-        logp = ban(torch.log_softmax(logits[:, -1].float(), dim=-1), self._banned)
+        logits, lse = next_logits(logits[:, -1], self._banned)
         ending = [s.steps + 1 >= s.limit for s in self.sentences]
         top_scores, beam, is_eos, scores, parent, token = select(
-            self.scores, logp, ending, cfg.eos_id, self.options.forced_eos
+            self.scores, logits, lse, ending, cfg.eos_id, self.options.forced_eos
         )
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:

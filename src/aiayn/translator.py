@@ -162,6 +162,7 @@ class Translator:
             first_line=first_line,
             batch_size=batch_size,
             on_batch=on_batch,
+            scores=False,
             **settings,
         )
         n_best = self.options(options, settings).n_best
@@ -177,13 +178,15 @@ class Translator:
         batch_size: int = 64,
         on_batch: Callable[[int], object] | None = None,
         alignment_layer: int | None = None,
+        scores: bool = True,
         **settings: Any,
     ) -> list[list[Translation]]:
         """For each line its outputs as :class:`Translation` objects (texts, pieces,
         log-probs, scores; word alignments too when ``alignment_layer`` is given: the
         decoder layer, from 1, -1 the last). ``prefixes[i]`` (text) is forced as the start
         of line i's outputs (default: ``options.prefix`` for every line). Line i is line
-        ``first_line + i`` of the whole input, which seeds its samples."""
+        ``first_line + i`` of the whole input, which seeds its samples. ``scores=False``
+        lets greedy decoding skip the log-probs (then 0)."""
         options = self.options(options, settings)
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
@@ -191,7 +194,7 @@ class Translator:
         texts = prefixes if prefixes is not None else [options.prefix] * len(lines)
         forced = [self.tokenizer.encode_target(p) if p else [] for p in texts]
         lines_at = range(first_line, first_line + len(lines))
-        hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch)
+        hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
         out = []
         for src_ids, candidates in zip(ids, hyps):
             found = [self._translation(h) for h in candidates]
@@ -238,7 +241,7 @@ class Translator:
         """Like :meth:`translate` on token ids: for each row its n-best output ids (no BOS
         or EOS), best first; an empty row gets no candidates."""
         options = self.options(options, settings)
-        hyps = self.hypotheses(ids, options, batch_size=batch_size, on_batch=on_batch)
+        hyps = self.hypotheses(ids, options, batch_size=batch_size, on_batch=on_batch, scores=False)
         return [[h.tokens for h in candidates] for candidates in hyps]
 
     def hypotheses(
@@ -249,9 +252,11 @@ class Translator:
         lines: Sequence[int] | None = None,
         batch_size: int = 64,
         on_batch: Callable[[int], object] | None = None,
+        scores: bool = True,
     ) -> list[list[Hypothesis]]:
         """The searches' hypotheses for each row of source ``ids`` (none for an empty row),
-        with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples."""
+        with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples
+        (``scores=False``: see :func:`aiayn.decode.search`)."""
         results: list[list[Hypothesis]] = [[] for _ in ids]
         lines = range(len(ids)) if lines is None else lines
         for index, src in sorted_batches(ids, batch_size, self.model.cfg.pad_id):
@@ -261,6 +266,7 @@ class Translator:
                 options,
                 prefix=[prefixes[i] for i in index] if prefixes is not None else None,
                 lines=[lines[i] for i in index],
+                scores=scores,
             )
             for i, candidates in zip(index, found):
                 results[i] = candidates

@@ -90,6 +90,7 @@ def translate_lines(
             first_line=share.start,
             on_batch=bar.update,
             alignment_layer=alignment_layer,
+            scores=getattr(args, "format", "text") == "jsonl",  # text output prints none
         )
     return world.gather(outputs)
 

@@ -121,15 +121,13 @@ def _beam_search(
     banned = banned_ids(cfg, device)
 
     for t in range(max(limit, default=0)):
-        # Log-probabilities over the whole vocabulary first, then the ban: banning before
-        # the softmax would renormalise over fewer tokens and change the scores.
-        logp = ban(torch.log_softmax(step.logits(prefix).float(), dim=-1), banned)  # [n*K, V]
+        logits, lse = next_logits(step.logits(prefix), banned)  # [n*K, V], [n*K]
         if forced is not None:  # one forced token per sentence, the same for its beams
             now = forced.at(t)
-            force(logp, now.repeat_interleave(K) if now is not None else None)
+            force(logits, now.repeat_interleave(K) if now is not None else None)
         ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
         top_scores, beam, is_eos, scores, parent, token = select(
-            scores, logp, ending, cfg.eos_id, options.forced_eos
+            scores, logits, lse, ending, cfg.eos_id, options.forced_eos
         )
 
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
@@ -160,30 +158,52 @@ def _beam_search(
     return [sorted(h, key=lambda h: h.score, reverse=True)[: options.n_best] for h in finished]
 
 
+def next_logits(logits: Tensor, banned: Tensor) -> tuple[Tensor, Tensor]:
+    """``logits [n, V]`` in float32 with the banned ids at -inf (in place where they are
+    float32 already), and their log-normaliser ``[n]`` over the whole vocabulary: the
+    log-prob of token v is ``logits[:, v] - lse``. The normaliser is taken before the ban
+    (banning first would renormalise over fewer tokens and change the scores), and the
+    log-probs are never written out: a search needs only a few of them per row."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    return ban(logits, banned), lse
+
+
 def select(
-    scores: Tensor, logp: Tensor, ending: list[bool], eos_id: int, eos_scores_zero: bool = False
+    scores: Tensor,
+    logits: Tensor,
+    lse: Tensor,
+    ending: list[bool],
+    eos_id: int,
+    eos_scores_zero: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One step's choice for n sentences of K beams (shared with continuous batching).
 
-    ``scores [n, K]`` are the beams' log-probs so far, ``logp [n*K, V]`` the next-token
-    log-probs (banned ids at -inf); the beams of sentences with ``ending[i]`` may only take
-    EOS (``logp`` is changed in place for them), which adds its log-prob to the score, or 0
-    with ``eos_scores_zero`` (Hugging Face's ``forced_eos_token_id``). Returns the 2K best
-    candidates of each sentence (``top_scores``, ``beam`` index within the sentence,
-    ``is_eos``: all ``[n, 2K]``) and the K best non-EOS ones that continue: their ``scores
-    [n, K]``, ``parent`` rows ``[n*K]`` and ``token [n*K, 1]``.
+    ``scores [n, K]`` are the beams' log-probs so far; the next-token log-probs are
+    ``logits [n*K, V] - lse [n*K]`` (:func:`next_logits`; banned ids at -inf). The beams of
+    sentences with ``ending[i]`` may only take EOS (``logits`` is changed in place for
+    them), which adds its log-prob to the score, or 0 with ``eos_scores_zero`` (Hugging
+    Face's ``forced_eos_token_id``). Returns the 2K best candidates of each sentence
+    (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``) and
+    the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
+    ``[n*K]`` and ``token [n*K, 1]``.
+
+    The 2K best of a sentence's K x V candidates are among the 2K best of each beam's own
+    V (one beam's candidates all shift by its score), so each row's top 2K are found
+    first and only those K x 2K are ranked: the K x V sums are never formed.
     """
     n, K = scores.shape
     device = scores.device
     if any(ending):
         at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
-        forced = torch.full_like(logp[0], float("-inf"))
-        forced[eos_id] = 0.0
-        logp[at_limit] = forced if eos_scores_zero else forced + logp[at_limit, eos_id : eos_id + 1]
-    V = logp.size(-1)
-    cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
-    top_scores, top_idx = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
-    beam, token = top_idx // V, top_idx % V
+        eos = lse[at_limit] if eos_scores_zero else logits[at_limit, eos_id]
+        logits[at_limit] = float("-inf")
+        logits[at_limit, eos_id] = eos
+    k = min(2 * K, logits.size(-1))
+    top_logits, top_tokens = logits.topk(k, dim=-1)  # [n*K, k]
+    cand = (scores.view(-1, 1) + (top_logits - lse[:, None])).view(n, K * k)
+    top_scores, pos = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
+    beam, token = pos // k, top_tokens.view(n, K * k).gather(1, pos)
     is_eos = token == eos_id
     # The best K non-EOS candidates continue.
     rank = torch.where(is_eos, 2 * K, torch.arange(2 * K, device=device))

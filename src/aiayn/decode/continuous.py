@@ -28,10 +28,11 @@ from aiayn.decode.beam import (
     eos_hits,
     hypothesis,
     is_done,
+    next_logits,
     select,
     stop_bound,
 )
-from aiayn.decode.core import ban, banned_ids, inference, search_limits
+from aiayn.decode.core import banned_ids, inference, search_limits
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
 from aiayn.model.transformer import DecoderState, Transformer
@@ -164,11 +165,10 @@ class ContinuousBeamSearch(Generic[Tag]):
         cfg, K = self.model.cfg, self.K
         memory, prefix, running_scores, state = self._running()
         logits = self.model.decode(prefix[:, -1:], memory, self.src, state)
-        # The whole vocabulary's log-probs first, then the ban (as in beam_search).
-        logp = ban(torch.log_softmax(logits[:, -1].float(), dim=-1), self._banned)
+        logits, lse = next_logits(logits[:, -1], self._banned)
         ending = [s.steps + 1 >= s.limit for s in self.sentences]
         top_scores, beam, is_eos, scores, parent, token = select(
-            running_scores, logp, ending, cfg.eos_id, self.options.forced_eos
+            running_scores, logits, lse, ending, cfg.eos_id, self.options.forced_eos
         )
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:

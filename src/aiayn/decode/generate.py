@@ -20,6 +20,7 @@ def search(
     prefix: Sequence[Sequence[int]] | None = None,
     lines: Sequence[int] | None = None,
     use_cache: bool = True,
+    scores: bool = True,
 ) -> list[list[Hypothesis]]:
     """Decode ``src [B, S]`` as ``options`` say (greedy, beam search or sampling) with one
     model or an ensemble (a list of models).
@@ -28,12 +29,14 @@ def search(
     exactly ``n_best`` samples in the order drawn (sample j of line ``lines[i]`` depends
     only on the seed, the line and j). ``prefix[i]`` (ids) is forced as the start of output
     i. Each hypothesis carries its tokens (no BOS/EOS), its total log-prob under the model
-    (forced tokens and EOS included) and its score, the log-prob over the length penalty.
+    (forced tokens and EOS included) and its score, the log-prob over the length penalty;
+    ``scores=False`` lets greedy decoding skip them (log-prob 0), for callers that only
+    need the tokens.
     """
     options = resolve(options)
     if not options.greedy and not options.sampling:
         return beam_search(model, src, options, use_cache=use_cache, prefix=prefix)
-    out = one_per_row(model, src, options, prefix, lines, use_cache)
+    out = one_per_row(model, src, options, prefix, lines, use_cache, scores or options.sampling)
     cfg = as_list(model)[0].cfg
     n = options.n_best if options.sampling else 1
     rows = []
@@ -80,4 +83,5 @@ def generate(
         max_len_a=max_len_a,
         max_len_b=max_len_b,
     )
-    return [[h.tokens for h in sentence] for sentence in search(model, src, options)]
+    found = search(model, src, options, scores=False)
+    return [[h.tokens for h in sentence] for sentence in found]

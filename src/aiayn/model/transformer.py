@@ -316,8 +316,9 @@ class Transformer(nn.Module):
 
     def project(self, x: Tensor) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``."""
-        out_proj = self.out_proj  # None: tied to the target embedding
-        logits = F.linear(x, self.tgt_embed.weight) if out_proj is None else out_proj(x)
+        if self.out_proj is None:  # tied: the bias, if any, added inside the product
+            return F.linear(x, self.tgt_embed.weight, self.out_bias)
+        logits = self.out_proj(x)  # a module: int8 quantization may replace it
         return logits if self.out_bias is None else logits + self.out_bias
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:

@@ -169,7 +169,10 @@ def training_curves(model_dir: Path) -> None:
     axes[2].plot(steps, lr, color="C3")
     axes[2].yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.1e}" if y else "0"))
     axes[2].set_ylabel("learning rate")
-    axes[2].set_title("learning rate (Eq. 3)", fontsize=9)
+    schedule = recipe.get("schedule", "noam")
+    names = {"noam": "Eq. 3", "noam_cooldown": "Eq. 3, then a cool-down to 0"}
+    axes[2].set_title(f"learning rate ({names.get(schedule, schedule + ' decay to 0')})",
+                      fontsize=9)
     for ax in axes:
         ax.set_xlabel("update")
         ax.tick_params(labelsize=8)
@@ -189,6 +192,7 @@ def training_curves(model_dir: Path) -> None:
     model = recipe.get("model", {})
     fields = [f"{k} {model[k]}" for k in ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
               if k in model]
+    fields += [f"schedule {recipe.get('schedule', 'noam')}"]
     fields += [f"{k} {recipe[k]}" for k in ("label_smoothing", "warmup", "max_tokens",
                                             "time_limit_minutes") if k in recipe]
     lines = [

@@ -183,7 +183,7 @@ def roundtrip(args: argparse.Namespace) -> dict:
 
     data, run, out = multi30k_dir(), Path(args.model), Path(args.out)
     pick = json.loads((run / "results.json").read_text())["chosen_on_val"]
-    folder = export_marian(run, out / "exported", checkpoint=f"checkpoint_{pick['checkpoint']}.pt")
+    folder = export_marian(run, out / "exported", checkpoint=pick["checkpoint"], force=True)
     src_lines = read_lines(data / "test2016.de.gz")
     refs = read_lines(data / "test2016.en.gz")
     hf = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()

@@ -283,3 +283,47 @@ def test_forced_eos_ends_outputs_at_the_limit_with_eos_scored_zero(tiny_model, b
             assert h.log_prob == pytest.approx(want, abs=1e-4)
     free = search(tiny_model, src, options.replace(forced_eos=False))
     assert any(not h[0].eos for h in free) or beam > 1  # greedy runs to the limit freely
+
+
+def test_distillation_workflow_with_the_student_recipe(tmp_path):
+    """README's distillation commands on a small corpus: a teacher translates the training
+    source with beam 4, and a student of recipes/multi30k-student.yaml (its one-layer
+    decoder kept, its sizes shrunk for the test) trains on that output and translates."""
+    from pathlib import Path
+
+    from aiayn.checkpoint import load_model
+    from aiayn.data.corpus import read_lines
+    from aiayn.train.recipe import Recipe
+    from conftest import small_corpus
+    from test_pipeline import TINY, train_argv
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = Recipe.from_yaml(root / "recipes" / "multi30k-student.yaml")
+    teacher_recipe = Recipe.from_yaml(root / "recipes" / "multi30k.yaml")
+    model, teacher_model = shipped.model, teacher_recipe.model
+    assert (model["n_encoder_layers"], model["n_decoder_layers"]) == (teacher_model["n_layers"], 1)
+    assert shipped.vocab_size < teacher_recipe.vocab_size
+    for name in ("d_model", "n_heads", "d_ff", "dropout", "share_embeddings", "tie_output"):
+        assert model[name] == teacher_model[name], name
+
+    paths = small_corpus(tmp_path / "data", n_train=120, n_valid=10)
+    teacher, student = tmp_path / "teacher", tmp_path / "student"
+    assert main(train_argv(paths, teacher, "max_steps=12")) == 0
+    distilled = tmp_path / "train.distilled.en"
+    argv = ["translate", "--model", str(teacher), "--beam", "4", "--quiet"]
+    assert main([*argv, str(paths["train.de"]), "-o", str(distilled)]) == 0
+    assert len(distilled.read_text().splitlines()) == len(read_lines(paths["train.de"]))
+
+    argv = ["train", "--config", str(root / "recipes" / "multi30k-student.yaml")]
+    argv += ["--out", str(student), "--no-progress", "--train-src", str(paths["train.de"])]
+    argv += ["--train-tgt", str(distilled), "--valid-src", str(paths["val.de"])]
+    argv += ["--valid-tgt", str(paths["val.en"]), "--set", *TINY]
+    argv += ["model.n_encoder_layers=2", "max_steps=6", "time_limit_minutes=0"]
+    assert main(argv) == 0
+    trained, _ = load_model(student / "checkpoint_last.pt")
+    assert (trained.cfg.encoder_layers, trained.cfg.decoder_layers) == (2, 1)
+    assert len(trained.decoder.layers) == 1
+    out = tmp_path / "student.en"
+    argv = ["translate", "--model", str(student), "--checkpoint", "last", "--beam", "4"]
+    assert main([*argv, "--quiet", str(paths["val.de"]), "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == len(read_lines(paths["val.de"]))

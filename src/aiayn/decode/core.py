@@ -226,12 +226,16 @@ class DecodeStep:
         return model.decode(prefix, memory, self.src)[:, -1]
 
     def reorder(self, rows: Tensor) -> None:
-        """Reselect cached rows (beams whose sentences share memory); ``rows [n']``."""
+        """Reselect cached rows ``rows [n']``, each taken from a row of its own sentence
+        (beam reselection): the sentence's rows hold the same memory, so only the
+        self-attention cache moves; the encoder-decoder keys/values stay."""
         for state in self.states:
             if state is not None:
-                state.reorder(rows)
+                state.reorder(rows, cross=False)
 
     def keep(self, rows: Tensor) -> None:
         """Keep only ``rows [n']`` (in that order): memory, source and cache."""
         self.memory, self.src = [m[rows] for m in self.memory], self.src[rows]
-        self.reorder(rows)
+        for state in self.states:
+            if state is not None:
+                state.reorder(rows)

@@ -41,17 +41,22 @@ class DecoderState:
     keys: Tensor | None = None  # [B, offset] ragged only: True at the row's real keys
     group: int = 1  # target rows per source row
 
-    def reorder(self, index: Tensor, sources: Tensor | None = None) -> None:
+    def reorder(self, index: Tensor, sources: Tensor | None = None, cross: bool = True) -> None:
         """Keep batch rows ``index [B']`` (in that order) of every cached tensor. With
         ``group > 1`` the encoder-decoder keys/values keep the source rows ``sources``
         instead (None: all of them, right when ``index`` only moves beams within their
-        sentences). The self-attention rows' order is left pending: the next step gathers
+        sentences). ``cross=False`` leaves the encoder-decoder keys/values as they are:
+        right when every row of them is its sentence's memory repeated and ``index`` only
+        moves rows within their sentences (beam reselection), which saves copying them
+        every step. The self-attention rows' order is left pending: the next step gathers
         them as it appends its keys (one copy of the cache per step, not two).
         """
         for layer in self.layers:
             for kind, cache in layer.items():
                 if kind == "self":
                     cache["order"] = cache["order"][index] if "order" in cache else index
+                    continue
+                if kind == "cross" and not cross:
                     continue
                 rows = sources if kind == "cross" and self.group > 1 else index
                 if rows is not None:

@@ -229,13 +229,14 @@ class DecodeStep:
         """Reselect cached rows ``rows [n']``, each taken from a row of its own sentence
         (beam reselection): the sentence's rows hold the same memory, so only the
         self-attention cache moves; the encoder-decoder keys/values stay."""
-        for state in self.states:
-            if state is not None:
-                state.reorder(rows, cross=False)
+        self._reorder_states(rows, cross=False)
 
     def keep(self, rows: Tensor) -> None:
         """Keep only ``rows [n']`` (in that order): memory, source and cache."""
         self.memory, self.src = [m[rows] for m in self.memory], self.src[rows]
+        self._reorder_states(rows, cross=True)
+
+    def _reorder_states(self, rows: Tensor, cross: bool) -> None:
         for state in self.states:
             if state is not None:
-                state.reorder(rows)
+                state.reorder(rows, cross=cross)

@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.checkpoint import load_checkpoint, save_checkpoint
+from aiayn.checkpoint import load_checkpoint, load_model, save_checkpoint
 from aiayn.cli import main
+from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import DecodeOptions, beam_search, greedy, length_penalty, search
 from aiayn.decode.alignment import word_starts
 from aiayn.errors import AiaynError, DecodeError
+from aiayn.train.recipe import Recipe
 from aiayn.translator import Translator
-from conftest import random_batch, tiny_config
+from conftest import random_batch, small_corpus, tiny_config
 from sample_data import PAIRS
+from test_pipeline import TINY, train_argv
 
 
 @pytest.mark.parametrize(
@@ -289,14 +293,6 @@ def test_distillation_workflow_with_the_student_recipe(tmp_path):
     """README's distillation commands on a small corpus: a teacher translates the training
     source with beam 4, and a student of recipes/multi30k-student.yaml (its one-layer
     decoder kept, its sizes shrunk for the test) trains on that output and translates."""
-    from pathlib import Path
-
-    from aiayn.checkpoint import load_model
-    from aiayn.data.corpus import read_lines
-    from aiayn.train.recipe import Recipe
-    from conftest import small_corpus
-    from test_pipeline import TINY, train_argv
-
     root = Path(__file__).resolve().parents[1]
     shipped = Recipe.from_yaml(root / "recipes" / "multi30k-student.yaml")
     teacher_recipe = Recipe.from_yaml(root / "recipes" / "multi30k.yaml")

@@ -223,3 +223,45 @@ def test_cache_survives_sentences_finishing_at_different_steps(tiny_model):
     a = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3)
     b = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
     assert [[h.tokens for h in s] for s in a] == [[h.tokens for h in s] for s in b]
+
+
+def test_cache_reuses_its_memory_and_equals_recomputation_across_growth():
+    """The self-attention cache is a view of a buffer with spare columns: a step without a
+    reorder writes only its own column in place, a reorder gathers into a second buffer
+    and the two swap, and rows leaving shrink the view. Over 60 steps (the buffers grow
+    past their spare columns) with reorders and dropped rows, every step's logits still
+    equal a full recomputation of the reordered prefixes."""
+    torch.manual_seed(0)
+    cfg = tiny_config(max_len=80)
+    model = Transformer(cfg).eval()
+    src, _ = random_batch(cfg, [6, 3, 5, 2], [1] * 4, seed=1)
+    g = torch.Generator().manual_seed(2)
+    state, prefix, buffers = DecoderState(), torch.full((4, 1), cfg.bos_id), set()
+    appended_in_place = 0
+    with torch.inference_mode():
+        memory = model.encode(src)
+        for t in range(60):
+            layer = state.layers[0]["self"] if state.layers else {}
+            in_place = bool(layer) and "order" not in layer  # no reorder pending
+            in_place = in_place and layer["k_buf"].size(2) > layer["k"].size(2)  # and room
+            before = layer["k"].data_ptr() if layer else None
+            step = model.decode(prefix[:, -1:], memory, src, state)[:, -1]
+            full = model.decode(prefix, memory, src)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+            buffers.add(state.layers[0]["self"]["k_buf"].data_ptr())
+            if in_place:
+                assert state.layers[0]["self"]["k"].data_ptr() == before
+                appended_in_place += 1
+            token = torch.randint(3, cfg.tgt_vocab_size, (prefix.size(0), 1), generator=g)
+            prefix = torch.cat([prefix, token], dim=1)
+            if t % 7 == 0:  # a beam-like reselection within the rows
+                rows = torch.randint(0, prefix.size(0), (prefix.size(0),), generator=g)
+                prefix, memory, src = prefix[rows], memory[rows], src[rows]
+                state.reorder(rows)
+            if t in (20, 40):  # a sentence finishes: its row leaves
+                rows = torch.arange(1, prefix.size(0))
+                prefix, memory, src = prefix[rows], memory[rows], src[rows]
+                state.reorder(rows)
+    assert appended_in_place >= 40
+    # Two buffers that swap, reallocated only to grow (60 columns: twice at most).
+    assert len(buffers) <= 6

@@ -355,3 +355,24 @@ def test_decoder_may_start_from_pad_and_always_sees_position_0():
     torch.testing.assert_close(steps[0][1], logits[1, :1], atol=1e-5, rtol=1e-5)
     short = model(src[1:, :3], tgt[1:, :2])  # the second sentence without its padding
     torch.testing.assert_close(short[0], logits[1, :2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("output_bias", [False, True])
+def test_projection_into_reused_memory_is_bit_identical(output_bias):
+    """A decoder may have the logits written into memory it reuses across steps (from 16
+    rows on, formed blockwise as W x^T and transposed): exactly the logits of F.linear."""
+    torch.manual_seed(0)
+    cfg = tiny_config(tgt_vocab_size=1000, src_vocab_size=1000, output_bias=output_bias)
+    model = Transformer(cfg).eval()
+    if output_bias:
+        torch.nn.init.normal_(model.out_bias)
+    work = torch.empty(300, cfg.tgt_vocab_size)
+    with torch.inference_mode():
+        for n in (1, 4, 16, 33, 256):
+            x = torch.randn(n, cfg.d_model)
+            out = torch.empty(n, cfg.tgt_vocab_size)
+            got = model.project(x, out=out, work=work)
+            assert got.data_ptr() == out.data_ptr()
+            assert torch.equal(
+                got, torch.nn.functional.linear(x, model.tgt_embed.weight, model.out_bias)
+            )

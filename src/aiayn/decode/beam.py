@@ -13,7 +13,6 @@ from aiayn.decode.core import (
     ForcedPrefix,
     Models,
     as_list,
-    ban,
     banned_ids,
     force,
     inference,
@@ -113,7 +112,8 @@ def _beam_search(
     # With log-probs <= 0 an active beam's final score can never exceed its current
     # log-prob divided by the largest length penalty it can reach (stop_bound).
 
-    step = DecodeStep(model, src, use_cache, expand=K)  # rows: sentence-major, K beams each
+    # Rows: sentence-major, K beams each, sharing their sentence's encoder output.
+    step = DecodeStep(model, src, use_cache, expand=K, share=True)
     sent = list(range(B))  # original sentence of each active group
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -121,13 +121,13 @@ def _beam_search(
     banned = banned_ids(cfg, device)
 
     for t in range(max(limit, default=0)):
-        logits, lse = next_logits(step.logits(prefix), banned)  # [n*K, V], [n*K]
+        logp = step.logprobs(prefix, banned)  # [n*K, V]
         if forced is not None:  # one forced token per sentence, the same for its beams
             now = forced.at(t)
-            force(logits, now.repeat_interleave(K) if now is not None else None)
+            force(logp, now.repeat_interleave(K) if now is not None else None)
         ending = [t + 1 >= limit[s] for s in sent]  # these sentences must end now
         top_scores, beam, is_eos, scores, parent, token = select(
-            scores, logits, lse, ending, cfg.eos_id, options.forced_eos
+            scores, logp, ending, cfg.eos_id, options.forced_eos
         )
 
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
@@ -158,32 +158,20 @@ def _beam_search(
     return [sorted(h, key=lambda h: h.score, reverse=True)[: options.n_best] for h in finished]
 
 
-def next_logits(logits: Tensor, banned: Tensor) -> tuple[Tensor, Tensor]:
-    """``logits [n, V]`` in float32 with the banned ids at -inf (in place where they are
-    float32 already), and their log-normaliser ``[n]`` over the whole vocabulary: the
-    log-prob of token v is ``logits[:, v] - lse``. The normaliser is taken before the ban
-    (banning first would renormalise over fewer tokens and change the scores), and the
-    log-probs are never written out: a search needs only a few of them per row."""
-    logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
-    return ban(logits, banned), lse
-
-
 def select(
     scores: Tensor,
-    logits: Tensor,
-    lse: Tensor,
+    logp: Tensor,
     ending: list[bool],
     eos_id: int,
     eos_scores_zero: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One step's choice for n sentences of K beams (shared with continuous batching).
 
-    ``scores [n, K]`` are the beams' log-probs so far; the next-token log-probs are
-    ``logits [n*K, V] - lse [n*K]`` (:func:`next_logits`; banned ids at -inf). The beams of
-    sentences with ``ending[i]`` may only take EOS (``logits`` is changed in place for
-    them), which adds its log-prob to the score, or 0 with ``eos_scores_zero`` (Hugging
-    Face's ``forced_eos_token_id``). Returns the 2K best candidates of each sentence
+    ``scores [n, K]`` are the beams' log-probs so far; ``logp [n*K, V]`` the next-token
+    log-probs (:func:`next_logprobs`; banned ids at -inf). The beams of sentences with
+    ``ending[i]`` may only take EOS (``logp`` is changed in place for them), which adds its
+    log-prob to the score, or 0 with ``eos_scores_zero`` (Hugging Face's
+    ``forced_eos_token_id``). Returns the 2K best candidates of each sentence
     (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``) and
     the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
     ``[n*K]`` and ``token [n*K, 1]``.
@@ -196,12 +184,12 @@ def select(
     device = scores.device
     if any(ending):
         at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
-        eos = lse[at_limit] if eos_scores_zero else logits[at_limit, eos_id]
-        logits[at_limit] = float("-inf")
-        logits[at_limit, eos_id] = eos
-    k = min(2 * K, logits.size(-1))
-    top_logits, top_tokens = logits.topk(k, dim=-1)  # [n*K, k]
-    cand = (scores.view(-1, 1) + (top_logits - lse[:, None])).view(n, K * k)
+        eos = 0.0 if eos_scores_zero else logp[at_limit, eos_id]
+        logp[at_limit] = float("-inf")
+        logp[at_limit, eos_id] = eos
+    k = min(2 * K, logp.size(-1))
+    top_logp, top_tokens = logp.topk(k, dim=-1)  # [n*K, k]
+    cand = (scores.view(-1, 1) + top_logp).view(n, K * k)
     top_scores, pos = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
     beam, token = pos // k, top_tokens.view(n, K * k).gather(1, pos)
     is_eos = token == eos_id

@@ -28,11 +28,10 @@ from aiayn.decode.beam import (
     eos_hits,
     hypothesis,
     is_done,
-    next_logits,
     select,
     stop_bound,
 )
-from aiayn.decode.core import banned_ids, inference, search_limits
+from aiayn.decode.core import banned_ids, inference, next_logprobs, search_limits
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
 from aiayn.model.transformer import DecoderState, Transformer
@@ -165,10 +164,10 @@ class ContinuousBeamSearch(Generic[Tag]):
         cfg, K = self.model.cfg, self.K
         memory, prefix, running_scores, state = self._running()
         logits = self.model.decode(prefix[:, -1:], memory, self.src, state)
-        logits, lse = next_logits(logits[:, -1], self._banned)
+        logp = next_logprobs(logits[:, -1], self._banned)
         ending = [s.steps + 1 >= s.limit for s in self.sentences]
         top_scores, beam, is_eos, scores, parent, token = select(
-            running_scores, logits, lse, ending, cfg.eos_id, self.options.forced_eos
+            running_scores, logp, ending, cfg.eos_id, self.options.forced_eos
         )
         groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:

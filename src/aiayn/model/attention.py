@@ -60,18 +60,52 @@ def scaled_dot_product_attention(
     return weights @ v, weights
 
 
-def _append(cached: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
-    """Cached keys (or values) ``[B', h, L, d_k]`` then this step's ``[B, h, T, d_k]``
-    along the time axis; ``order [B]`` first picks the cached rows (a beam reorder left
-    pending by the decoder state), gathered straight into the result: one copy, not two."""
-    if order is None:
-        return torch.cat([cached, new], dim=2)
+# Self-attention caches grow by this many columns at a time: most steps then write their
+# keys into memory that is already there, instead of a fresh allocation per step, whose
+# first touch costs a page fault per 4 KiB (it was 20% of a beam search; BENCHMARKS.md).
+_GROW = 32
+
+
+def _append(cache: dict[str, Tensor], name: str, new: Tensor, order: Tensor | None) -> Tensor:
+    """``cache[name]`` (keys or values ``[B', h, L, d_k]``, or nothing yet) then this
+    step's ``new [B, h, T, d_k]`` along the time axis; ``order [B]`` first picks the cached
+    rows (a beam reorder left pending by the decoder state). Returns ``[B, h, L + T, d_k]``,
+    also stored as ``cache[name]``.
+
+    The result is a view of a buffer with room for more columns (``cache[name + "_buf"]``),
+    so the next step without a reorder writes only its own column; a reorder gathers into a
+    second buffer kept from the step before (``name + "_spare"``), and the two swap roles.
+    Either buffer may hold more rows than the view: rows only leave a search."""
     B, h, T, d_k = new.shape
+    cached = cache.get(name, new[:, :, :0])  # a first step: nothing cached yet
     L = cached.size(2)
-    out = new.new_empty(B, h, L + T, d_k)
-    torch.index_select(cached, 0, order, out=out[:, :, :L])
-    out[:, :, L:] = new
+    buf = cache.get(name + "_buf")
+    if order is None and buf is not None and _fits(buf, B, L + T) and _is_prefix(cached, buf):
+        dst = buf  # append in place: the cached columns are where they should be
+    else:
+        spare = cache.pop(name + "_spare", None)
+        if spare is None or not _fits(spare, B, L + T):
+            spare = new.new_empty(B, h, L + T + _GROW, d_k)
+        dst = spare
+        if order is None:
+            dst[:B, :, :L] = cached
+        else:
+            torch.index_select(cached, 0, order, out=dst[:B, :, :L])
+        if buf is not None:
+            cache[name + "_spare"] = buf
+        cache[name + "_buf"] = dst
+    dst[:B, :, L : L + T] = new
+    out = cache[name] = dst[:B, :, : L + T]
     return out
+
+
+def _fits(buf: Tensor, rows: int, columns: int) -> bool:
+    return buf.size(0) >= rows and buf.size(2) >= columns
+
+
+def _is_prefix(view: Tensor, buf: Tensor) -> bool:
+    """Is ``view`` the first rows and columns of ``buf``?"""
+    return view.data_ptr() == buf.data_ptr() and view.stride() == buf.stride()
 
 
 def _ungroup(x: Tensor, group: int, T: int) -> Tensor:
@@ -151,10 +185,8 @@ class MultiHeadAttention(nn.Module):
         if memory is None:
             q, k, v = map(self._split_heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
-                if "k" in cache:
-                    order = cache.pop("order", None)
-                    k, v = _append(cache["k"], k, order), _append(cache["v"], v, order)
-                cache["k"], cache["v"] = k, v
+                order = cache.pop("order", None)
+                k, v = _append(cache, "k", k, order), _append(cache, "v", v, order)
         else:
             project_q, _ = self._cross_projections()
             q = self._split_heads(project_q(x))

@@ -56,7 +56,8 @@ from aiayn.serve.running import Left, Outputs, RunningBatch
 from aiayn.translator import AttentionMap, Translator
 
 # Decoder-cache positions a batch may hold (see CacheBudget): 3 GiB for a base model in
-# fp32, 0.6 GiB for the quarter-size Multi30k model.
+# fp32, 0.6 GiB for the quarter-size Multi30k model (up to twice that for the output
+# positions, whose self-attention keys and values are double-buffered).
 DEFAULT_CACHE_TOKENS = 1 << 17
 
 

@@ -198,9 +198,11 @@ class CacheBudget:
     """What a batch may hold in its decoder cache: ``max_tokens`` positions, counted as
     rows x beam x (longest source + longest allowed output), the self-attention keys
     and values every beam row may reach plus the encoder-decoder ones it attends to
-    (for a base model in fp32, 24 KiB a position). The output-length rule is the
-    decoder's (``max_len_a * source + max_len_b``, fairseq's; see
-    :func:`aiayn.decode.core.length_limits`), capped by ``max_len``: the model's
+    (for a base model in fp32, 24 KiB a position; the self-attention keys and values are
+    held in two buffers with up to 32 spare columns each, since a beam reorder gathers
+    from one into the other, so their positions may take up to twice that). The
+    output-length rule is the decoder's (``max_len_a * source + max_len_b``, fairseq's;
+    see :func:`aiayn.decode.core.length_limits`), capped by ``max_len``: the model's
     positions, or fewer where the decoding settings say so."""
 
     max_tokens: int

@@ -285,4 +285,4 @@ class DecodeStep:
         self.memory, self.src = [m[sources] for m in self.memory], self.src[sources]
         for state in self.states:
             if state is not None:
-                state.reorder(rows, sources if self.group > 1 else None)
+                state.reorder(rows, sources)  # sources: used only when grouped

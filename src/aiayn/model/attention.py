@@ -99,6 +99,14 @@ def _append(cache: dict[str, Tensor], name: str, new: Tensor, order: Tensor | No
     return out
 
 
+def forget_buffers(cache: dict[str, Tensor]) -> None:
+    """Drop the buffers :func:`_append` keeps in a self-attention ``cache`` (for when its
+    keys and values are replaced by tensors of other rows)."""
+    for name in ("k", "v"):
+        cache.pop(name + "_buf", None)
+        cache.pop(name + "_spare", None)
+
+
 def _fits(buf: Tensor, rows: int, columns: int) -> bool:
     return buf.size(0) >= rows and buf.size(2) >= columns
 

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.errors import ModelInputError
+from aiayn.model.attention import forget_buffers
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import decoder_self_mask, padding_mask
@@ -85,8 +86,7 @@ class DecoderState:
             for kind, left in (("self", True), ("cross", False)):
                 a, b = mine[kind], theirs[kind]
                 orders = a.pop("order", None), b.pop("order", None)  # pending reorders
-                for name in ("k_buf", "v_buf", "k_spare", "v_spare"):  # of the old rows
-                    a.pop(name, None)
+                forget_buffers(a)  # they hold the old rows
                 size = width if left else max(a["k"].size(2), b["k"].size(2))
                 for name in ("k", "v"):
                     a[name] = _stack([a[name], b[name]], orders, size, left)

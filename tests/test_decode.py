@@ -7,6 +7,7 @@ import torch
 
 from aiayn import Transformer
 from aiayn.decode import beam_search, generate, greedy, inference, length_limits, length_penalty
+from aiayn.decode.core import DecodeStep
 from aiayn.errors import AiaynError, DecodeError
 from aiayn.model import DecoderState
 from aiayn.train.loss import label_smoothed_cross_entropy
@@ -265,3 +266,24 @@ def test_cache_reuses_its_memory_and_equals_recomputation_across_growth():
     assert appended_in_place >= 40
     # Two buffers that swap, reallocated only to grow (60 columns: twice at most).
     assert len(buffers) <= 6
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_decode_step_sets_aside_only_the_buffers_the_projection_uses(tie_output):
+    """The logits go into memory kept across steps only where the projection can write
+    there (tied, in the weight's dtype): an untied model gets no unused [n, V] scratch."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(tie_output=tie_output)).eval()
+    x = torch.randn(20, model.cfg.d_model)
+    expected = {(True, 20): 2, (True, 4): 1, (False, 20): 0, (False, 4): 0}
+    for n in (20, 4):
+        assert model.projection_buffers(x[:n]) == expected[tie_output, n]
+    assert model.projection_buffers(x.bfloat16()) == 0  # as under autocast
+    src, _ = random_batch(model.cfg, [7, 3, 5, 2] * 5, [1] * 20)
+    with inference(model):
+        step = DecodeStep(model, src)
+        prefix = torch.full((20, 1), model.cfg.bos_id)
+        logits = step.logits(prefix)
+        assert torch.allclose(logits, model(src, prefix)[:, -1], atol=1e-5)
+    kept = set(step._scratch)
+    assert kept == ({"logits0", "work"} if tie_output else set())

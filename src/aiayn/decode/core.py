@@ -248,7 +248,11 @@ class DecodeStep:
     def logprobs(self, prefix: Tensor, banned: Tensor) -> Tensor:
         """:func:`next_logprobs` of :meth:`logits` ``[n, V]``, in reused memory (valid
         until the next call)."""
-        logits = self.logits(prefix)
+        return self.normalise(self.logits(prefix), banned)
+
+    def normalise(self, logits: Tensor, banned: Tensor) -> Tensor:
+        """:func:`next_logprobs` of ``logits [n, V]`` (left as they are), in reused memory
+        (valid until the next call)."""
         n, V = logits.shape
         return next_logprobs(logits, banned, self._buffer("logp", n, V, torch.float32))
 
@@ -257,8 +261,9 @@ class DecodeStep:
         if state is None:
             return model.decode(prefix, memory, self.src)[:, -1]
         x = model.decode(prefix[:, -1:], memory, self.src, state, project=False)[:, -1]
-        n, V = x.size(0), model.cfg.tgt_vocab_size
-        out, work = self._buffer(f"logits{i}", n, V, x.dtype), self._buffer("work", n, V, x.dtype)
+        n, V, uses = x.size(0), model.cfg.tgt_vocab_size, model.projection_buffers(x)
+        out = self._buffer(f"logits{i}", n, V, x.dtype) if uses >= 1 else None
+        work = self._buffer("work", n, V, x.dtype) if uses == 2 else None
         return model.project(x, out=out, work=work)
 
     def _buffer(self, name: str, n: int, V: int, dtype: torch.dtype) -> Tensor:

@@ -122,12 +122,11 @@ def _one_per_row(
     for t in range(steps):
         logits = step.logits(prefix)  # [R', V]
         force_now = forced.at(t) if forced is not None else None
-        # The log-normaliser over the whole vocabulary, before the ban (as in beam search):
-        # a token's log-prob is its logit minus it.
-        lse = torch.logsumexp(logits.float(), dim=-1) if scores or options.sampling else None
+        # Log-probs normalised over the whole vocabulary, before the ban (as in beam
+        # search); one fused log_softmax, into reused memory.
+        logp = step.normalise(logits, banned) if scores or options.sampling else None
         if options.sampling:
-            assert lse is not None and uniforms is not None  # both made when sampling
-            logp = ban(logits.float() - lse[:, None], banned)
+            assert logp is not None and uniforms is not None  # both made when sampling
             probs = sampling_probs(logp, options.temperature, options.top_k, options.top_p)
             token = draw(probs, uniforms[alive, t])
         else:
@@ -138,9 +137,8 @@ def _one_per_row(
         if options.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
             token = torch.where(last, cfg.eos_id, token)
         if scores:
-            assert lse is not None
-            picked = logits.gather(1, token[:, None]).squeeze(1).float()  # never a banned id
-            token_logp = (picked - lse).double()
+            assert logp is not None
+            token_logp = logp.gather(1, token[:, None]).squeeze(1).double()  # never banned
             if options.forced_eos:
                 token_logp = token_logp.masked_fill(last, 0.0)
             total[alive] += token_logp

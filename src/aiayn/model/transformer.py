@@ -321,20 +321,31 @@ class Transformer(nn.Module):
         keys = torch.zeros(rows, 0, dtype=torch.bool, device=memory.device)
         return DecoderState(layers, 0, positions, keys, group)
 
+    def projection_buffers(self, x: Tensor) -> int:
+        """How many ``[n, tgt_vocab_size]`` buffers :meth:`project` writes into for a 2-D
+        ``x [n, d_model]``: 0 (it allocates its own: an untied or quantized projection, or
+        ``x`` not in the weight's dtype, as under autocast), 1 (``out``) or 2 (``out`` and
+        ``work``: a CPU from 16 rows on). Callers reusing memory allocate only these."""
+        if self.out_proj is not None or x.dim() != 2 or x.dtype != self.tgt_embed.weight.dtype:
+            return 0
+        return 2 if x.size(0) >= 16 and x.device.type == "cpu" else 1
+
     def project(self, x: Tensor, out: Tensor | None = None, work: Tensor | None = None) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``.
 
         A decoder reusing memory across steps may pass, for a 2-D ``x [n, d_model]``,
         ``out [n, tgt_vocab_size]`` to receive the logits and ``work`` (a contiguous tensor
-        of at least as many elements) as scratch. On a CPU, from 16 rows on, the product is
-        then formed as ``W x^T`` in blocks of vocabulary rows, each transposed into ``out``
-        while it is still in cache: with MKL on a 58k vocabulary and 256 rows, 1.5x faster
-        than ``x W^T``, and bit-identical logits (tested)."""
+        of at least as many elements) as scratch; :meth:`projection_buffers` says which of
+        them are used. On a CPU, from 16 rows on, the product is then formed as ``W x^T``
+        in blocks of vocabulary rows, each transposed into ``out`` while it is still in
+        cache: with MKL on a 58k vocabulary and 256 rows, 1.5x faster than ``x W^T``, and
+        bit-identical logits (tested)."""
         if self.out_proj is None:  # tied: the bias, if any, added inside the product
             weight, bias = self.tgt_embed.weight, self.out_bias
-            if out is not None and x.dim() == 2 and out.dtype == x.dtype == weight.dtype:
+            uses = self.projection_buffers(x) if out is not None else 0
+            if uses and out is not None and out.dtype == x.dtype:
                 n, V = out.shape
-                if work is not None and n >= 16 and x.device.type == "cpu":
+                if uses == 2 and work is not None:
                     step = max(1, (1 << 17) // n)  # vocabulary rows per 512 KiB block
                     x_t = x.t()
                     for a in range(0, V, step):

@@ -342,8 +342,8 @@ class Transformer(nn.Module):
         bit-identical logits (tested)."""
         if self.out_proj is None:  # tied: the bias, if any, added inside the product
             weight, bias = self.tgt_embed.weight, self.out_bias
-            uses = self.projection_buffers(x) if out is not None else 0
-            if uses and out is not None and out.dtype == x.dtype:
+            uses = self.projection_buffers(x)
+            if out is not None and uses and out.dtype == x.dtype:
                 n, V = out.shape
                 if uses == 2 and work is not None:
                     step = max(1, (1 << 17) // n)  # vocabulary rows per 512 KiB block

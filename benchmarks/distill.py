@@ -3,7 +3,8 @@
     python benchmarks/distill.py --teacher runs/bench-de-en --out runs/distill [--parallel]
 
 1. The teacher (the model of `make bleu`, its checkpoint and alpha as chosen on val in its
-   results.json) translates Multi30k's training source with beam 4: the distilled corpus.
+   results.json) translates Multi30k's training source with beam 4: the distilled corpus
+   (with ``--seq-inter``, of each line's 4 best the one closest to the reference).
 2. Two students of one recipe (recipes/multi30k-student.yaml: a deep encoder and a one-layer
    decoder, Kasai et al. 2021) get the same 55-minute budget each, one on the distilled
    targets and one on the original ones; checkpoint and alpha chosen on val, then
@@ -48,13 +49,18 @@ def chosen(run: Path) -> tuple[Path, float]:
     return run / f"checkpoint_{pick['checkpoint']}.pt", pick["alpha"]
 
 
-def distill_corpus(teacher: Path, src: Path, out: Path, threads: int) -> None:
+def distill_corpus(
+    teacher: Path, src: Path, out: Path, threads: int, closest_to: Path | None = None
+) -> None:
     """The teacher's beam-4 translations of every training source line (the CLI, so a
-    torchrun launch could shard it the same way)."""
+    torchrun launch could shard it the same way); with ``closest_to`` (the references), of
+    each line's 4 best the one closest to its reference (Kim & Rush's Seq-Inter)."""
     ckpt, alpha = chosen(teacher)
     tmp = out.with_suffix(".tmp")
     command = [sys.executable, "-m", "aiayn", "translate", "--model", str(teacher)]
     command += ["--checkpoint", str(ckpt), "--beam", "4", "--alpha", str(alpha), "--quiet"]
+    if closest_to is not None:
+        command += ["--n-best", "4", "--closest-to", str(closest_to)]
     command += [str(src), "-o", str(tmp)]
     env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
     subprocess.run(command, check=True, env=env)
@@ -129,6 +135,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument(
+        "--seq-inter",
+        action="store_true",
+        help="distilled targets: of the teacher's 4 best, the closest to the reference",
+    )
+    parser.add_argument(
         "--parallel", action="store_true", help="train both students at once, one thread each"
     )
     args = parser.parse_args()
@@ -139,7 +150,8 @@ def main() -> None:
     distilled = out / "train.distilled.en"
     if not distilled.exists():
         t0 = time.perf_counter()
-        distill_corpus(teacher, data / "train.de.gz", distilled, args.threads)
+        closest_to = data / "train.en.gz" if args.seq_inter else None
+        distill_corpus(teacher, data / "train.de.gz", distilled, args.threads, closest_to)
         print(f"distilled corpus: {time.perf_counter() - t0:.0f} s", flush=True)
     students = {}
     if not args.speed_only:

@@ -8,7 +8,7 @@ import pytest
 import sacrebleu
 
 from aiayn.data.corpus import read_lines
-from aiayn.metrics import corpus_bleu
+from aiayn.metrics import corpus_bleu, sentence_bleu
 from aiayn.metrics.bleu import tokenize_13a
 from sample_data import PAIRS, multi30k_dir
 
@@ -67,6 +67,21 @@ def test_lowercase_and_smoothing_edge_cases_match_sacrebleu():
             ours = corpus_bleu(hyps, refs, lowercase=lowercase)
             theirs = sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase)
             assert ours.score == pytest.approx(theirs.score, abs=0.01), (hyps, lowercase)
+
+
+def test_sentence_bleu_equals_sacrebleus():
+    """Sentence BLEU ranks the n-best for Seq-Inter distillation targets: it equals
+    sacreBLEU's sentence_bleu (effective order on), short outputs included."""
+    refs = references()[:200]
+    hyps = noisy(refs, seed=3, p=0.3) + [" ".join(r.split()[:k]) for r in refs for k in (1, 2, 3)]
+    for hyp, ref in zip(hyps, refs * 4):
+        theirs = sacrebleu.sentence_bleu(hyp, [ref])
+        assert sentence_bleu(hyp, ref).score == pytest.approx(theirs.score, abs=0.01), hyp
+    assert sentence_bleu("a b c d", "a b c d").score == pytest.approx(100.0)
+    assert (
+        sentence_bleu("A dog runs", "A dog runs fast").score
+        > sentence_bleu("A cat sits", "A dog runs fast").score
+    )
 
 
 def test_perfect_and_empty_output():

@@ -230,6 +230,31 @@ def test_cli_jsonl_alignment_and_prefix(sample_model_dir, tmp_path, capsys):
     assert texts[0].startswith("A") and texts[3].startswith("Two men") and texts[2] == ""
 
 
+def test_cli_closest_to_outputs_the_candidate_nearest_each_reference(sample_model_dir, tmp_path):
+    """Seq-Inter distillation targets: of the n-best, the one with the highest sentence
+    BLEU against the reference line. With each line's last candidate as its reference,
+    that candidate (or an identical text ranked higher) is chosen."""
+    model = str(sample_model_dir(False))
+    src = tmp_path / "in.de"
+    src.write_text("".join(s + "\n" for s, _ in PAIRS[:6]), encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["translate", "--model", model, "--quiet", str(src), "-o", str(out), "--n-best", "3"]
+    assert main([*args, "--format", "jsonl"]) == 0
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    refs = [r["n_best"][-1]["text"] for r in records]
+    assert any(r["text"] != ref for r, ref in zip(records, refs))  # the choice changes some
+    (tmp_path / "ref.en").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    assert main([*args, "--closest-to", str(tmp_path / "ref.en")]) == 0
+    assert out.read_text(encoding="utf-8").splitlines() == refs  # one output per line
+    assert main([*args, "--closest-to", str(tmp_path / "ref.en"), "--format", "jsonl"]) == 0
+    chosen = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [c["text"] for c in chosen] == refs and all("n_best" not in c for c in chosen)
+    for c, record in zip(chosen, records):  # the chosen candidate's own score and tokens
+        assert {k: c[k] for k in ("tokens", "score")} in [
+            {k: n[k] for k in ("tokens", "score")} for n in record["n_best"]
+        ]
+
+
 def write_other_vocab_model(model_dir, out_dir):
     """The sample model's checkpoint with another tokenizer and vocabulary size."""
     state = load_checkpoint(model_dir / "checkpoint_best.pt")
@@ -254,6 +279,8 @@ def write_other_vocab_model(model_dir, out_dir):
         (["--prefix-file", "SHORT"], "1 prefix line.s. for 3 input line"),
         (["--prefix", "A", "--prefix-file", "SHORT"], "not both"),
         (["--model", "OTHER"], "another tokenizer"),
+        (["--closest-to", "SHORT"], "needs n-best 2 or more"),
+        (["--n-best", "2", "--closest-to", "SHORT"], "1 reference line.s. for 3 input line"),
     ],
 )
 def test_cli_decoding_errors_are_one_line(sample_model_dir, tmp_path, capsys, extra, message):

@@ -28,15 +28,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise AiaynError("several processes read an input file, not stdin: give the file")
     lines = read_input(args.input)
     prefixes = read_prefixes(args, len(lines))
+    references = read_closest_to(args, len(lines))
     outputs = translate_lines(args, lines, args.n_best, prefixes, alignment_layer(args))
     if outputs is None:  # not rank 0: rank 0 writes everything
         return 0
-    if args.format == "jsonl":
-        text = "".join(
-            json.dumps(line_record(c, args.n_best), ensure_ascii=False) + "\n" for c in outputs
-        )
-    else:
-        text = "".join(text_line(c, args.n_best, args.alignment) + "\n" for c in outputs)
+    n_best = args.n_best
+    if references is not None:
+        outputs, n_best = [closest(c, ref) for c, ref in zip(outputs, references)], 1
+    text = render(outputs, n_best, args)
     if args.output:
         write_text(args.output, text)
     else:
@@ -50,6 +49,31 @@ def render(outputs: list[list[Translation]], n_best: int, args: argparse.Namespa
         records = (line_record(c, n_best) for c in outputs)
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     return "".join(text_line(c, n_best, args.alignment) + "\n" for c in outputs)
+
+
+def read_closest_to(args: argparse.Namespace, n_lines: int) -> list[str] | None:
+    """``--closest-to``: one reference per input line, checked before any decoding."""
+    path = args.closest_to
+    if path is None:
+        return None
+    if args.n_best < 2:
+        raise AiaynError("choosing the output closest to a reference needs n-best 2 or more")
+    references = read_input(path)
+    if len(references) != n_lines:
+        raise AiaynError(f"{path}: {len(references)} reference line(s) for {n_lines} input line(s)")
+    return references
+
+
+def closest(candidates: list[Translation], reference: str) -> list[Translation]:
+    """The candidate with the highest sentence BLEU against ``reference`` (the earlier, so
+    the better scored, on ties), as a one-element list; Kim & Rush (2016)'s
+    "Seq-Inter" distillation targets. No candidates: none."""
+    from aiayn.metrics import sentence_bleu
+
+    if not candidates:
+        return []
+    bleu = [sentence_bleu(t.text, reference).score for t in candidates]
+    return [candidates[max(range(len(candidates)), key=lambda i: (bleu[i], -i))]]
 
 
 def read_prefixes(args: argparse.Namespace, n_lines: int) -> list[str] | None:
@@ -125,13 +149,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return 0
     hyps = [c[0].text if c else "" for c in outputs]
     if args.output:
-        if args.format == "jsonl":
-            text = "".join(
-                json.dumps(line_record(c, 1), ensure_ascii=False) + "\n" for c in outputs
-            )
-        else:
-            text = "".join(text_line(c, 1, args.alignment) + "\n" for c in outputs)
-        write_text(args.output, text)
+        write_text(args.output, render(outputs, 1, args))
     bleu = corpus_bleu(hyps, ref)
     print(f"{bleu}  [{bleu.signature}]")
     chrf = sacrebleu.corpus_chrf(hyps, [ref])
@@ -173,6 +191,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("-o", "--output", help="output file; default stdout")
     p.add_argument(
         "--n-best", type=int, default=1, help="outputs per line (' ||| '-joined; samples)"
+    )
+    p.add_argument(
+        "--closest-to",
+        metavar="REF",
+        help="of the n-best, output only the one closest to REF's line (sentence BLEU): "
+        "sequence-level distillation targets (Kim & Rush 2016, Seq-Inter)",
     )
     p.set_defaults(func=cmd_translate)
 

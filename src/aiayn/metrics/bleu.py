@@ -108,13 +108,16 @@ def corpus_bleu(
     lowercase: bool = False,
     tokenize: str = "13a",
     smooth: str = "exp",
+    effective_order: bool = False,
 ) -> BLEUScore:
     """BLEU of a whole corpus. ``references`` is one string per hypothesis, or (as in
     sacreBLEU) a list of reference streams, each with one string per hypothesis.
 
     BLEU = BP * exp(mean_n log p_n), p_n = clipped n-gram matches / hypothesis n-grams
     summed over the corpus, BP = exp(1 - r / c) if c < r else 1, where c is the hypothesis
-    length and r the closest reference length (the shorter on ties).
+    length and r the closest reference length (the shorter on ties). With
+    ``effective_order`` (sacreBLEU's, for single sentences) the mean runs over the orders
+    the hypothesis has n-grams of, so a 3-word output is not 0 for want of 4-grams.
     """
     streams: list[list[str]]
     if references and isinstance(references[0], str):  # one stream
@@ -139,13 +142,25 @@ def corpus_bleu(
     counts, totals, sys_len, ref_len = _corpus_statistics(hypotheses, streams, prepare)
     precisions = _precisions(counts, totals, smooth)
     # No matching unigram at all scores 0, smoothing or not (sacreBLEU's early stop, #141).
-    if sys_len == 0 or not any(counts) or min(precisions) == 0.0:
+    orders = MAX_ORDER
+    if effective_order:
+        orders = sum(1 for total in totals if total > 0)
+    used = precisions[:orders]
+    if sys_len == 0 or not any(counts) or min(used, default=0.0) == 0.0:
         score = 0.0
     else:
-        score = 100.0 * math.exp(sum(math.log(p / 100.0) for p in precisions) / MAX_ORDER)
+        score = 100.0 * math.exp(sum(math.log(p / 100.0) for p in used) / orders)
     bp = 1.0 if sys_len > ref_len else (math.exp(1 - ref_len / sys_len) if sys_len else 0.0)
     signature = (
-        f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|eff:no|tok:{tokenize}|"
+        f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|"
+        f"eff:{'yes' if effective_order else 'no'}|tok:{tokenize}|"
         f"smooth:{smooth}|version:aiayn"
     )
     return BLEUScore(score * bp, precisions, bp, sys_len, ref_len, counts, totals, signature)
+
+
+def sentence_bleu(hypothesis: str, reference: str) -> BLEUScore:
+    """BLEU of one sentence against one reference, as sacreBLEU's sentence_bleu: "exp"
+    smoothing and the effective order, so that a missing n-gram order lowers the score
+    rather than zeroing it (for ranking candidates; corpus BLEU is what to report)."""
+    return corpus_bleu([hypothesis], [reference], effective_order=True)

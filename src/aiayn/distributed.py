@@ -141,7 +141,26 @@ def _attempt_store(world: World, timeout: timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"aiayn/attempt{restart}/", store)
 
 
-def shutdown() -> None:
-    """Leave the process group, if this process joined one."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+# How long a finished rank waits for the others before leaving the process group.
+LEAVE_TIMEOUT_SECONDS = 120.0
+
+
+def shutdown(synchronize: bool = False) -> None:
+    """Leave the process group, if this process joined one.
+
+    With ``synchronize`` (the command ended normally) the ranks first wait for each other,
+    so that none tears down its connections while a peer may still be using them (gloo
+    can then abort a process at exit). A peer that does not arrive within
+    ``LEAVE_TIMEOUT_SECONDS`` (it failed, and says so itself) is not waited for.
+    """
+    if not dist.is_initialized():
+        return
+    if synchronize:
+        try:
+            if dist.get_backend() == "gloo":  # the barrier that can time out
+                dist.monitored_barrier(timeout=timedelta(seconds=LEAVE_TIMEOUT_SECONDS))
+            else:
+                dist.barrier()
+        except RuntimeError:
+            pass  # a peer failed or left: leaving is all that is left to do
+    dist.destroy_process_group()

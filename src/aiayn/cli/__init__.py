@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        shutdown(synchronize=True)  # every rank is done: leave together
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -101,7 +101,8 @@ def train_students(
 def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int) -> dict:
     """sentences/s of each model, greedy and beam 4: every model translates the same
     groups of sentences (sorted by length, 64 each), interleaved group by group; the time
-    counts tokenization, decoding and detokenization."""
+    counts tokenization, decoding and detokenization, as `aiayn translate` does them for
+    plain-text output (greedy without scores)."""
     loaded = {name: Translator(*load_model(ckpt)) for name, (ckpt, _) in models.items()}
     first = next(iter(loaded.values()))
     ids = [first.encode(line) for line in lines]
@@ -116,7 +117,8 @@ def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int) 
                     options = DecodeOptions(beam=beam, alpha=models[name][1])
                     t0 = time.perf_counter()
                     src = pad([translator.encode(lines[i]) for i in index])
-                    hyps = search(translator.model, src, options)
+                    # As `aiayn translate` writes text: greedy skips the log-probs.
+                    hyps = search(translator.model, src, options, scores=False)
                     [translator.tokenizer.decode(h[0].tokens) for h in hyps]
                     spent[name] += time.perf_counter() - t0
             for name in loaded:

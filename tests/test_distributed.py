@@ -158,3 +158,38 @@ def test_any_error_of_rank_0_or_any_rank_is_raised_on_every_rank(tmp_path, monke
         _forwarding, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="spawn"
     )
     assert (out / "ok0").is_file() and (out / "ok1").is_file()
+
+
+LEAVES_AT_EXIT = """\
+import atexit, sys
+from pathlib import Path
+import torch.distributed as dist
+from aiayn.distributed import init_from_env
+
+dest = Path(sys.argv[1])
+# Registered before joining, so it runs after aiayn's own exit handler (atexit is LIFO).
+atexit.register(lambda: (dest / f"rank{dist.get_rank() if dist.is_initialized() else 'x'}")
+                .write_text(str(dist.is_initialized())))
+world = init_from_env()
+dest.joinpath(f"sum{world.rank}").write_text(str(world.sum([world.rank + 1.0])))
+# the script ends without leaving the process group
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_never_leaves_the_group_still_exits_cleanly(tmp_path):
+    """A library user's script (or a test's) that joins a torchrun group and simply ends:
+    aiayn leaves the group at exit, while the interpreter is whole, instead of letting gloo
+    tear its threads down during finalization (a rare SIGABRT, "terminate called without
+    an active exception")."""
+    script = tmp_path / "script.py"
+    script.write_text(LEAVES_AT_EXIT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script), str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(tmp_path / f"sum{r}").read_text() for r in (0, 1)] == ["[3.0]", "[3.0]"]
+    # after aiayn's handler, no rank is in a group any more
+    assert (tmp_path / "rankx").read_text() == "False"
+    assert not (tmp_path / "rank0").exists() and not (tmp_path / "rank1").exists()

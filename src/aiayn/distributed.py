@@ -7,6 +7,7 @@ Backends: NCCL between GPUs, gloo on CPUs.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 from dataclasses import dataclass
@@ -116,6 +117,11 @@ def init_from_env(
             dist.init_process_group(
                 backend, store=store, rank=world.rank, world_size=world.size, timeout=timeout
             )
+        # A process that exits with the group still alive can abort in gloo's teardown
+        # ("terminate called without an active exception"): its worker threads are then
+        # destroyed during interpreter finalization. Leaving at exit, while Python is still
+        # whole, covers every caller (the CLI leaves earlier itself; a no-op then).
+        atexit.register(shutdown)
     return world
 
 

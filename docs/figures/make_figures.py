@@ -119,7 +119,7 @@ def warmup() -> None:
     for d, w, label in (
         (512, 4000, "base: d_model 512, warmup 4000"),
         (1024, 4000, "big: d_model 1024, warmup 4000"),
-        (256, 1000, "recipes/multi30k.yaml: d_model 256, warmup 1000"),
+        (256, 1000, "d_model 256, warmup 1000 (Multi30k-sized)"),
     ):
         ax.plot(steps, [noam_rate(s, d, w) for s in steps], label=label)
     ax.set_xlabel("update")

@@ -26,10 +26,12 @@ def test_shards_cover_every_item_once_in_order(n, size):
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
-def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+def torchrun(*args: str, nproc: int = 2, script: Path | None = None) -> subprocess.CompletedProcess:
+    """``aiayn ARGS`` (or ``script ARGS``) in ``nproc`` torchrun processes, 1 thread each."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", str(nproc), "-m", "aiayn", *args]
+    program = [str(script)] if script is not None else ["-m", "aiayn"]
+    command += ["--nproc-per-node", str(nproc), *program, *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -184,10 +186,7 @@ def test_a_script_that_never_leaves_the_group_still_exits_cleanly(tmp_path):
     an active exception")."""
     script = tmp_path / "script.py"
     script.write_text(LEAVES_AT_EXIT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", str(script), str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = torchrun(str(tmp_path), script=script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [(tmp_path / f"sum{r}").read_text() for r in (0, 1)] == ["[3.0]", "[3.0]"]
     # after aiayn's handler, no rank is in a group any more

@@ -161,8 +161,11 @@ def main() -> None:
         students = train_students(out, Path(args.recipe), overrides, args.parallel)
     models = {"teacher": chosen(teacher)}
     for name in ("distilled", "original"):
-        if (out / f"student-{name}" / "results.json").exists():
-            models[f"student_{name}"] = chosen(out / f"student-{name}")
+        run = out / f"student-{name}"
+        if (run / "results.json").exists():
+            models[f"student_{name}"] = chosen(run)
+            # --speed-only keeps the trained students' figures in OUT/results.json.
+            students.setdefault(name, json.loads((run / "results.json").read_text()))
     test = read_lines(data / "test2016.de.gz")
     results = {
         "teacher": json.loads((teacher / "results.json").read_text()),

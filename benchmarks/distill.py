@@ -42,10 +42,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from sample_data import multi30k_dir  # noqa: E402
 
 
+def results_of(run: Path) -> dict:
+    """A run's results.json, as benchmarks/multi30k_bleu.py wrote it."""
+    return json.loads((run / "results.json").read_text())
+
+
 def chosen(run: Path) -> tuple[Path, float]:
     """The checkpoint file and alpha that run's val choice picked (results.json)."""
-    results = json.loads((run / "results.json").read_text())
-    pick = results["chosen_on_val"]
+    pick = results_of(run)["chosen_on_val"]
     return run / f"checkpoint_{pick['checkpoint']}.pt", pick["alpha"]
 
 
@@ -95,7 +99,7 @@ def train_students(
     else:
         for name in todo:
             subprocess.run(student_command(runs[name], recipe, overrides[name]), check=True)
-    return {name: json.loads((run / "results.json").read_text()) for name, run in runs.items()}
+    return {name: results_of(run) for name, run in runs.items()}
 
 
 def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int) -> dict:
@@ -165,10 +169,10 @@ def main() -> None:
         if (run / "results.json").exists():
             models[f"student_{name}"] = chosen(run)
             # --speed-only keeps the trained students' figures in OUT/results.json.
-            students.setdefault(name, json.loads((run / "results.json").read_text()))
+            students.setdefault(name, results_of(run))
     test = read_lines(data / "test2016.de.gz")
     results = {
-        "teacher": json.loads((teacher / "results.json").read_text()),
+        "teacher": results_of(teacher),
         "students": students,
         "sentences_per_s": speed(models, test, args.rounds),
         "threads": args.threads,

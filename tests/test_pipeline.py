@@ -234,3 +234,17 @@ def test_a_linear_schedule_decays_to_zero_at_max_steps(tmp_path, corpus):
     assert all(a > b for a, b in itertools.pairwise(lr[top:])) and lr[-1] == pytest.approx(
         lr[top] / 11
     )
+
+
+def test_weight_decay_trains_and_a_changed_one_is_refused_on_resume(tmp_path, corpus, capsys):
+    out = tmp_path / "wd"
+    assert main(train_argv(corpus, out, "max_steps=6", "weight_decay=0.1")) == 0
+    state = load_checkpoint(out / "checkpoint_last.pt")
+    assert state["recipe"]["weight_decay"] == 0.1
+    assert [g["weight_decay"] for g in state["optimizer"]["param_groups"]] == [0.1, 0.0]
+    capsys.readouterr()
+    # Resuming under a recipe without it: one clear line naming the field, run kept.
+    assert main(train_argv(corpus, out, "max_steps=8", resume=True)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "weight_decay" in err[0] and "checkpoint_last.pt" in err[0]
+    assert load_checkpoint(out / "checkpoint_last.pt")["step"] == 6

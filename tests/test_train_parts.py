@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from aiayn.errors import RecipeError
 from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.optim import make_optimizer
 from aiayn.train.schedule import NoamSchedule, noam_rate, scheduled_rate
 
 
@@ -110,3 +111,24 @@ def test_a_budgeted_schedule_reads_the_budget_and_resumes():
     assert steps.rate() == pytest.approx(0.5 * noam_rate(10, 64, 10))
     with pytest.raises(RecipeError, match="schedule must be one of"):
         NoamSchedule(opt, 64, 10, kind="step")
+
+
+def test_weight_decay_is_decoupled_and_spares_the_1d_parameters():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    plain = make_optimizer(model)
+    assert type(plain) is torch.optim.Adam and len(plain.param_groups) == 1
+    opt = make_optimizer(model, weight_decay=0.5)
+    before = [p.detach().clone() for p in model.parameters()]
+    NoamSchedule(opt, d_model=16, warmup=10)  # sets the rate of both groups
+    lr = opt.param_groups[0]["lr"]
+    assert lr > 0 and opt.param_groups[1]["lr"] == lr
+    for p in model.parameters():  # zero gradients: Adam's own step is 0, only the decay moves
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for p, p0 in zip(model.parameters(), before, strict=True):
+        expected = p0 * (1 - lr * 0.5) if p.ndim >= 2 else p0
+        torch.testing.assert_close(p.detach(), expected)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(RecipeError, match="weight_decay"):
+            make_optimizer(model, weight_decay=bad)

@@ -62,6 +62,7 @@ class Recipe:
     cooldown: float = 0.2  # noam_cooldown: the final fraction of the budget it decays over
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
+    weight_decay: float = 0.0  # decoupled (AdamW) on the matrices; 0 = the paper's Adam
     clip_norm: float = 0.0  # 0 = no clipping
     max_epochs: int = 100
     max_steps: int = 0  # 0 = no limit

@@ -35,6 +35,7 @@ from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
+from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, fine_tune_config
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
@@ -114,9 +115,7 @@ class Trainer:
             self.model.load_state_dict(init["model"])
             self.log(f"starting from {init['path']} (fresh optimizer and schedule)")
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), betas=r.adam_betas, eps=r.adam_eps
-        )
+        self.optimizer = make_optimizer(self.model, r.adam_betas, r.adam_eps, r.weight_decay)
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.best_bleu, self.elapsed, self.skipped, self.bad_in_a_row = -1.0, 0.0, 0, 0
         self.schedule = NoamSchedule(
@@ -190,7 +189,13 @@ class Trainer:
     def _restore(self, state: dict) -> None:
         """Continue from ``state`` (read onto this rank's device)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as e:  # another number or size of parameter groups
+            raise RecipeError(
+                f"{self.out_dir / LAST}: its optimizer state does not fit this recipe's "
+                f"optimizer (was weight_decay changed since the run started?): {e}"
+            ) from None
         torch.set_rng_state(state["rng"]["torch"].cpu())  # generator states live on the CPU
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"] and torch.cuda.is_available():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,7 @@ def main() -> None:
         "overrides": args.set,
         "parameters": n_params,
         "train_minutes": round(train_minutes, 1),
+        "host": host(recipe.threads or torch.get_num_threads()),
         **run,
         "averaged": [p.name for p in kept],
         "val_choices": [{"checkpoint": n, "alpha": a, "bleu": round(b, 2)} for b, n, a in choices],
@@ -127,6 +129,20 @@ def main() -> None:
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+
+
+def host(threads: int) -> dict:
+    """What the machine was: a 55-minute budget buys as many updates as its speed allows."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        cpu = names[0] if names else cpu
+    return {"cpu": cpu, "threads": threads, "torch": torch.__version__}
 
 
 def run_figures(out: Path) -> dict:

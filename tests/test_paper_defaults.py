@@ -1,7 +1,7 @@
 """aiayn's own models are untouched by the options added for pretrained Marian models:
-configs and weights saved by the code before them load, and give bit-identical logits,
-greedy and beam outputs, training losses and updated weights (the reference was written
-by that code with tests/make_paper_defaults_reference.py)."""
+configs and weights saved by the code before them load, and give identical greedy and beam
+outputs and the same logits, training losses and updated weights to a few float32 ulps
+(the reference was written by that code with tests/make_paper_defaults_reference.py)."""
 
 from __future__ import annotations
 
@@ -32,13 +32,18 @@ def one_thread():
 
 
 @pytest.mark.parametrize("name", ["post_ln_shared", "pre_ln_untied", "learned_positions"])
-def test_bit_identical_to_the_code_before_the_marian_options(reference, name, one_thread):
+def test_same_results_as_the_code_before_the_marian_options(reference, name, one_thread):
     saved = reference[name]
     cfg = TransformerConfig.from_dict(saved["config"])  # an old config: no new fields
     assert (cfg.activation, cfg.output_bias, cfg.scale_embeddings) == ("relu", False, True)
     assert sorted(Transformer(cfg).state_dict()) == sorted(saved["model"])  # no new weights
     got = run(saved["config"], saved["model"])
     want = saved["outputs"]
-    for key in ("logits", "greedy", "losses", "logits_after_training"):
-        assert torch.equal(got[key], want[key]), key
+    # The tokens must be identical. The floats are compared to a few float32 ulps, not
+    # bit for bit: another CPU's kernels (the reference was written on an AMD EPYC, and an
+    # Intel Xeon differs by up to 4e-6 on losses of 46) round differently, while any of
+    # the Marian options moves them by whole units.
+    assert torch.equal(got["greedy"], want["greedy"])
+    for key in ("logits", "losses", "logits_after_training"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-5, msg=key)
     assert got["beam"] == want["beam"]

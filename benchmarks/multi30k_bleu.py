@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,8 @@ from aiayn.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the data locator is test support, shared here
+sys.path.insert(0, str(ROOT))
+from benchmarks.speed.common import cpu_name  # noqa: E402
 from sample_data import multi30k_dir  # noqa: E402
 
 
@@ -133,16 +134,7 @@ def main() -> None:
 
 def host(threads: int) -> dict:
     """What the machine was: a 55-minute budget buys as many updates as its speed allows."""
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [
-            line.split(":", 1)[1].strip()
-            for line in cpuinfo.read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    return {"cpu": cpu, "threads": threads, "torch": torch.__version__}
+    return {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__}
 
 
 def run_figures(out: Path) -> dict:

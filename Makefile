@@ -33,9 +33,11 @@ browser:
 	  fi; \
 	fi
 
+# What ruff checks and formats: the code and the scripts that draw the docs' figures.
+LINTED = src tests benchmarks docs/figures
 test: setup browser
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
@@ -68,8 +70,8 @@ table3: setup
 	$(BIN)/python benchmarks/table3_mini.py --out runs/table3-mini
 
 lint: setup
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .mypy_cache bench_out

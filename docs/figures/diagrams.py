@@ -38,8 +38,8 @@ def _box(ax, x, y, text, color, w=3.0, h=0.55):
 
 
 def _arrow(ax, start, end, color="#333"):
-    ax.annotate("", xy=end, xytext=start,
-                arrowprops=dict(arrowstyle="-|>", color=color, lw=1.2, shrinkA=0, shrinkB=0))  # fmt: skip
+    style = dict(arrowstyle="-|>", color=color, lw=1.2, shrinkA=0, shrinkB=0)
+    ax.annotate("", xy=end, xytext=start, arrowprops=style)
 
 
 def _shape(ax, x, y, shape, note=""):
@@ -182,12 +182,22 @@ def worked_example(out) -> None:
     ax.annotate(
         f'output of the query "saw" = ({o[0]:.3f}, {o[1]:.3f})\n'
         f"= {w[0]:.3f} I + {w[1] + w[3]:.3f} saw + {w[2]:.3f} a",
-        xy=o, xytext=(-0.2, -0.48), fontsize=9, color="C3", ha="left",
+        xy=o,
+        xytext=(-0.2, -0.48),
+        fontsize=9,
+        color="C3",
+        ha="left",
         arrowprops=dict(arrowstyle="->", color="C3", lw=1),
     )
-    ax.text(-1.25, 1.42, "the triangle is the convex hull of the values: every weighted\n"
-            "average with positive weights summing to 1 lands inside it", fontsize=8.5,
-            color="#567", va="top")
+    ax.text(
+        -1.25,
+        1.42,
+        "the triangle is the convex hull of the values: every weighted\n"
+        "average with positive weights summing to 1 lands inside it",
+        fontsize=8.5,
+        color="#567",
+        va="top",
+    )
     ax.axhline(0, color="#ccc", lw=0.8)
     ax.axvline(0, color="#ccc", lw=0.8)
     ax.set_xlim(-1.3, 1.8)
@@ -238,9 +248,19 @@ def attention_shapes(out) -> None:
             m, title, cmap = panels[i // 2]
             _matrix(ax, m, title, cmap, 1.0 if cmap == "Greens" else None)
             if cmap == "Greens":  # the weights, written out: each row sums to 1
-                for (r, c), value in zip(torch.cartesian_prod(torch.arange(T_q), torch.arange(T_k)).tolist(), m.flatten().tolist()):
-                    ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if value > 0.5 else "black")
+                for (r, c), value in zip(
+                    torch.cartesian_prod(torch.arange(T_q), torch.arange(T_k)).tolist(),
+                    m.flatten().tolist(),
+                ):
+                    ax.text(
+                        c,
+                        r,
+                        f"{value:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if value > 0.5 else "black",
+                    )
     fig.suptitle("Scaled dot-product attention, one head of one sentence. aiayn's tensors "
                  "carry [batch, heads] in front: Q [B, h, T_q, d_k], weights [B, h, T_q, T_k]",
                  fontsize=10)  # fmt: skip

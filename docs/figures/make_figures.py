@@ -18,17 +18,15 @@ figures is checked against them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
+import diagrams  # docs/figures/diagrams.py, beside this file
 import matplotlib.pyplot as plt
 import torch
-
-import diagrams  # docs/figures/diagrams.py, beside this file
 from matplotlib.ticker import FuncFormatter
 
 from aiayn.inspect.curves import read_metrics, series, smooth
@@ -152,17 +150,27 @@ def training_curves(model_dir: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), layout="constrained")
     ax = axes[0]
     ax.plot(steps, loss, color="C0", alpha=0.15, lw=0.8)
-    ax.plot(steps, smooth(loss, window), color="C0",
-            label=f"train: label-smoothed loss (eps {eps}), mean of {window} updates")
-    ax.plot(steps, smooth(nll, window), color="C0", ls="--",
-            label=f"train: NLL of the reference, mean of {window} updates")
+    ax.plot(
+        steps,
+        smooth(loss, window),
+        color="C0",
+        label=f"train: label-smoothed loss (eps {eps}), mean of {window} updates",
+    )
+    ax.plot(
+        steps,
+        smooth(nll, window),
+        color="C0",
+        ls="--",
+        label=f"train: NLL of the reference, mean of {window} updates",
+    )
     ax.plot(v_steps, v_loss, "o-", color="C1", ms=4, label="val: label-smoothed loss")
     ax.plot(v_steps, v_nll, "o--", color="C1", ms=4, label="val: NLL = ln(perplexity)")
     ax.set_ylabel("nats per target token")
     ax.set_ylim(0, min(10, max(loss) * 1.05))
     ax.legend(fontsize=8, loc="upper right")
-    ax.set_title("loss (solid) is what training minimises; NLL (dashed) has no smoothing",
-                 fontsize=9)
+    ax.set_title(
+        "loss (solid) is what training minimises; NLL (dashed) has no smoothing", fontsize=9
+    )
     axes[1].plot(v_steps, v_bleu, "o-", color="C2", ms=4)
     axes[1].set_ylabel("val BLEU (greedy)")
     axes[1].set_title("validation BLEU", fontsize=9)
@@ -171,16 +179,24 @@ def training_curves(model_dir: Path) -> None:
     axes[2].set_ylabel("learning rate")
     schedule = recipe.get("schedule", "noam")
     names = {"noam": "Eq. 3", "noam_cooldown": "Eq. 3, then a cool-down to 0"}
-    axes[2].set_title(f"learning rate ({names.get(schedule, schedule + ' decay to 0')})",
-                      fontsize=9)
+    axes[2].set_title(
+        f"learning rate ({names.get(schedule, schedule + ' decay to 0')})", fontsize=9
+    )
     for ax in axes:
         ax.set_xlabel("update")
         ax.tick_params(labelsize=8)
         if warmup and warmup <= steps[-1]:
             ax.axvline(warmup, color="#888", ls=":", lw=1)
     if warmup and warmup <= steps[-1]:
-        axes[2].text(warmup, 0, f"end of warmup ({warmup}) ", fontsize=8, color="#555",
-                     va="bottom", ha="right")
+        axes[2].text(
+            warmup,
+            0,
+            f"end of warmup ({warmup}) ",
+            fontsize=8,
+            color="#555",
+            va="bottom",
+            ha="right",
+        )
 
     fig.suptitle(f"training of {model_dir.name} (metrics.jsonl)", fontsize=10)
     save(fig, "training_curves.png")
@@ -190,11 +206,17 @@ def training_curves(model_dir: Path) -> None:
     peak = max(range(len(lr)), key=lr.__getitem__)
     best = max(range(len(v_bleu)), key=v_bleu.__getitem__) if v_bleu else None
     model = recipe.get("model", {})
-    fields = [f"{k} {model[k]}" for k in ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
-              if k in model]
+    fields = [
+        f"{k} {model[k]}"
+        for k in ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+        if k in model
+    ]
     fields += [f"schedule {recipe.get('schedule', 'noam')}"]
-    fields += [f"{k} {recipe[k]}" for k in ("label_smoothing", "warmup", "max_tokens",
-                                            "time_limit_minutes") if k in recipe]
+    fields += [
+        f"{k} {recipe[k]}"
+        for k in ("label_smoothing", "warmup", "max_tokens", "time_limit_minutes")
+        if k in recipe
+    ]
     lines = [
         f"the run of training_curves.png: {model_dir.name}",
         "recipe: " + ", ".join(fields),
@@ -283,7 +305,9 @@ def attention(model_dir: Path) -> None:
             + reads(m.weights[kind][layer][head], src, src)
         )
     heads = m.weights["cross"][last]
-    lines.append(f"reads, sharpest cross head ({sharpest + 1}): " + reads(heads[sharpest], tgt, src))
+    lines.append(
+        f"reads, sharpest cross head ({sharpest + 1}): " + reads(heads[sharpest], tgt, src)
+    )
     lines.append("reads, mean of the cross heads: " + reads(heads.mean(0), tgt, src))
     (HERE / "attention_heads.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

@@ -12,10 +12,13 @@
    both at once on one thread each (half the compute of a quiet 2-thread run, each).
 3. Speed: teacher and students translate test2016 on the same sorted batches of 64,
    interleaved batch by batch, greedy and beam 4, on ``--threads`` CPU threads; sentences/s
-   over the whole pass, median of ``--rounds`` passes.
+   over the whole pass, median of ``--rounds`` passes. ``--max-len-a``/``--max-len-b`` set
+   the length rule of every model's decode alike; ``--choices NAME`` takes each model's
+   checkpoint and alpha from that file of its run (benchmarks/multi30k_bleu.py ``--results``,
+   chosen on val under the same rule) instead of results.json.
 
 Each step is skipped when its output exists, so the script can be resumed. Writes
-OUT/results.json and prints it.
+OUT/results.json (or ``--results``) and prints it.
 """
 
 from __future__ import annotations
@@ -39,18 +42,19 @@ from aiayn.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from multi30k_bleu import host  # noqa: E402
+from multi30k_bleu import host, length_rule  # noqa: E402
 from sample_data import multi30k_dir  # noqa: E402
 
 
-def results_of(run: Path) -> dict:
-    """A run's results.json, as benchmarks/multi30k_bleu.py wrote it."""
-    return json.loads((run / "results.json").read_text())
+def results_of(run: Path, name: str = "results.json") -> dict:
+    """A run's results.json (or ``name``), as benchmarks/multi30k_bleu.py wrote it."""
+    return json.loads((run / name).read_text())
 
 
-def chosen(run: Path) -> tuple[Path, float]:
-    """The checkpoint file and alpha that run's val choice picked (results.json)."""
-    pick = results_of(run)["chosen_on_val"]
+def chosen(run: Path, name: str = "results.json") -> tuple[Path, float]:
+    """The checkpoint file and alpha that run's val choice picked (results.json or
+    ``name``)."""
+    pick = results_of(run, name)["chosen_on_val"]
     return run / f"checkpoint_{pick['checkpoint']}.pt", pick["alpha"]
 
 
@@ -103,11 +107,12 @@ def train_students(
     return {name: results_of(run) for name, run in runs.items()}
 
 
-def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int) -> dict:
+def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int, rule: dict) -> dict:
     """sentences/s of each model, greedy and beam 4: every model translates the same
-    groups of sentences (sorted by length, 64 each), interleaved group by group; the time
-    counts tokenization, decoding and detokenization, as `aiayn translate` does them for
-    plain-text output (greedy without scores)."""
+    groups of sentences (sorted by length, 64 each), interleaved group by group, under one
+    length ``rule`` (DecodeOptions' max_len_a / max_len_b); the time counts tokenization,
+    decoding and detokenization, as `aiayn translate` does them for plain-text output
+    (greedy without scores)."""
     loaded = {name: Translator(*load_model(ckpt)) for name, (ckpt, _) in models.items()}
     first = next(iter(loaded.values()))
     ids = [first.encode(line) for line in lines]
@@ -119,7 +124,7 @@ def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int) 
             spent = dict.fromkeys(loaded, 0.0)
             for index in groups:
                 for name, translator in loaded.items():
-                    options = DecodeOptions(beam=beam, alpha=models[name][1])
+                    options = DecodeOptions(beam=beam, alpha=models[name][1], **rule)
                     t0 = time.perf_counter()
                     src = pad([translator.encode(lines[i]) for i in index])
                     # As `aiayn translate` writes text: greedy skips the log-probs.
@@ -141,6 +146,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--max-len-a", type=float, help="speed pass: outputs <= a * source + b")
+    parser.add_argument("--max-len-b", type=int, help="(default: the library's, a=1 b=50)")
+    parser.add_argument("--choices", default="results.json", help="each run's file of choices")
+    parser.add_argument("--results", default="results.json", help="file name in --out")
     parser.add_argument(
         "--seq-inter",
         action="store_true",
@@ -164,22 +173,24 @@ def main() -> None:
     if not args.speed_only:
         overrides = {"distilled": [f"train_tgt={distilled}", *args.set], "original": args.set}
         students = train_students(out, Path(args.recipe), overrides, args.parallel)
-    models = {"teacher": chosen(teacher)}
+    models = {"teacher": chosen(teacher, args.choices)}
     for name in ("distilled", "original"):
         run = out / f"student-{name}"
-        if (run / "results.json").exists():
-            models[f"student_{name}"] = chosen(run)
+        if (run / args.choices).exists():
+            models[f"student_{name}"] = chosen(run, args.choices)
             # --speed-only keeps the trained students' figures in OUT/results.json.
-            students.setdefault(name, results_of(run))
+            students.setdefault(name, results_of(run, args.choices))
     test = read_lines(data / "test2016.de.gz")
+    rule = length_rule(args)
     results = {
-        "teacher": results_of(teacher),
+        "teacher": results_of(teacher, args.choices),
         "students": students,
-        "sentences_per_s": speed(models, test, args.rounds),
+        "length_rule": rule or "default",
+        "sentences_per_s": speed(models, test, args.rounds, rule),
         "threads": args.threads,
         "host": host(args.threads),  # the greedy ratio moved with the CPU (BENCHMARKS.md)
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / args.results).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

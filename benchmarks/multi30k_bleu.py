@@ -6,7 +6,10 @@ Steps: `aiayn train` (recipe's 55-minute limit), average the last 5 kept checkpo
 (epoch ones, and timed ones where the recipe saves every few minutes), choose the
 checkpoint (best / last / averaged) and the length penalty on *val*, then translate
 test2016 once with beam 4 and report sacreBLEU (and our own BLEU beside it). With
-``--val-only`` (screening recipes) test2016 is not decoded at all. Writes OUT/results.json.
+``--val-only`` (screening recipes) test2016 is not decoded at all. ``--max-len-a`` and
+``--max-len-b`` set the length rule of every decode (default the library's, source + 50);
+``--skip-train --results NAME`` chooses again for an existing run, under another rule,
+without touching its results.json. Writes OUT/results.json (or OUT/NAME).
 Data: ../shared/data/multi30k or $AIAYN_MULTI30K.
 """
 
@@ -50,6 +53,9 @@ def main() -> None:
     parser.add_argument("--alphas", default="0.6,1.0,1.5", help="length penalties tried on val")
     parser.add_argument("--average", type=int, default=5, help="checkpoints averaged")
     parser.add_argument("--val-only", action="store_true", help="choose on val, no test2016")
+    parser.add_argument("--max-len-a", type=float, help="outputs <= a * source + b tokens")
+    parser.add_argument("--max-len-b", type=int, help="(default: the library's, a=1 b=50)")
+    parser.add_argument("--results", default="results.json", help="file name in --out")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -80,6 +86,7 @@ def main() -> None:
     save_checkpoint(average_checkpoints(kept), out / "checkpoint_averaged.pt")
     run = run_figures(out)
 
+    rule = length_rule(args)  # of every decode below
     val_src, val_ref = read_lines(data / f"val.{src}.gz"), read_lines(data / f"val.{tgt}.gz")
     choices = []
     for name in ("averaged", "best", "last"):
@@ -87,7 +94,7 @@ def main() -> None:
         n_params = n_params or model.num_parameters()
         translator = Translator(model, tok)
         for alpha in [float(a) for a in args.alphas.split(",")]:
-            hyps = [h[0] for h in translator.translate(val_src, beam=4, alpha=alpha)]
+            hyps = [h[0] for h in translator.translate(val_src, beam=4, alpha=alpha, **rule)]
             score = sacrebleu.corpus_bleu(hyps, [val_ref]).score
             print(f"val: checkpoint {name}, beam 4, alpha {alpha}: BLEU {score:.2f}", flush=True)
             choices.append((score, name, alpha))
@@ -103,9 +110,10 @@ def main() -> None:
         "averaged": [p.name for p in kept],
         "val_choices": [{"checkpoint": n, "alpha": a, "bleu": round(b, 2)} for b, n, a in choices],
         "chosen_on_val": {"checkpoint": name, "alpha": alpha, "val_bleu": round(val_bleu, 2)},
+        "length_rule": rule or "default",
     }
     if args.val_only:
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (out / args.results).write_text(json.dumps(results, indent=2) + "\n")
         print(json.dumps(results, indent=2))
         return
 
@@ -115,9 +123,10 @@ def main() -> None:
     )
     translator = Translator(*load_model(out / f"checkpoint_{name}.pt", device))
     t1 = time.perf_counter()
-    hyps = [h[0] for h in translator.translate(test_src, beam=4, alpha=alpha)]
+    hyps = [h[0] for h in translator.translate(test_src, beam=4, alpha=alpha, **rule)]
     decode_s = time.perf_counter() - t1
-    (out / "test2016.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    stem = "" if args.results == "results.json" else f".{Path(args.results).stem}"
+    (out / f"test2016{stem}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     metric = sacrebleu.BLEU()
     sacre = metric.corpus_score(hyps, [test_ref])
     ours = corpus_bleu(hyps, test_ref)
@@ -128,8 +137,15 @@ def main() -> None:
         "test2016_decode_seconds_beam4": round(decode_s, 1),
         "wall_minutes_total": round((time.perf_counter() - t0) / 60, 1),
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / args.results).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+
+
+def length_rule(args: argparse.Namespace) -> dict:
+    """DecodeOptions' max_len_a / max_len_b as given on the command line; unset ones keep
+    the library's defaults (source + 50)."""
+    given = (("max_len_a", args.max_len_a), ("max_len_b", args.max_len_b))
+    return {k: v for k, v in given if v is not None}
 
 
 def host(threads: int) -> dict:

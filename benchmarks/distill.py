@@ -42,7 +42,7 @@ from aiayn.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from multi30k_bleu import host, length_rule  # noqa: E402
+from multi30k_bleu import host  # noqa: E402
 from sample_data import multi30k_dir  # noqa: E402
 
 
@@ -110,9 +110,9 @@ def train_students(
 def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int, rule: dict) -> dict:
     """sentences/s of each model, greedy and beam 4: every model translates the same
     groups of sentences (sorted by length, 64 each), interleaved group by group, under one
-    length ``rule`` (DecodeOptions' max_len_a / max_len_b); the time counts tokenization,
-    decoding and detokenization, as `aiayn translate` does them for plain-text output
-    (greedy without scores)."""
+    length ``rule`` (DecodeOptions' max_len_a / max_len_b; None: the default); the time
+    counts tokenization, decoding and detokenization, as `aiayn translate` does them for
+    plain-text output (greedy without scores)."""
     loaded = {name: Translator(*load_model(ckpt)) for name, (ckpt, _) in models.items()}
     first = next(iter(loaded.values()))
     ids = [first.encode(line) for line in lines]
@@ -124,7 +124,7 @@ def speed(models: dict[str, tuple[Path, float]], lines: list[str], rounds: int, 
             spent = dict.fromkeys(loaded, 0.0)
             for index in groups:
                 for name, translator in loaded.items():
-                    options = DecodeOptions(beam=beam, alpha=models[name][1], **rule)
+                    options = DecodeOptions(beam=beam, alpha=models[name][1]).replace(**rule)
                     t0 = time.perf_counter()
                     src = pad([translator.encode(lines[i]) for i in index])
                     # As `aiayn translate` writes text: greedy skips the log-probs.
@@ -178,14 +178,14 @@ def main() -> None:
         run = out / f"student-{name}"
         if (run / args.choices).exists():
             models[f"student_{name}"] = chosen(run, args.choices)
-            # --speed-only keeps the trained students' figures in OUT/results.json.
+            # --speed-only keeps the trained students' figures in OUT/--results.
             students.setdefault(name, results_of(run, args.choices))
     test = read_lines(data / "test2016.de.gz")
-    rule = length_rule(args)
+    rule = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
     results = {
         "teacher": results_of(teacher, args.choices),
         "students": students,
-        "length_rule": rule or "default",
+        "length_rule": rule,
         "sentences_per_s": speed(models, test, args.rounds, rule),
         "threads": args.threads,
         "host": host(args.threads),  # the greedy ratio moved with the CPU (BENCHMARKS.md)

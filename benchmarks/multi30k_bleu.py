@@ -86,7 +86,9 @@ def main() -> None:
     save_checkpoint(average_checkpoints(kept), out / "checkpoint_averaged.pt")
     run = run_figures(out)
 
-    rule = length_rule(args)  # of every decode below
+    # The length rule of every decode below; None keeps the model's (the Translator's
+    # settings ignore None, as DecodeOptions.replace does).
+    rule = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
     val_src, val_ref = read_lines(data / f"val.{src}.gz"), read_lines(data / f"val.{tgt}.gz")
     choices = []
     for name in ("averaged", "best", "last"):
@@ -110,7 +112,7 @@ def main() -> None:
         "averaged": [p.name for p in kept],
         "val_choices": [{"checkpoint": n, "alpha": a, "bleu": round(b, 2)} for b, n, a in choices],
         "chosen_on_val": {"checkpoint": name, "alpha": alpha, "val_bleu": round(val_bleu, 2)},
-        "length_rule": rule or "default",
+        "length_rule": rule,
     }
     if args.val_only:
         (out / args.results).write_text(json.dumps(results, indent=2) + "\n")
@@ -139,13 +141,6 @@ def main() -> None:
     }
     (out / args.results).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
-
-
-def length_rule(args: argparse.Namespace) -> dict:
-    """DecodeOptions' max_len_a / max_len_b as given on the command line; unset ones keep
-    the library's defaults (source + 50)."""
-    given = (("max_len_a", args.max_len_a), ("max_len_b", args.max_len_b))
-    return {k: v for k, v in given if v is not None}
 
 
 def host(threads: int) -> dict:

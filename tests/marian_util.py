@@ -77,7 +77,15 @@ def write_tokenizer(folder: Path, spm_vocab: int = 60, separate: bool = False, s
         n = write("vocab.json", pieces_of("source.spm", "target.spm"))
         return n, n
     source = pieces_of("source.spm")
-    target = pieces_of("target.spm")[:-1]  # <pad> at the source's pad id: one id per side
+    target = pieces_of("target.spm")[:-1]
+    # On a small corpus (the built-in sample) SentencePiece stops short of the sizes asked
+    # for, and the target side may come out smaller than the source. Fill it with pieces it
+    # never produces, so that it is the larger vocabulary, as the sizes asked for say, and
+    # its <pad> can sit at the source's pad id (one id per special token on both sides).
+    filler = 0
+    while len(target) < len(source):
+        target.append(f"\u2581unused{filler}")
+        filler += 1
     target.insert(len(source) - 1, "<pad>")
     return write("vocab.json", source), write("target_vocab.json", target)
 

@@ -18,7 +18,7 @@ import torch
 import yaml
 from transformers import MarianMTModel, MarianTokenizer
 
-from aiayn.checkpoint import BEST, LAST, load_checkpoint, load_model
+from aiayn.checkpoint import BEST, LAST, load_checkpoint, load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.data.shards import MANIFEST
 from aiayn.marian import export_marian, import_marian
@@ -102,17 +102,23 @@ def test_step_0_is_the_source_model_and_the_loss_falls(source, tmp_path):
 def test_a_fine_tuned_model_goes_to_transformers(source, tmp_path):
     out = tmp_path / "run"
     assert main(args(source, out, "max_steps=2")) == 0
-    folder = export_marian(out, tmp_path / "hf")
     generation = json.loads((source["hf"] / "generation_config.json").read_text())
-    assert json.loads((folder / "generation_config.json").read_text()) == generation
-    hf = MarianMTModel.from_pretrained(folder, dtype=torch.float32).double()
-    model, tokenizer = load_model(out / LAST)
-    src = torch.tensor([tokenizer.encode("Ein Mann fährt Fahrrad.")])
-    tgt = torch.tensor([[tokenizer.bos_id, *tokenizer.encode_target("A man rides a bike.")]])
-    with torch.no_grad():
-        theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
-        ours = model.double()(src, tgt)
-    assert (theirs - ours).abs().max().item() < 1e-10
+    # The default export is the checkpoint `auto` names (averaged, else best, else last):
+    # here the better of two validations, which need not be the last update; `last` is the
+    # other fine-tuned one. Each exported model is the checkpoint it was made from.
+    exported = [("auto", resolve_checkpoint(out)), ("last", out / LAST)]
+    assert {load_checkpoint(path)["step"] for _, path in exported} <= {1, 2}  # fine-tuned
+    for which, path in exported:
+        folder = export_marian(out, tmp_path / f"hf-{which}", checkpoint=which)
+        assert json.loads((folder / "generation_config.json").read_text()) == generation
+        hf = MarianMTModel.from_pretrained(folder, dtype=torch.float32).double()
+        model, tokenizer = load_model(path)
+        src = torch.tensor([tokenizer.encode("Ein Mann fährt Fahrrad.")])
+        tgt = torch.tensor([[tokenizer.bos_id, *tokenizer.encode_target("A man rides a bike.")]])
+        with torch.no_grad():
+            theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
+            ours = model.double()(src, tgt)
+        assert (theirs - ours).abs().max().item() < 1e-10, which
 
 
 @pytest.mark.parametrize(

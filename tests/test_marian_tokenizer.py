@@ -5,6 +5,8 @@ EOS appended to sources; and it travels whole in a checkpoint's bytes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import transformers
 
@@ -90,5 +92,12 @@ def test_broken_files_name_what_is_wrong(folder, tmp_path):
         MarianTokenizer.from_files({**files, "vocab.json": b'{"</s>": 0, "<unk>": 0}'})
     with pytest.raises(TokenizerError, match=r"vocab\.json: has no pad token"):
         MarianTokenizer.from_files({**files, "vocab.json": b'{"</s>": 0, "<unk>": 1}'})
+    moved = {"</s>": 0, "<unk>": 1, "a": 2, "<pad>": 3}  # pad 3 on this side, 2 on the other
+    with pytest.raises(TokenizerError, match=r"^target_vocab\.json: '<pad>' is id 3 here but"):
+        MarianTokenizer.from_files(
+            {**files, "tokenizer_config.json": b'{"separate_vocabs": true}',
+             "vocab.json": b'{"</s>": 0, "<unk>": 1, "<pad>": 2}',
+             "target_vocab.json": json.dumps(moved).encode()}
+        )  # fmt: skip
     with pytest.raises(TokenizerError, match="not a valid Marian tokenizer"):
         Tokenizer.from_bytes(Tokenizer.load(folder).to_bytes()[:100])

@@ -127,8 +127,8 @@ class MarianTokenizer(Tokenizer):
                     raise TokenizerError(f"{what}: has no {role} token {token!r}")
             if self.vocab[token] != self.target_vocab[token]:
                 raise TokenizerError(
-                    f"{token!r} is id {self.vocab[token]} in {VOCAB} but "
-                    f"{self.target_vocab[token]} in {TARGET_VOCAB}; one id per special token"
+                    f"{TARGET_VOCAB}: {token!r} is id {self.target_vocab[token]} here but "
+                    f"{self.vocab[token]} in {VOCAB}; one id per special token"
                 )
             tokens[role] = token
         self.eos_token, self.unk_token, self.pad_token = tokens["eos"], tokens["unk"], tokens["pad"]

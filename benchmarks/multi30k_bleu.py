@@ -1,6 +1,6 @@
 """Train on Multi30k with the shipped recipe, then score test2016 with beam search.
 
-    python benchmarks/multi30k_bleu.py --direction de-en --out runs/bench-de-en
+    python benchmarks/multi30k_bleu.py --pair de-en --out runs/bench-de-en
 
 Steps: `aiayn train` (recipe's 55-minute limit), average the last 5 kept checkpoints
 (epoch ones, and timed ones where the recipe saves every few minutes), choose the
@@ -10,7 +10,9 @@ test2016 once with beam 4 and report sacreBLEU (and our own BLEU beside it). Wit
 ``--max-len-b`` set the length rule of every decode (default the library's, source + 50);
 ``--skip-train --results NAME`` chooses again for an existing run, under another rule,
 without touching its results.json. Writes OUT/results.json (or OUT/NAME).
-Data: ../shared/data/multi30k or $AIAYN_MULTI30K.
+Data: any Multi30k pair (``--pair fr-en``, ``en-cs``, ...; ``--direction`` is the old
+name), from $AIAYN_MULTI30K or ../shared/data/multi30k when they hold it, else from the
+cache of `aiayn data get multi30k` (fetched when missing).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
 )
 from aiayn.data.corpus import read_lines
+from aiayn.data.datasets import pair_files
 from aiayn.metrics import corpus_bleu
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
@@ -43,9 +46,28 @@ from benchmarks.speed.common import cpu_name  # noqa: E402
 from sample_data import multi30k_dir  # noqa: E402
 
 
+def multi30k_files(src: str, tgt: str) -> dict[str, Path]:
+    """train/valid/test src and tgt files of a Multi30k pair: from the folder the tests
+    use ($AIAYN_MULTI30K, ../shared/data/multi30k, the cache) when it has that pair, else
+    from the cache of `aiayn data get multi30k`, fetching what it lacks."""
+    data = multi30k_dir()
+    stems = {"train": "train", "valid": "val", "test": "test2016"}
+    files = {
+        f"{role}_{side}": (data or Path()) / f"{stem}.{lang}.gz"
+        for role, stem in stems.items()
+        for side, lang in (("src", src), ("tgt", tgt))
+    }
+    if data is not None and all(f.is_file() for f in files.values()):
+        return files
+    return pair_files(f"multi30k/{src}-{tgt}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--direction", choices=["de-en", "en-de"], default="de-en")
+    parser.add_argument(
+        "--pair", "--direction", dest="direction", default="de-en",
+        help="SRC-TGT of Multi30k's cs, de, en, fr (de-en, en-de, fr-en, en-cs, ...)",
+    )  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--recipe", default=str(ROOT / "recipes/multi30k.yaml"))
     parser.add_argument("--set", nargs="*", default=[], help="recipe overrides")
@@ -59,19 +81,10 @@ def main() -> None:
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    data = multi30k_dir()
-    if data is None:
-        raise SystemExit(
-            "Multi30k not found: put it at ../shared/data/multi30k or set AIAYN_MULTI30K"
-        )
     src, tgt = args.direction.split("-")
-    files = {
-        "train_src": data / f"train.{src}.gz",
-        "train_tgt": data / f"train.{tgt}.gz",
-        "valid_src": data / f"val.{src}.gz",
-        "valid_tgt": data / f"val.{tgt}.gz",
-    }
-    recipe = Recipe.from_yaml(args.recipe, [f"{k}={v}" for k, v in files.items()] + args.set)
+    files = multi30k_files(src, tgt)
+    given = [f"{k}={v}" for k, v in files.items() if not k.startswith("test")]
+    recipe = Recipe.from_yaml(args.recipe, given + args.set)
     out = Path(args.out)
 
     t0 = time.perf_counter()
@@ -89,7 +102,7 @@ def main() -> None:
     # The length rule of every decode below; None keeps the model's (the Translator's
     # settings ignore None, as DecodeOptions.replace does).
     rule = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
-    val_src, val_ref = read_lines(data / f"val.{src}.gz"), read_lines(data / f"val.{tgt}.gz")
+    val_src, val_ref = read_lines(files["valid_src"]), read_lines(files["valid_tgt"])
     choices = []
     for name in ("averaged", "best", "last"):
         model, tok = load_model(out / f"checkpoint_{name}.pt", device)
@@ -119,10 +132,7 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
 
-    test_src, test_ref = (
-        read_lines(data / f"test2016.{src}.gz"),
-        read_lines(data / f"test2016.{tgt}.gz"),
-    )
+    test_src, test_ref = read_lines(files["test_src"]), read_lines(files["test_tgt"])
     translator = Translator(*load_model(out / f"checkpoint_{name}.pt", device))
     t1 = time.perf_counter()
     hyps = [h[0] for h in translator.translate(test_src, beam=4, alpha=alpha, **rule)]

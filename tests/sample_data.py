@@ -83,19 +83,34 @@ PAIRS = [
 ]
 
 
+# Test files (tests/test_x.py) that read Multi30k in this session: conftest.py checks
+# that each is marked ``multi30k``, the mark CI uses to run them again without the data.
+READERS: set[str] = set()
+
+
 def multi30k_dir() -> Path | None:
     """The Multi30k folder ($AIAYN_MULTI30K, else ../shared/data/multi30k beside the
-    project) if it holds the train/val/test2016 files, else None. ``AIAYN_MULTI30K=none``
-    hides it, to run the tests as on a fresh clone without the data."""
+    project, else the cache of `aiayn data get multi30k`) if it holds the de and en
+    train/val/test2016 files, else None. ``AIAYN_MULTI30K=none`` hides it, to run the tests
+    as on a fresh clone without the data."""
     if os.environ.get("AIAYN_MULTI30K") == "none":
         return None
-    candidates = [os.environ.get("AIAYN_MULTI30K"), ROOT.parent / "shared/data/multi30k"]
+    from aiayn.data.datasets import cache_dir
+
+    candidates = [
+        os.environ.get("AIAYN_MULTI30K"),
+        ROOT.parent / "shared/data/multi30k",
+        cache_dir() / "multi30k",
+    ]
     for c in candidates:
         if c and all(
             (Path(c) / f"{s}.{lang}.gz").is_file()
             for s in ("train", "val", "test2016")
             for lang in ("de", "en")
         ):
+            test = os.environ.get("PYTEST_CURRENT_TEST")
+            if test:
+                READERS.add(test.split("::")[0])
             return Path(c)
     return None
 

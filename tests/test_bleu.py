@@ -12,6 +12,8 @@ from aiayn.metrics import corpus_bleu, sentence_bleu
 from aiayn.metrics.bleu import tokenize_13a
 from sample_data import PAIRS, multi30k_dir
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 
 def references() -> list[str]:
     """Multi30k val English (1,014 real captions) when present, else the built-in sample."""

@@ -24,6 +24,8 @@ from aiayn.errors import TokenizerError
 from conftest import small_corpus
 from sample_data import PAIRS
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 
 def write(path, text: str | bytes, gz: bool = False):
     data = text.encode("utf-8") if isinstance(text, str) else text

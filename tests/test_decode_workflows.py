@@ -25,6 +25,8 @@ from conftest import random_batch, small_corpus, tiny_config
 from sample_data import PAIRS
 from test_pipeline import TINY, train_argv
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 
 @pytest.mark.parametrize(
     ("settings", "message"),

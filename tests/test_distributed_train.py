@@ -27,7 +27,7 @@ from aiayn.data.shards import PreparedData
 from conftest import small_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multi30k, pytest.mark.slow, pytest.mark.timeout(600)]
 
 # A model of 0.03M parameters; dropout 0 so no random stream differs between the runs.
 RECIPE = [

@@ -29,7 +29,7 @@ from conftest import small_corpus
 from marian_util import make_marian, write_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(600)]
 SETTINGS = [
     "max_tokens=2000", "warmup=4", "lr_scale=0.08", "label_smoothing=0.0",
     "save_every_steps=2", "threads=1", "seed=3", "valid_beam=1",

@@ -20,7 +20,7 @@ from aiayn.translator import Translator
 from marian_util import corpus_lines, make_marian, write_tokenizer
 from sample_data import PAIRS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(300)]
 STEPS = 13  # max_new_tokens: the outputs that do not stop earlier end here
 
 

@@ -20,7 +20,7 @@ from aiayn.marian import export_marian, import_marian
 from marian_util import make_marian, write_tokenizer
 from sample_data import PAIRS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

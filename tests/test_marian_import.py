@@ -29,7 +29,7 @@ from aiayn.marian import import_marian
 from aiayn.translator import Translator
 from marian_util import corpus_lines, make_marian, write_tokenizer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(300)]
 
 VARIANTS = {
     "shared_tied": {},

@@ -15,6 +15,8 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import TokenizerError
 from marian_util import corpus_lines, write_tokenizer
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 ODD = [
     ">>fra<< Ein Mann fährt Fahrrad.",  # a language token: one id
     ">>fra<<Zwei Hunde",

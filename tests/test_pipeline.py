@@ -20,6 +20,8 @@ from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
 from conftest import small_corpus
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 # A model small enough to train a few dozen updates in seconds on one core.
 TINY = [
     "model.d_model=32",

@@ -13,6 +13,8 @@ from conftest import small_corpus
 from sample_data import PAIRS
 from test_pipeline import records, train_argv
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen
 REFERENCES = [t for _, t in PAIRS]
 

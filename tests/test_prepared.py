@@ -29,6 +29,8 @@ from aiayn.train.trainer import Trainer
 from conftest import small_corpus
 from test_pipeline import TINY, records, train_argv
 
+pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -53,3 +53,8 @@ class ConversionError(AiaynError):
     """A model folder of another library that cannot be imported (missing or damaged file,
     another model type), or a model that another library's format cannot hold; names the
     file or the field."""
+
+
+class DownloadError(AiaynError):
+    """A data set file that could not be downloaded or failed its checksum; names the URL,
+    the file, and how to place it by hand."""

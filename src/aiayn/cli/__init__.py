@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from aiayn.cli import converting, decoding, inspecting, serving, training
+from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
 from aiayn.errors import AiaynError
 
 EXIT_USER_ERROR = 2
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aiayn", description="The original Transformer: train, translate, score, inspect."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (training, decoding, inspecting, serving, converting):
+    for group in (training, datasets, decoding, inspecting, serving, converting):
         group.add_parsers(sub)
     return parser
 

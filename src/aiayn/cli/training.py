@@ -54,9 +54,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
     )
     for flag in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
-        if not recipe.data and not getattr(recipe, flag):
+        if not recipe.data and not recipe.dataset and not getattr(recipe, flag):
             raise AiaynError(
-                f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data)"
+                f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data, "
+                "or a named data set: --set dataset=multi30k)"
             )
     resumes: dict[str | None, bool | str] = {None: False, "yes": True, "auto": "auto"}
     resume = resumes[args.resume]

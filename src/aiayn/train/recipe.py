@@ -23,6 +23,10 @@ class Recipe:
     # Data: a directory from `aiayn prepare` or parallel text, one sentence per line, plain
     # or .gz (prepared into the run's data/ directory; the fields below apply to it).
     data: str = ""
+    # A named data set instead of paths: NAME or NAME/SRC-TGT (multi30k, multi30k/en-de,
+    # wmt14-en-de), read from the cache of `aiayn data get`, which fetches what it lacks.
+    # Fills the train_* and valid_* fields left empty.
+    dataset: str = ""
     train_src: str = ""
     train_tgt: str = ""
     valid_src: str = ""

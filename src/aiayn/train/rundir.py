@@ -27,6 +27,7 @@ from aiayn.checkpoint import (
 )
 from aiayn.config import TransformerConfig
 from aiayn.data import Tokenizer
+from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.distributed import World
@@ -158,6 +159,11 @@ class RunDirectory:
             directory = Path(r.data)
         else:
             directory = self.out_dir / "data"
+            if r.dataset:  # fetched (when the cache lacks it) by rank 0 alone
+                named = self.on_main(lambda: pair_files(r.dataset, log=self.log))
+                for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+                    if not getattr(r, key):
+                        setattr(r, key, str(named[key]))
 
             def make() -> None:
                 if state is not None and (directory / MANIFEST).is_file():

@@ -1,0 +1,148 @@
+"""Downloading one file into a cache: checked, atomic and resumable.
+
+What :func:`fetch` guarantees, whatever the network does:
+
+- a file at ``dest`` is always whole and, when a SHA-256 is known, verified: bytes arrive
+  in ``dest.part`` and are renamed to ``dest`` only after the checksum matched;
+- a broken transfer (a dropped connection, a timeout) keeps ``dest.part``, and the next
+  call asks the server for the rest (an HTTP Range request) or starts again when the
+  server cannot resume;
+- a file already at ``dest`` is not downloaded again;
+- every failure is one :class:`~aiayn.errors.DownloadError` naming the URL and the file,
+  and saying how to place the file by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import BinaryIO
+
+from aiayn.errors import DownloadError
+from aiayn.progress import progress
+
+CHUNK = 1 << 16
+TIMEOUT_S = 60.0  # seconds without a byte from the server before a transfer is given up
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(
+    url: str,
+    dest: str | Path,
+    sha256: str | None = None,
+    timeout: float = TIMEOUT_S,
+    show_progress: bool = True,
+) -> bool:
+    """Make ``dest`` a whole copy of ``url`` (checked against ``sha256`` when given);
+    returns True when bytes were downloaded, False when ``dest`` was already there.
+    DownloadError on any failure, with ``dest`` untouched and a partial ``dest.part`` kept
+    for the next call to resume."""
+    dest = Path(dest)
+    if dest.is_file():
+        return False
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DownloadError(
+            f"{dest.parent}: cannot create the cache folder ({e.strerror}); choose another "
+            "one (the AIAYN_DATA environment variable)"
+        ) from None
+    part = dest.with_name(dest.name + ".part")
+    try:
+        out = open(part, "ab")  # noqa: SIM115 - closed by _transfer; opened before connecting
+    except OSError as e:
+        raise DownloadError(
+            f"{dest.parent}: the cache folder cannot be written ({e.strerror}); make it "
+            "writable or choose another one (the AIAYN_DATA environment variable)"
+        ) from None
+    try:
+        with out:
+            _transfer(url, out, timeout, show_progress, dest)
+    except DownloadError:
+        if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
+            part.unlink()
+        raise
+    if sha256 is not None:
+        got = sha256_of(part)
+        if got != sha256:
+            part.unlink()
+            raise DownloadError(
+                f"{url}: SHA-256 {got} is not the expected {sha256} (file {dest.name}; the "
+                f"download was deleted). {_by_hand(url, dest)}"
+            )
+    os.replace(part, dest)  # atomic: dest is whole or absent
+    return True
+
+
+def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest: Path) -> None:
+    """Append the rest of ``url`` to ``out`` (``dest.part``, opened for appending), or all
+    of it, from the start, when the server cannot send the range asked for."""
+    part = Path(out.name)
+    have = out.tell()
+    request = urllib.request.Request(url, headers={"User-Agent": "aiayn"})
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # the part is no prefix the server knows: start again
+            out.seek(0)
+            out.truncate()
+            return _transfer(url, out, timeout, show_progress, dest)
+        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}. {_by_hand(url, dest)}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        reason = _reason(e)
+        raise DownloadError(f"{url}: cannot connect ({reason}). {_by_hand(url, dest)}") from None
+    with response:
+        if have and response.status != 206:  # the server sends the whole file again
+            out.seek(0)
+            out.truncate()
+            have = 0
+        length = response.headers.get("Content-Length")
+        total = have + int(length) if length is not None else None
+        received = have
+        try:
+            with progress(
+                total=total, initial=have, desc=dest.name, unit="B", disable=not show_progress
+            ) as bar:
+                while block := response.read(CHUNK):
+                    out.write(block)
+                    received += len(block)
+                    bar.update(len(block))
+        except (OSError, http.client.HTTPException) as e:
+            raise DownloadError(
+                f"{url}: the transfer broke off after {received} bytes ({_reason(e)}); the "
+                f"part is kept in {part} and the next call resumes it. {_by_hand(url, dest)}"
+            ) from None
+        finally:
+            out.flush()
+            os.fsync(out.fileno())
+    if total is not None and received != total:
+        raise DownloadError(
+            f"{url}: the server closed the connection after {received} of {total} bytes; the "
+            f"part is kept in {part} and the next call resumes it. {_by_hand(url, dest)}"
+        )
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(e, urllib.error.URLError) and not isinstance(e.reason, str):
+        return _reason(e.reason) if isinstance(e.reason, BaseException) else str(e.reason)
+    return str(e) or type(e).__name__
+
+
+def _by_hand(url: str, dest: Path) -> str:
+    return f"Offline, download {url} elsewhere and place it at {dest}"

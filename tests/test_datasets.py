@@ -1,0 +1,221 @@
+"""`aiayn data get` / `data list` and recipes that name their data, against a mirror on
+the loopback address: Multi30k (the real files when ../shared/data/multi30k is there, with
+the checksums pinned in the code; else small files the test makes, with their checksums
+put in place of the pinned ones), then `aiayn train --config recipes/multi30k.yaml` from
+the cache with no path given, or fetching what the cache lacks; WMT14 en-de from small
+archives of statmt.org's layout: extracted into aligned plain text, checksums pinned or
+recorded on first use."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from aiayn.checkpoint import LAST, load_checkpoint
+from aiayn.cli import main
+from aiayn.data import datasets
+from aiayn.data.corpus import read_lines
+from aiayn.errors import DownloadError
+from mirror_util import Mirror
+from sample_data import PAIRS, multi30k_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.multi30k  # also run with the data hidden (.ci/run)
+TINY = [
+    "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64",
+    "vocab_size=300", "max_steps=2", "time_limit_minutes=0", "save_every_minutes=0",
+    "threads=1", "warmup=2", "max_tokens=2000",
+]  # fmt: skip
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("AIAYN_DATA", str(folder))
+    monkeypatch.delenv("AIAYN_MIRROR", raising=False)
+    return folder
+
+
+def gz(lines: list[str]) -> bytes:
+    return gzip.compress("".join(f"{line}\n" for line in lines).encode(), mtime=0)
+
+
+@pytest.fixture
+def multi30k(monkeypatch) -> dict[str, bytes]:
+    """Upstream path -> bytes of the Multi30k files the mirror serves: the real de and en
+    train/val/test2016 files when they are here (checked against the pinned checksums),
+    else every file of Task 1 made from the built-in pairs, whose checksums replace the
+    pinned ones for the test."""
+    data, upstream = multi30k_dir(), datasets.MULTI30K_SPLITS
+    if data is not None:
+        return {
+            f"data/task1/raw/{upstream[split]}.{lang}.gz": (
+                data / f"{split}.{lang}.gz"
+            ).read_bytes()
+            for split in ("train", "val", "test2016")
+            for lang in ("de", "en")
+        }
+    made, sources = {}, []
+    for source in datasets.DATASETS["multi30k"].sources:
+        side = {"en": 1}.get(source.lang, 0)  # cs and fr: German text, marked
+        lines = [p[side] if source.lang in ("de", "en") else f"{p[side]} ({source.lang})"
+                 for p in PAIRS]  # fmt: skip
+        split = {"train": slice(0, 50), "val": slice(50, 60)}.get(source.split, slice(60, 70))
+        made[source.path] = gz(lines[split])
+        sha = hashlib.sha256(made[source.path]).hexdigest()
+        sources.append(dataclasses.replace(source, sha256=sha))
+    patched = dataclasses.replace(datasets.DATASETS["multi30k"], sources=tuple(sources))
+    monkeypatch.setitem(datasets.DATASETS, "multi30k", patched)
+    return made
+
+
+def test_get_fills_the_cache_and_train_starts_from_it(multi30k, cache, tmp_path, capsys):
+    with Mirror(multi30k).running() as mirror:
+        argv = ["data", "get", "multi30k", "--pair", "de-en", "--mirror", mirror.url]
+        argv += ["--split", "train", "--split", "val", "--split", "test2016", "--no-progress"]
+        assert main(argv) == 0
+        assert "6 file(s) downloaded" in capsys.readouterr().out
+        folder = cache / "multi30k"
+        upstream = datasets.MULTI30K_SPLITS
+        for split in ("train", "val", "test2016"):  # byte for byte, under the local names
+            for lang in ("de", "en"):
+                body = multi30k[f"data/task1/raw/{upstream[split]}.{lang}.gz"]
+                assert (folder / f"{split}.{lang}.gz").read_bytes() == body
+        assert not list(folder.glob("*.part"))
+        assert main([*argv]) == 0  # a second call downloads nothing
+        assert "0 file(s) downloaded, 6 already there" in capsys.readouterr().out
+        assert len(mirror.requests) == 6
+        assert main(["data", "list"]) == 0
+        listing = capsys.readouterr().out
+        assert f"cache: {cache}" in listing and "multi30k     6 of " in listing
+    # the mirror is gone: the recipe reads the cache, and names no path
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(ROOT / "recipes" / "multi30k.yaml"), "--out", str(out)]
+    assert main([*argv, "--no-progress", "--set", *TINY]) == 0
+    assert load_checkpoint(out / LAST)["step"] == 2
+    saved = (out / "recipe.yaml").read_text()
+    assert f"train_src: {cache / 'multi30k' / 'train.de.gz'}" in saved
+
+
+def test_a_recipe_fetches_what_the_cache_lacks(multi30k, cache, tmp_path, monkeypatch):
+    with Mirror(multi30k).running() as mirror:
+        monkeypatch.setenv("AIAYN_MIRROR", mirror.url)
+        out = tmp_path / "run"
+        argv = ["train", "--config", str(ROOT / "recipes" / "multi30k.yaml"), "--out", str(out)]
+        assert main([*argv, "--no-progress", "--set", *TINY, "dataset=multi30k/en-de"]) == 0
+        fetched = {Path(p).name for p, _ in mirror.requests}
+    assert fetched == {f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr")
+                       for lang in ("de", "en")}  # fmt: skip
+    state = load_checkpoint(out / LAST)
+    assert state["step"] == 2
+    en = read_lines(cache / "multi30k" / "train.en.gz")
+    assert (out / "recipe.yaml").read_text().count("multi30k/en-de") == 1
+    assert len(en) in (50, 29000)
+
+
+def test_offline_the_error_is_one_line_and_names_the_file(cache, capsys):
+    argv = ["data", "get", "multi30k", "--pair", "de-en", "--split", "val", "--no-progress"]
+    assert main([*argv, "--mirror", "http://127.0.0.1:9/", "--timeout", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "http://127.0.0.1:9/data/task1/raw/val.de.gz: cannot connect" in err
+    assert f"place it at {cache / 'multi30k' / 'val.de.gz'}" in err
+    assert not (cache / "multi30k" / "val.de.gz").exists()
+
+
+def test_unknown_names_pairs_and_splits_are_refused(cache):
+    with pytest.raises(DownloadError, match="data set 'wmt15': unknown; known: multi30k"):
+        datasets.get("wmt15")
+    with pytest.raises(DownloadError, match="'multi30k/de-xx': not a pair of multi30k"):
+        datasets.pair_files("multi30k/de-xx")
+    with pytest.raises(DownloadError, match="multi30k: no split test2099"):
+        datasets.get("multi30k", splits=["test2099"])
+
+
+def tgz(members: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def sgm(lines: list[str]) -> str:
+    segs = "".join(f'<seg id="{i + 1}"> {line} </seg>\n' for i, line in enumerate(lines))
+    return f'<srcset setid="newstest2014">\n<doc docid="x">\n{segs}</doc>\n</srcset>\n'
+
+
+def test_wmt14_from_archives_of_statmt_layout(cache, monkeypatch, capsys):
+    de, en = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
+    side = {"de": de, "en": en}
+
+    def text(lang: str, a: int, b: int) -> str:
+        return "".join(f"{line}\n" for line in side[lang][a:b])
+
+    archives = {
+        "wmt13/training-parallel-europarl-v7.tgz": tgz(
+            {f"training/europarl-v7.de-en.{lang}": text(lang, 0, 20) for lang in side}
+            | {"training/europarl-v7.fr-en.fr": "autre\n"}
+        ),
+        "wmt13/training-parallel-commoncrawl.tgz": tgz(
+            {f"commoncrawl.de-en.{lang}": text(lang, 20, 35) for lang in side}
+        ),
+        "wmt14/training-parallel-nc-v9.tgz": tgz(
+            {f"training/news-commentary-v9.de-en.{lang}": text(lang, 35, 50) for lang in side}
+        ),
+        "wmt14/dev.tgz": tgz({f"dev/newstest2013.{lang}": text(lang, 50, 60) for lang in side}),
+        "wmt14/test-full.tgz": tgz({
+            "test-full/newstest2014-deen-src.en.sgm": sgm(en[60:]),
+            "test-full/newstest2014-deen-ref.de.sgm": sgm(de[60:]),
+        }),
+    }  # fmt: skip
+    data = datasets.DATASETS["wmt14-en-de"]
+    pinned = [s for s in data.sources if s.sha256 is not None]
+    assert len(pinned) == 3  # the training archives; dev and test are recorded on first use
+    sources = tuple(
+        dataclasses.replace(s, sha256=hashlib.sha256(archives[s.path]).hexdigest())
+        if s.sha256 is not None
+        else s
+        for s in data.sources
+    )
+    monkeypatch.setitem(
+        datasets.DATASETS, "wmt14-en-de", dataclasses.replace(data, sources=sources)
+    )
+    with Mirror(archives).running() as mirror:
+        argv = ["data", "get", "wmt14-en-de", "--mirror", mirror.url, "--no-progress"]
+        assert main(argv) == 0
+        folder = cache / "wmt14-en-de"
+        assert (folder / "train.de").read_text().splitlines() == de[:50]
+        assert (folder / "train.en").read_text().splitlines() == en[:50]
+        assert (folder / "newstest2013.en").read_text().splitlines() == en[50:60]
+        assert (folder / "newstest2014.de").read_text().splitlines() == de[60:]
+        assert (folder / "newstest2014.en").read_text().splitlines() == en[60:]
+        recorded = (folder / datasets.RECORDED).read_text()
+        assert "archives/dev.tgz" in recorded and "archives/test-full.tgz" in recorded
+        assert "europarl" not in recorded  # pinned, not recorded
+        assert main(argv) == 0 and len(mirror.requests) == 5  # nothing downloaded again
+        capsys.readouterr()
+        # a recorded checksum is checked on every later call
+        dev = folder / "archives" / "dev.tgz"
+        dev.write_bytes(dev.read_bytes() + b"changed")
+        assert main(argv) == 2
+        assert "dev.tgz: SHA-256 differs" in capsys.readouterr().err
+    files = datasets.pair_files("wmt14-en-de")
+    assert (
+        files["train_src"] == folder / "train.en"
+        and files["valid_tgt"] == folder / "newstest2013.de"
+    )
+    prepare = ["prepare", "--out", str(cache / "prepared"), "--vocab-size", "200", "--no-progress"]
+    for flag, key in (("--train-src", "train_src"), ("--train-tgt", "train_tgt"),
+                      ("--valid-src", "valid_src"), ("--valid-tgt", "valid_tgt")):  # fmt: skip
+        prepare += [flag, str(files[key])]
+    assert main(prepare) == 0

@@ -1,0 +1,102 @@
+"""The downloader against a mirror on the loopback address (never the network): a file
+arrives whole and checked; a second call downloads nothing; a checksum mismatch, a 404, a
+connection dropped mid-file, a server that stalls and a cache folder that cannot be
+written each give one clear DownloadError, leave no half-written file where the finished
+one belongs and lose nothing already there; a broken transfer resumes with a Range
+request, or starts again when the server cannot send ranges."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from aiayn.data.download import fetch
+from aiayn.errors import DownloadError
+from mirror_util import Mirror
+
+BODY = bytes(range(256)) * 1000  # 256 kB, several chunks
+SHA = hashlib.sha256(BODY).hexdigest()
+
+
+@pytest.fixture
+def mirror():
+    with Mirror({"data/a.bin": BODY, "data/b.bin": b"bee\n"}).running() as m:
+        yield m
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_file_arrives_checked_and_a_second_call_downloads_nothing(mirror, tmp_path):
+    dest = tmp_path / "cache" / "a.bin"
+    assert fetch(mirror.url + "data/a.bin", dest, SHA, show_progress=False) is True
+    assert dest.read_bytes() == BODY and leftovers(dest.parent) == ["a.bin"]
+    assert fetch(mirror.url + "data/a.bin", dest, SHA, show_progress=False) is False
+    assert mirror.downloads("data/a.bin") == 1
+
+
+def test_a_checksum_mismatch_deletes_the_download(mirror, tmp_path):
+    dest = tmp_path / "a.bin"
+    with pytest.raises(DownloadError) as e:
+        fetch(mirror.url + "data/a.bin", dest, "0" * 64, show_progress=False)
+    message = str(e.value)
+    assert "data/a.bin" in message and SHA in message and "0" * 64 in message
+    assert f"place it at {dest}" in message and "\n" not in message
+    assert leftovers(tmp_path) == []
+
+
+def test_a_404_names_the_url_and_how_to_place_the_file_by_hand(mirror, tmp_path):
+    (tmp_path / "kept.bin").write_bytes(b"earlier")  # nothing already there is lost
+    with pytest.raises(DownloadError, match=r"data/none\.bin: HTTP 404 .*place it at"):
+        fetch(mirror.url + "data/none.bin", tmp_path / "none.bin", show_progress=False)
+    assert leftovers(tmp_path) == ["kept.bin"]
+    assert (tmp_path / "kept.bin").read_bytes() == b"earlier"
+
+
+def test_a_dropped_connection_keeps_the_part_and_the_next_call_resumes_it(mirror, tmp_path):
+    dest, url = tmp_path / "a.bin", mirror.url + "data/a.bin"
+    mirror.drop.add("data/a.bin")
+    with pytest.raises(DownloadError, match=r"data/a\.bin: the (transfer broke off|server clo)"):
+        fetch(url, dest, SHA, show_progress=False)
+    part = tmp_path / "a.bin.part"
+    assert not dest.exists() and part.stat().st_size == len(BODY) // 2
+    mirror.drop.clear()
+    assert fetch(url, dest, SHA, show_progress=False) is True
+    assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]
+    assert mirror.requests[-1] == ("data/a.bin", f"bytes={len(BODY) // 2}-")  # the rest only
+
+
+def test_a_server_that_cannot_resume_sends_the_whole_file_again(mirror, tmp_path):
+    dest, url = tmp_path / "a.bin", mirror.url + "data/a.bin"
+    (tmp_path / "a.bin.part").write_bytes(BODY[:1000])
+    mirror.no_range.add("data/a.bin")
+    assert fetch(url, dest, SHA, show_progress=False) is True
+    assert dest.read_bytes() == BODY  # not the part followed by the whole file
+    # a part longer than the file (416): started again too
+    (tmp_path / "b.bin.part").write_bytes(b"a stale part, longer than the file")
+    assert fetch(mirror.url + "data/b.bin", tmp_path / "b.bin", show_progress=False) is True
+    assert (tmp_path / "b.bin").read_bytes() == b"bee\n"
+
+
+def test_a_stalled_server_times_out(mirror, tmp_path):
+    mirror.stall.add("data/a.bin")
+    with pytest.raises(DownloadError, match=r"data/a\.bin: .*timed out"):
+        fetch(mirror.url + "data/a.bin", tmp_path / "a.bin", SHA, timeout=0.5, show_progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_cache_folder_that_cannot_be_written(mirror, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    with pytest.raises(DownloadError, match=r"not-a-folder/multi30k: cannot create the cache"):
+        fetch(mirror.url + "data/b.bin", blocker / "multi30k" / "b.bin", show_progress=False)
+    assert blocker.read_text() == "a file where the cache folder should be"
+    if os.geteuid() != 0:  # root writes through a read-only folder's mode bits
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        with pytest.raises(DownloadError, match=r"read-only: the cache folder cannot be written"):
+            fetch(mirror.url + "data/b.bin", folder / "b.bin", show_progress=False)

@@ -11,7 +11,8 @@
 4. ``aiayn train --data`` with the Multi30k recipe's model: seconds from the command's
    start to the first update, and steady-state RSS (median after the first update), beside
    the same run on prepared Multi30k.
-Writes WORK/results.json. Data: ../shared/data/multi30k or $AIAYN_MULTI30K.
+Writes WORK/results.json. Data: $AIAYN_MULTI30K, ../shared/data/multi30k or the cache of
+`aiayn data get multi30k`.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ Peers (all built here, same sizes, random weights unless stated):
   and with the whole prefix recomputed at every step.
 * peak memory: each (phase, system) in its own child process, VmHWM of that process.
 
-Data: Multi30k (../shared/data/multi30k or $AIAYN_MULTI30K), else the built-in sample with a
-throwaway tokenizer. Without --checkpoint nothing is trained: BLEU is then not meaningful.
+Data: Multi30k ($AIAYN_MULTI30K, ../shared/data/multi30k or the `aiayn data get` cache),
+else the built-in sample with a throwaway tokenizer. Without --checkpoint nothing is
+trained: BLEU is then not meaningful.
 Needs the ``bench`` extra (transformers, psutil, matplotlib; ctranslate2 optional).
 
 Modules: ``cli`` (command line, one run), ``context`` (sizes and settings of a run), ``data``

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from aiayn import __version__
 from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
 from aiayn.errors import AiaynError
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The original Transformer: train, translate, score, inspect."
     )
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (training, datasets, decoding, inspecting, serving, converting):
         group.add_parsers(sub)

@@ -159,9 +159,12 @@ class RunDirectory:
             directory = Path(r.data)
         else:
             directory = self.out_dir / "data"
-            if r.dataset:  # fetched (when the cache lacks it) by rank 0 alone
+            files = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+            # Fetched (when the cache lacks it) by rank 0 alone, and only when a file is
+            # missing: your own four files with a recipe that names a data set need no network.
+            if r.dataset and not all(getattr(r, key) for key in files):
                 named = self.on_main(lambda: pair_files(r.dataset, log=self.log))
-                for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+                for key in files:
                     if not getattr(r, key):
                         setattr(r, key, str(named[key]))
 

@@ -26,9 +26,10 @@ from aiayn.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = [ROOT / "README.md"] + sorted(
-    p for p in DOCS.rglob("*.md") if DOCS / "tour" not in p.parents
-)
+PAGES = [
+    ROOT / "README.md",
+    *sorted(p for p in DOCS.rglob("*.md") if DOCS / "tour" not in p.parents),
+]
 
 
 def _reference():
@@ -73,9 +74,7 @@ def _expand(word: str, variables: dict[str, str]) -> list[str]:
     whole = re.fullmatch(r"\$\{?(\w+)\}?", word)
     if whole and whole.group(1) in variables:  # unquoted: split into words, as a shell does
         return variables[whole.group(1)].split()
-    return [
-        re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), word)
-    ]
+    return [re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), word)]
 
 
 def shell_commands(block: str) -> list[tuple[int, list[str]]]:
@@ -352,3 +351,15 @@ def test_the_recipe_page_lists_every_field():
 def test_the_readme_is_short():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 160, f"README.md has {lines} lines; the rest belongs on the docs pages"
+
+
+def test_the_readme_links_exist():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(targets) > 20
+    missing = [
+        t
+        for t in targets
+        if "://" not in t and not t.startswith("#") and not (ROOT / t.split("#")[0]).exists()
+    ]
+    assert missing == [], f"README.md links files that do not exist: {missing}"

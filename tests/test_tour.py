@@ -32,7 +32,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "docs" / "tour"
 FIGURES = ROOT / "docs" / "figures"
-PAGES = sorted(p for p in TOUR.glob("*.md") if re.match(r"\d\d-", p.name))
+# Pages are numbered 00-17; a page inserted later takes the number before it and a letter
+# (00b- follows 00-), so no page is renumbered and no link breaks.
+PAGES = sorted(p for p in TOUR.glob("*.md") if re.match(r"\d\d[a-z]?-", p.name))
 FENCE = re.compile(r"^```(python|output)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 
@@ -137,7 +139,10 @@ def test_collector_pairs_code_with_its_output():
 
 
 def test_every_concept_has_a_page():
-    assert [p.name[:2] for p in PAGES] == [f"{i:02d}" for i in range(18)], [p.name for p in PAGES]
+    numbered = [p.name[:2] for p in PAGES if p.name[2] == "-"]
+    assert numbered == [f"{i:02d}" for i in range(18)], [p.name for p in PAGES]
+    inserted = [p.name for p in PAGES if p.name[2] != "-"]
+    assert inserted == ["00b-why-attention.md", "14b-pipeline.md"], inserted
     index = (TOUR / "README.md").read_text(encoding="utf-8")
     for page in [*PAGES, TOUR / "glossary.md"]:
         assert f"]({page.name})" in index, f"docs/tour/README.md does not link {page.name}"

@@ -188,14 +188,16 @@ def training_curves(model_dir: Path) -> None:
         if warmup and warmup <= steps[-1]:
             ax.axvline(warmup, color="#888", ls=":", lw=1)
     if warmup and warmup <= steps[-1]:
+        # At the top of the panel, right of the line: clear of the axis ticks.
         axes[2].text(
             warmup,
-            0,
-            f"end of warmup ({warmup}) ",
+            0.98,
+            f" end of warmup ({warmup})",
+            transform=axes[2].get_xaxis_transform(),
             fontsize=8,
             color="#555",
-            va="bottom",
-            ha="right",
+            va="top",
+            ha="left",
         )
 
     fig.suptitle(f"training of {model_dir.name} (metrics.jsonl)", fontsize=10)
@@ -312,17 +314,16 @@ def attention(model_dir: Path) -> None:
     (HERE / "attention_heads.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
-    src = [p.replace("\u2581", "_") for p in m.source]
-    tgt = [p.replace("\u2581", "_") for p in m.target]
+    src, tgt = m.source, m.target  # with SentencePiece's "\u2581", as tour page 0 writes it
     size = 0.3 * max(len(src), len(tgt)) + 2
     fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size), layout="constrained")
     for ax, (kind, layer, head), what in (
         (axes[0], prev_key, "a previous-word head"),
-        (axes[1], far_key, "a long-range head"),
+        (axes[1], far_key, "largest focused distance"),
     ):
         w = m.weights[kind][layer][head]
         labels = src if kind == "encoder" else ["<s>", *tgt[:-1]]
-        ax.imshow(w.numpy(), cmap="viridis", vmin=0, vmax=1)
+        im = ax.imshow(w.numpy(), cmap="viridis", vmin=0, vmax=1)
         p, d, f = stats[kind, layer, head]
         name = "encoder" if kind == "encoder" else "decoder self-attention"
         ax.set_title(
@@ -334,6 +335,7 @@ def attention(model_dir: Path) -> None:
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
+    fig.colorbar(im, ax=axes, fraction=0.03, label="attention weight")
     save(fig, "attention_heads.png")
 
     panels = [heads.mean(0), *heads]
@@ -347,10 +349,11 @@ def attention(model_dir: Path) -> None:
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, data, title in zip(axes.flat, panels, titles):
-        ax.imshow(data.numpy(), cmap="viridis", vmin=0, vmax=1)
+        im = ax.imshow(data.numpy(), cmap="viridis", vmin=0, vmax=1)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
         ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
+    fig.colorbar(im, ax=axes, fraction=0.03, label="attention weight")
     fig.suptitle(
         f"encoder-decoder attention, last layer ({last + 1}): rows output pieces, "
         "columns source pieces",

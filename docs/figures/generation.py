@@ -167,8 +167,9 @@ def beam_tree(out, model, tokenizer, K: int = 3, alpha: float = 0.6) -> None:
     for node, (_, _, step, _, _) in nodes.items():
         per_step.setdefault(step, []).append(node)
     y = {}
-    for ids in per_step.values():
-        ids.sort(key=lambda n: -nodes[n][1])
+    for step in sorted(per_step):  # children beside their parents: few crossing lines
+        ids = per_step[step]
+        ids.sort(key=lambda n: (y.get(nodes[n][3], 0.0), nodes[n][1]))
         for rank, n in enumerate(ids):
             y[n] = rank - (len(ids) - 1) / 2
     colour = {"kept": "C0", "eos": "C2", "pruned": "#bbb"}

@@ -76,7 +76,7 @@ def _piece(tokenizer, i: int) -> str:
 
 
 @torch.no_grad()
-def decoding_steps(out, model, tokenizer) -> None:
+def decoding_steps(out, model, tokenizer) -> list[str]:
     """Greedy decoding of SENTENCE as the decoder sees it: at step t its input (BOS and
     the tokens chosen so far) and its 4 most probable next tokens, the chosen one first."""
     from aiayn.decode import greedy
@@ -114,10 +114,17 @@ def decoding_steps(out, model, tokenizer) -> None:
                  "cache of page 15 feeds only its last token) and appends the most probable "
                  "(green)", fontsize=9)  # fmt: skip
     out(fig, "decoding_steps.png")
+    chosen = " ".join(_piece(tokenizer, i) for i in prefix[1:])
+    return [
+        f"sentence: {SENTENCE}",
+        f"greedy, {len(rows)} decoder calls: {chosen}",
+        "greedy, probability of each chosen token: "
+        + " ".join(f"{top[0][1]:.2f}" for _, top in rows),
+    ]
 
 
 @torch.no_grad()
-def beam_tree(out, model, tokenizer, K: int = 3, alpha: float = 0.6) -> None:
+def beam_tree(out, model, tokenizer, K: int = 3, alpha: float = 0.6) -> list[str]:
     """Beam search of SENTENCE with K beams, drawn as a tree: at each step every active
     beam's K best continuations; the K best of all of them by total log-prob survive
     (coloured), the rest are pruned (grey); an EOS among the K best ends a hypothesis.
@@ -192,3 +199,10 @@ def beam_tree(out, model, tokenizer, K: int = 3, alpha: float = 0.6) -> None:
                  f"hypothesis; thick: the best by log p / lp (alpha {alpha}): "
                  f'"{tokenizer.decode(best[1])}"', fontsize=9, wrap=True)  # fmt: skip
     out(fig, "beam_tree.png")
+    states = [state for _, _, _, _, state in nodes.values()]
+    return [
+        f"beam {K}, alpha {alpha}: {t} steps, {len(finished)} finished hypotheses, "
+        f"{states.count('pruned')} pruned candidates drawn",
+        f"beam {K}, best: {tokenizer.decode(best[1])} (log p {best[2]:.2f}, "
+        f"score {best[0]:.2f}); beam_search agrees",
+    ]

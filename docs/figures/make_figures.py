@@ -6,7 +6,8 @@ Always, from the library alone: figure1.png (Figure 1 with traced shapes) and
 worked_example.png (page 0), attention_shapes.png (page 3), masks.png (page 4),
 head_split.png (page 5), positional_encoding.png (page 6), label_smoothing.png (page 13),
 warmup.png (page 14); and from a small model trained here in seconds on the built-in
-sample (docs/figures/generation.py), decoding_steps.png and beam_tree.png (page 15).
+sample (docs/figures/generation.py), decoding_steps.png and beam_tree.png, with
+decoding.txt, what page 15 prints of them.
 
 With ``--model`` (a directory that `aiayn train` wrote, e.g. with recipes/multi30k.yaml):
 training_curves.png and training_run.txt (its summary) from its metrics.jsonl and
@@ -380,8 +381,10 @@ def main() -> None:
     warmup()
     generation.label_smoothing(out)
     model, tokenizer = generation.sample_model()  # trained here, in seconds
-    generation.decoding_steps(out, model, tokenizer)
-    generation.beam_tree(out, model, tokenizer)
+    facts = generation.decoding_steps(out, model, tokenizer)
+    facts += generation.beam_tree(out, model, tokenizer)
+    (HERE / "decoding.txt").write_text("\n".join(facts) + "\n", encoding="utf-8")
+    print("\n".join(facts))
     if args.model and Path(args.model).is_dir():
         training_curves(Path(args.model))
         attention(Path(args.model))

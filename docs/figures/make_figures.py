@@ -220,7 +220,7 @@ def training_curves(model_dir: Path) -> None:
     fields += [f"schedule {recipe.get('schedule', 'noam')}"]
     fields += [
         f"{k} {recipe[k]}"
-        for k in ("label_smoothing", "warmup", "max_tokens", "time_limit_minutes")
+        for k in ("label_smoothing", "weight_decay", "warmup", "max_tokens", "time_limit_minutes")
         if k in recipe
     ]
     lines = [

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import math
 import os
 import re
@@ -151,7 +152,7 @@ def test_every_concept_has_a_page():
 def test_each_page_leads_to_the_next():
     """The last paragraph before a page's exercises links the page that follows it in the
     index, inserted pages (00b, 14b) included, so reading order and file order agree."""
-    for page, following in zip(PAGES, PAGES[1:]):
+    for page, following in itertools.pairwise(PAGES):
         body = page.read_text(encoding="utf-8").split("\n## Exercises\n", 1)[0]
         last = body.strip().split("\n\n")[-1]
         assert f"]({following.name})" in last, f"{page.name} does not lead to {following.name}"
@@ -241,3 +242,35 @@ def _rewrite_outputs(page: Path, text: str, blocks: list[Block], printed: list[s
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]
     page.write_text(text, encoding="utf-8")
+
+
+def test_decoding_pictures_match_their_model(sample_model_dir):
+    """decoding.txt, which page 15 prints beside decoding_steps.png and beam_tree.png, is
+    what docs/figures/generation.py finds on the sample model today: a change to greedy or
+    beam search that moves the pictures fails here, not silently. (generation.py also
+    asserts that its own search agrees with greedy and beam_search.)"""
+    import sys
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from aiayn.checkpoint import load_model
+
+    sys.path.insert(0, str(FIGURES))
+    import generation
+
+    model, tokenizer = load_model(sample_model_dir() / "checkpoint_best.pt")
+    drawn: list[str] = []
+
+    def out(fig, name):
+        plt.close(fig)
+        drawn.append(name)
+
+    facts = generation.decoding_steps(out, model.eval(), tokenizer)
+    facts += generation.beam_tree(out, model, tokenizer)
+    assert drawn == ["decoding_steps.png", "beam_tree.png"]
+    expected = (FIGURES / "decoding.txt").read_text(encoding="utf-8")
+    problem = output_mismatch(expected, "\n".join(facts))
+    assert problem is None, f"decoding.txt: {problem}; now:\n" + "\n".join(facts)

@@ -50,7 +50,7 @@ test: setup browser
 # The documentation site (mkdocs.yml) into site/: strict, so a broken link, a missing page
 # or an API docstring that does not render fails `make test`. No network needed.
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The tests that read Multi30k (marked multi30k) again, with the data hidden, as on a new
 # user's clone with nothing beside it; .ci/run runs it after `make test`.

@@ -363,3 +363,21 @@ def test_the_readme_links_exist():
         if "://" not in t and not t.startswith("#") and not (ROOT / t.split("#")[0]).exists()
     ]
     assert missing == [], f"README.md links files that do not exist: {missing}"
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/python-api.md"])
+def test_the_translator_example_runs(page, sample_model_dir):
+    """The text-in, text-out example, on a small trained model directory in place of the
+    page's model: it runs, and gives one list of outputs per input line."""
+    block = next(b for b in _python_blocks(ROOT / page) if "Translator.from_dir" in b)
+    path = re.search(r'Translator\.from_dir\("([^"]+)"\)', block)
+    assert path is not None, f"{page}: the example loads no model directory"
+    namespace: dict = {}
+    exec(block.replace(path.group(1), str(sample_model_dir())), namespace)
+    out = namespace["translator"].translate(["Ein Hund rennt über die Wiese.", ""])
+    assert len(out) == 2 and all(isinstance(o, list) and len(o) == 1 for o in out)
+    assert out[1] == [""] and isinstance(out[0][0], str)

@@ -128,6 +128,8 @@ BAD = [
     (b'{"src": ["a"], "n_best": 0}', 422, "n_best: 0"),
     (b'{"src": ["a"], "alpha": -1}', 422, "alpha"),
     (b'{"src": ["' + b"x" * 3000 + b'"]}', 413, "limit of 2000"),
+    (b'{"src": ["a", "\\ud800 b"]}', 422, "src.1: not valid Unicode (character 0)"),
+    (b'{"src": ["a"], "prefix": "\\udfff"}', 422, "prefix: not valid Unicode"),
 ]
 
 

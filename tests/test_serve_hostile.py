@@ -21,7 +21,7 @@ from aiayn.cli import main
 from aiayn.data.marian_tokenizer import MarianTokenizer
 from aiayn.decode import DecodeOptions
 from aiayn.serve import ServeConfig, create_app
-from aiayn.serve.protocol import TranslateRequest, request_options
+from aiayn.serve.protocol import ApiError, TranslateRequest, parse_request, request_options
 from aiayn.translator import Translator
 from marian_util import write_tokenizer
 from sample_data import PAIRS
@@ -87,6 +87,15 @@ def test_tokenizing_runs_off_the_event_loop(client, monkeypatch):
 
 
 # -- one bad request fails only itself --------------------------------------------------
+def test_a_body_nested_too_deeply_is_400_not_a_crash():
+    with pytest.raises(ApiError) as caught:
+        parse_request(b"[" * 100_000 + b"]" * 100_000, 64)
+    assert (caught.value.status, caught.value.message) == (
+        400,
+        "the body is not valid JSON (nested too deeply)",
+    )
+
+
 def test_a_bad_prefix_fails_only_its_request_in_a_shared_batch(parts):
     translator = ControlledTranslator(*parts)
     with serving(create_app(translator, ServeConfig(worker="thread"))) as base:

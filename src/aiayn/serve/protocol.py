@@ -177,8 +177,9 @@ def _no_constants(name: str) -> None:
 
 
 def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
-    """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON, 422
-    for JSON of the wrong shape or settings out of range."""
+    """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON (or
+    nest too deeply to parse), 422 for JSON of the wrong shape, settings out of range or
+    text that is not valid Unicode (a lone surrogate, escaped)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -199,15 +200,14 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
         raise ApiError(422, "src: the list of sentences is empty")
     if len(req.src) > max_sentences:
         raise ApiError(422, f"src: {len(req.src)} sentences, at most {max_sentences}")
+    one_prefix = isinstance(req.prefix, str)
     prefixes = [req.prefix] if isinstance(req.prefix, str) else req.prefix or []
     for field, texts in (("src", req.src), ("prefix", prefixes)):
         for i, text in enumerate(texts):
             try:  # JSON may escape a lone surrogate, which no tokenizer can take
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
-                where = (
-                    field if isinstance(req.prefix, str) and field == "prefix" else f"{field}.{i}"
-                )
+                where = "prefix" if field == "prefix" and one_prefix else f"{field}.{i}"
                 raise ApiError(422, f"{where}: not valid Unicode (character {e.start})") from None
     return req
 

@@ -6,7 +6,10 @@ Every error is a JSON body ``{"error": {"status": N, "message": "..."}}`` with a
 
 A request's job ends one way or another, and always in the model worker: with its
 result, with an error, when its client goes away (the worker stops decoding it), or at its
-deadline (``request_timeout_s``: a 504, and the worker drops it).
+deadline (``request_timeout_s``: a 504, and the worker drops it). Requests are admitted
+by :mod:`aiayn.serve.admission` (every size checked before any heavy work). If the worker
+dies, every waiting request gets a 503, ``/health`` and ``/ready`` say why, and the
+server stops (:func:`aiayn.serve.server.serve` exits non-zero, for its supervisor).
 """
 
 from __future__ import annotations
@@ -120,6 +123,8 @@ def create_app(
     }
     if not cfg.request_timeout_s > 0:
         raise AiaynError(f"the request timeout must be > 0 seconds, got {cfg.request_timeout_s}")
+    if cfg.max_attention_sentences < 0 or cfg.max_attention_weights < 0:
+        raise AiaynError("the attention limits must be >= 0 (0: no attention maps)")
     info = ModelInfo.of(translator, cfg.worker_device)
     state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 

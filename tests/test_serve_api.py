@@ -183,7 +183,7 @@ def test_api_key(translator, monkeypatch):
 
 
 def test_public_metrics_leaves_metrics_and_info_open_not_translate(translator):
-    cfg = ServeConfig(api_key="s3cret", public_metrics=True)
+    cfg = ServeConfig(worker="thread", api_key="s3cret", public_metrics=True)
     with TestClient(create_app(translator, cfg)) as c:
         assert c.get("/metrics").status_code == 200
         assert c.get("/info").json()["api_key_required"] is True

@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast, overload
 import torch
 from torch import Tensor, nn
 
-from aiayn.data.batching import Batch
+from aiayn.data.batching import BUCKETS, Batch
 from aiayn.distributed import World
 from aiayn.errors import RecipeError
 from aiayn.model.transformer import Transformer
@@ -146,6 +146,10 @@ class Updater:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         step: nn.Module = TrainingLoss(model, label_smoothing, static_shapes=compile)
         if compile:  # an OptimizedModule, a Module (typed as a mere callable)
+            # One graph per length bucket a run meets: up to 15 on long corpora, beyond
+            # dynamo's default limit of 8, past which it would run the rest eagerly.
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, len(BUCKETS) + 2)
             step = cast(nn.Module, torch.compile(step, dynamic=False, backend=COMPILE_BACKEND))
         if world.size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None

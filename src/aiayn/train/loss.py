@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.errors import TrainingError
+
 
 def token_losses(logits: Tensor, target: Tensor, epsilon: float = 0.1) -> tuple[Tensor, Tensor]:
     """Per position: the label-smoothed loss and the NLL, float32 ``[...]`` for logits
@@ -102,7 +104,7 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         grad_h, grad_w, grad_b = ctx.saved_tensors
         if grad_h is None:
-            raise RuntimeError("the fused loss was computed without gradients (need_grad)")
+            raise TrainingError("the fused loss was computed without gradients (need_grad)")
         return (
             grad_h * grad_loss.to(grad_h.dtype),
             grad_w * grad_loss,

@@ -209,3 +209,25 @@ def test_the_fused_loss_under_bf16_autocast():
         assert a.dtype == torch.float32 and torch.allclose(
             a, c, rtol=0.02, atol=0.02 * c.abs().max()
         )
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_training_loss_equals_the_full_logits_one(static, tied):
+    """TrainingLoss (eager and compiled-path forms) against the model's full logits and
+    label-smoothed cross-entropy: same sums, same gradient of every parameter. Untied,
+    with an output bias (Marian's) too."""
+    cfg = structure("multi30k", 40, dropout=0.0, tie_output=tied, output_bias=not tied)
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    batch = batch_of(40, 6, 9).padded_to_bucket(cfg.max_len)
+    sums = update.TrainingLoss(model, 0.1, static_shapes=static)(
+        batch.src, batch.tgt_in, batch.tgt_out
+    )
+    fused = torch.autograd.grad(sums[0], list(model.parameters()))
+    logits = model(batch.src, batch.tgt_in)
+    loss, nll, _ = label_smoothed_cross_entropy(logits, batch.tgt_out, 0.1)
+    full = torch.autograd.grad(loss, list(model.parameters()))
+    assert sums.tolist() == pytest.approx([loss.item(), nll.item()], rel=1e-5)
+    for (name, _), a, c in zip(model.named_parameters(), fused, full):
+        assert torch.allclose(a, c, atol=1e-5), name

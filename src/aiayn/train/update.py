@@ -68,7 +68,8 @@ class TrainingLoss(nn.Module):
             if not self.static_shapes:
                 keep = tgt_out != pad_id
                 logits = model.project(hidden[keep])  # [N, V]
-                loss, nll, _ = label_smoothed_cross_entropy(logits, tgt_out[keep], self.epsilon)
+                target = tgt_out[keep]
+                loss, nll, _ = label_smoothed_cross_entropy(logits, target, self.epsilon, pad_id)
                 return torch.stack([loss, nll])
             loss, nll = token_losses(model.project(hidden), tgt_out, self.epsilon)  # [B, T]
             keep = (tgt_out != pad_id).float()

@@ -19,6 +19,9 @@ the checkout's src/ on the path itself); it says plainly which module is missing
    tokens/s over all updates and over the last third (after the compilations).
 3. ``decode``: greedy and beam-4 sentences/s on test2016 with the compiled run's model.
 
+A part that has not begun after ``--budget-s`` seconds (270) is skipped, and named in the
+JSON under ``skipped_out_of_time``, so that the check ends within about 5 minutes.
+
 The device's defaults apply where the recipe leaves them unset: on CUDA bf16 autocast,
 fused AdamW; ``--tiny`` shrinks every model and batch and compiles with dynamo's "eager"
 backend (no C++ compiler needed), for the test suite.
@@ -310,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per system (10)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (3)")
     parser.add_argument("--parts", default="step,train,decode")
+    parser.add_argument(
+        "--budget-s", type=float, default=270.0, help="parts not begun by then are skipped"
+    )
     args = parser.parse_args(argv)
     args.updates = args.updates or (4 if args.tiny else 300)
     args.steps = args.steps or (1 if args.tiny else 10)
@@ -341,13 +347,22 @@ def main(argv: list[str] | None = None) -> int:
     backend = update.COMPILE_BACKEND
     if args.tiny:  # trace only: the test suite has no time for inductor's C++
         update.COMPILE_BACKEND = "eager"
+
+    def time_left(part: str) -> bool:
+        """Whether ``part`` may start: not once the budget is spent (it is then named)."""
+        if time.perf_counter() - start < args.budget_s:
+            return True
+        report.setdefault("skipped_out_of_time", []).append(part)
+        log(f"gpu_check: {args.budget_s} s spent; {part} skipped")
+        return False
+
     try:
         if "step" in parts:
             report["step"] = step_figures(args, device, log)
         run = None
-        if "train" in parts:
+        if "train" in parts and time_left("train"):
             report["train"], run = train_figures(args, device, args.work, log)
-        if "decode" in parts and run is not None:
+        if "decode" in parts and run is not None and time_left("decode"):
             report["decode"] = decode_figures(args, device, run, args.work, log)
     finally:
         update.COMPILE_BACKEND = backend

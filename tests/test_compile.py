@@ -131,12 +131,13 @@ def multi30k_epoch(work: Path) -> PreparedData:
     return PreparedData(work / "data")
 
 
-def test_an_epoch_of_multi30k_compiles_few_graphs(graphs, tmp_path):
+def test_an_epoch_of_multi30k_compiles_few_graphs(graphs, tmp_path, monkeypatch):
     """A full epoch of the Multi30k recipe's plan through the compiled step: at most 8
     graphs (one per length bucket met), and the padding that costs stays bounded."""
     data = multi30k_epoch(tmp_path)
-    # Graphs follow the shapes, not the ids nor the depth: ids folded into 64 (pads kept)
-    # and one layer each side, each of the 153 steps and 8 traces is cheap.
+    # Graphs follow the shapes, not the ids, the depth or the loss's chunks: with ids folded
+    # into 64 (pads kept), one layer each side and one chunk, steps and traces are cheap.
+    monkeypatch.setattr(update, "COMPILE_LOSS_CHUNKS", 1)
     cfg = structure("multi30k", 64, dropout=0.0, n_layers=1)
     plan = data.train.plan(RECIPE.max_tokens, RECIPE.seed, 0, cfg.max_len)
     updater = make_updater(cfg, compile=True)

@@ -131,6 +131,7 @@ def multi30k_epoch(work: Path) -> PreparedData:
     return PreparedData(work / "data")
 
 
+@pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
 def test_an_epoch_of_multi30k_compiles_few_graphs(graphs, tmp_path, monkeypatch):
     """A full epoch of the Multi30k recipe's plan through the compiled step: at most 8
     graphs (one per length bucket met), and the padding that costs stays bounded."""

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import sacrebleu
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.data.corpus import read_lines
 from aiayn.metrics import corpus_bleu, sentence_bleu
@@ -95,7 +96,7 @@ def test_perfect_and_empty_output():
 
 
 def test_13a_tokenization_equals_sacrebleus():
-    tok = sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()
+    tok = Tokenizer13a()
     lines = [*references()[:300], "Price: $3.50, 2-3 items (approx.) &amp; more!", "e.g. U.S.A"]
     for line in lines:
         assert tokenize_13a(line) == tok(line)

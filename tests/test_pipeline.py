@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -163,7 +164,7 @@ def test_bad_input_gives_one_clear_line_and_exit_2(tmp_path, corpus, trained, ca
     assert "nothing to resume" in fail(train_argv(corpus, tmp_path / "e", resume=True), capsys)
     assert "already holds a training run" in fail(train_argv(corpus, trained), capsys)
     junk = tmp_path / "junk.pt"
-    junk.write_bytes(os.urandom(3000))
+    junk.write_bytes(random.Random(0).randbytes(3000))  # seeded: the same junk each run
     decode = ["--quiet", "--src", str(corpus["val.de"]), "--ref", str(corpus["val.en"])]
     assert "junk.pt: cannot read checkpoint" in fail(
         ["evaluate", "--model", str(trained), "--checkpoint", str(junk), *decode], capsys

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import httpx
 import pytest
@@ -21,7 +20,14 @@ from aiayn.errors import AiaynError
 from aiayn.serve import ServeConfig, create_app
 from aiayn.translator import Translator
 from sample_data import PAIRS
-from serve_util import BrokenTranslator, ControlledTranslator, live_server, wait_warmed_up
+from serve_util import (
+    BrokenTranslator,
+    ControlledTranslator,
+    GatedTranslator,
+    live_server,
+    wait_for,
+    wait_warmed_up,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,20 +63,19 @@ def test_the_queue_limit_holds_across_the_pipe(parts):
         assert r.status_code == 200 and r.json()["translations"][0]
 
 
-def test_a_worker_that_dies_fails_the_waiting_requests(parts):
-    with live_server(Translator(*parts)) as base, httpx.Client(base_url=base, timeout=60) as client:
+def test_a_worker_that_dies_fails_the_waiting_requests(parts, tmp_path):
+    translator = GatedTranslator(*parts, tmp_path)
+    with live_server(translator) as base, httpx.Client(base_url=base, timeout=60) as client:
         assert client.get("/ready").status_code == 200
+        (tmp_path / "armed").touch()  # the next batch waits at the gate, never opened
         answers: list[httpx.Response] = []
         slow = {"src": [de for de, _ in PAIRS[:64]], "beam": 12}
         thread = threading.Thread(
             target=lambda: answers.append(client.post("/translate", json=slow))
         )
         thread.start()
-        deadline = time.monotonic() + 20
-        while "aiayn_running_sentences 0\n" in client.get("/metrics").text:
-            assert time.monotonic() < deadline, "the slow request never started"
-            time.sleep(0.01)
-        os.kill(_worker_pid(base), signal.SIGKILL)
+        wait_for(lambda: (tmp_path / "entered").exists(), "the request at the gate")
+        os.kill(_worker_pid(base), signal.SIGKILL)  # in the middle of its work
         thread.join(60)
         assert answers[0].status_code == 503, answers[0].text
         assert "worker process has stopped" in answers[0].json()["error"]["message"]

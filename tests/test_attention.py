@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from aiayn.model import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from aiayn.model.masks import decoder_self_mask
 
 D, H = 32, 4
 
@@ -124,3 +125,25 @@ def test_head_split_keeps_each_heads_features_together():
     heads = mha._split_heads(x)  # [1, h, 3, d_k]
     assert heads.shape == (1, H, 3, D // H)
     torch.testing.assert_close(heads[0, 1, 2], x[0, 2, D // H : 2 * D // H])
+
+
+def test_masks_are_made_on_the_device_of_their_ids():
+    """On "meta" (a device every machine has) as on a GPU: a mask made on the CPU would
+    be moved to the scores' device at every step, or fail to broadcast there."""
+    meta = torch.device("meta")
+    assert causal_mask(4, meta).device == meta
+    ids = torch.ones(2, 5, dtype=torch.long, device=meta)
+    assert decoder_self_mask(ids, 0).device == meta
+    assert decoder_self_mask(ids, 0).shape == (2, 1, 5, 5)
+
+
+def test_decoder_self_mask_of_no_target_positions():
+    """An empty target (a decoder primed with nothing) gives an empty mask, no error."""
+    assert decoder_self_mask(torch.empty(2, 0, dtype=torch.long), 0).shape == (2, 1, 0, 0)
+    # Position 0 is never masked, even when it holds the pad id (Marian starts from pad).
+    ids = torch.tensor([[0, 5, 0], [1, 0, 0]])
+    mask = decoder_self_mask(ids, 0)
+    assert mask[:, 0, :, 0].all()
+    want = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(mask[0, 0], want)
+    assert torch.equal(mask[1, 0], torch.tensor([[1, 0, 0], [1, 0, 0], [1, 0, 0]]).bool())

@@ -94,7 +94,8 @@ def survivors(work: Path, env: dict[str, str]) -> str:
         [sys.executable, "-m", "mutmut", "results"],
         cwd=work, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    names = [line.split(":")[0].strip() for line in listed.stdout.splitlines() if ": survived" in line]
+    lines = listed.stdout.splitlines()
+    names = [line.split(":")[0].strip() for line in lines if ": survived" in line]
     out = []
     for name in names:
         shown = subprocess.run(
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(scores, indent=1) + "\n")
     lines = ["| module | mutants | killed | timeout | survived | score | seconds |"]
     lines.append("|---|---:|---:|---:|---:|---:|---:|")
-    for name, s in scores.items():
+    for s in scores.values():
         lines.append(
             f"| {s['module']} | {s['mutants']} | {s.get('killed', 0)} | {s.get('timeout', 0)} "
             f"| {s.get('survived', 0)} | {s['score']}% | {s['seconds']} |"

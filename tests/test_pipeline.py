@@ -276,7 +276,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path,
     weights (dropout on: the random streams are restored too) equal those of 12 updates
     in one go, bit for bit. The run is held at update 8 by a hook, so the kill lands
     there and not at a moment a sleep guessed."""
-    settings = ["max_steps=12", "max_tokens=120", "save_every_steps=3", "model.dropout=0.1"]
+    settings = ["max_steps=12", "max_tokens=60", "save_every_steps=3", "model.dropout=0.1"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(train_argv(corpus, straight, *settings)) == 0
     gate = tmp_path / "gate"

@@ -48,13 +48,21 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 STATUS = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 0: "survived"}
 
 
-def prepare(work: Path, module: str, tests: list[str]) -> None:
-    """A folder with src/ and tests/ copied and mutmut configured for ``module``."""
+def prepare(work: Path, module: str, tests: list[str], tests_rev: str | None = None) -> None:
+    """A folder with src/ and tests/ copied (tests/ as of git revision ``tests_rev``, for
+    a score before a change of the tests) and mutmut configured for ``module``."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in ("src", "tests"):
         if (work / name).exists():
             shutil.rmtree(work / name)
-        shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    shutil.copytree(ROOT / "src", work / "src", ignore=ignore)
+    if tests_rev is None:
+        shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    else:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", tests_rev, "tests"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
     selection = ", ".join(json.dumps(f"tests/{t}") for t in tests)
     (work / "pyproject.toml").write_text(
         f"""[tool.mutmut]
@@ -106,13 +114,13 @@ def survivors(work: Path, env: dict[str, str]) -> str:
     return "\n".join(out)
 
 
-def run(name: str, out: Path, jobs: int) -> dict:
+def run(name: str, out: Path, jobs: int, tests_rev: str | None = None) -> dict:
     module, tests = MODULES[name]
     work = out / name
     work.mkdir(parents=True, exist_ok=True)
     if (work / "mutants").exists():
         shutil.rmtree(work / "mutants")
-    prepare(work, module, tests)
+    prepare(work, module, tests, tests_rev)
     # The copied src/ must be what the tests import: not the checkout's (PYTHONPATH) nor
     # an editable install's; mutmut puts mutants/src first on the path.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AIAYN_MULTI30K": "none"}
@@ -128,7 +136,7 @@ def run(name: str, out: Path, jobs: int) -> dict:
     (work / "survivors.txt").write_text(survivors(work, env), encoding="utf-8")
     decided = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("survived", 0)
     counts["score"] = round(100 * (decided - counts.get("survived", 0)) / max(decided, 1), 1)
-    return {"module": module, "tests": tests, **counts}
+    return {"module": module, "tests": tests, "tests_rev": tests_rev, **counts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help=f"modules (default all): {', '.join(MODULES)}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out" / "mutation")
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
+    parser.add_argument(
+        "--tests-rev", help="take tests/ from this git revision (a score before a change)"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in MODULES]
     if unknown:
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / "scores.json"
     scores = json.loads(path.read_text()) if path.exists() else {}
     for name in args.names or list(MODULES):
-        scores[name] = run(name, args.out, args.jobs)
+        scores[name] = run(name, args.out, args.jobs, args.tests_rev)
         print(json.dumps({name: scores[name]}), flush=True)
         path.write_text(json.dumps(scores, indent=1) + "\n")
     lines = ["| module | mutants | killed | timeout | survived | score | seconds |"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import math
 import os
 import re
@@ -32,7 +33,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "docs" / "tour"
 FIGURES = ROOT / "docs" / "figures"
-PAGES = sorted(p for p in TOUR.glob("*.md") if re.match(r"\d\d-", p.name))
+# Pages are numbered 00-17; a page inserted later takes the number before it and a letter
+# (00b- follows 00-), so no page is renumbered and no link breaks.
+PAGES = sorted(p for p in TOUR.glob("*.md") if re.match(r"\d\d[a-z]?-", p.name))
 FENCE = re.compile(r"^```(python|output)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 
@@ -137,10 +140,22 @@ def test_collector_pairs_code_with_its_output():
 
 
 def test_every_concept_has_a_page():
-    assert [p.name[:2] for p in PAGES] == [f"{i:02d}" for i in range(18)], [p.name for p in PAGES]
+    numbered = [p.name[:2] for p in PAGES if p.name[2] == "-"]
+    assert numbered == [f"{i:02d}" for i in range(18)], [p.name for p in PAGES]
+    inserted = [p.name for p in PAGES if p.name[2] != "-"]
+    assert all(name[:2] in numbered for name in inserted), inserted  # 00b follows 00
     index = (TOUR / "README.md").read_text(encoding="utf-8")
     for page in [*PAGES, TOUR / "glossary.md"]:
         assert f"]({page.name})" in index, f"docs/tour/README.md does not link {page.name}"
+
+
+def test_each_page_leads_to_the_next():
+    """The last paragraph before a page's exercises links the page that follows it in the
+    index, inserted pages (00b, 14b) included, so reading order and file order agree."""
+    for page, following in itertools.pairwise(PAGES):
+        body = page.read_text(encoding="utf-8").split("\n## Exercises\n", 1)[0]
+        last = body.strip().split("\n\n")[-1]
+        assert f"]({following.name})" in last, f"{page.name} does not lead to {following.name}"
 
 
 def _anchors(page: Path) -> set[str]:
@@ -237,3 +252,35 @@ def _rewrite_outputs(page: Path, text: str, blocks: list[Block], printed: list[s
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]
     page.write_text(text, encoding="utf-8")
+
+
+def test_decoding_pictures_match_their_model(sample_model_dir):
+    """decoding.txt, which page 15 prints beside decoding_steps.png and beam_tree.png, is
+    what docs/figures/generation.py finds on the sample model today: a change to greedy or
+    beam search that moves the pictures fails here, not silently. (generation.py also
+    asserts that its own search agrees with greedy and beam_search.)"""
+    import sys
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from aiayn.checkpoint import load_model
+
+    sys.path.insert(0, str(FIGURES))
+    import generation
+
+    model, tokenizer = load_model(sample_model_dir() / "checkpoint_best.pt")
+    drawn: list[str] = []
+
+    def out(fig, name):
+        plt.close(fig)
+        drawn.append(name)
+
+    facts = generation.decoding_steps(out, model.eval(), tokenizer)
+    facts += generation.beam_tree(out, model, tokenizer)
+    assert drawn == ["decoding_steps.png", "beam_tree.png"]
+    expected = (FIGURES / "decoding.txt").read_text(encoding="utf-8")
+    problem = output_mismatch(expected, "\n".join(facts))
+    assert problem is None, f"decoding.txt: {problem}; now:\n" + "\n".join(facts)

@@ -21,6 +21,9 @@ from aiayn.train.update import TrainingLoss, Updater, rank_share
 from conftest import tiny_config
 from test_distributed_train import data, max_tokens, records, train_args  # noqa: F401
 
+# The fixtures of test_distributed_train read Multi30k where it is; CI runs it again without.
+pytestmark = pytest.mark.multi30k
+
 
 def make_updater(model: Transformer, **options) -> Updater:
     optimizer = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)

@@ -232,7 +232,7 @@ def attention_shapes(out) -> None:
         (v, f"V\n[T_k={T_k}, d_v={d_k}]", "RdBu_r"),
         (o[0, 0], f"output\n= weights V\n[T_q={T_q}, d_v={d_k}]", "RdBu_r"),
     ]
-    ops = ["@", "=", "softmax\nper row", "@", "="]
+    ops = ["@", "then\n/ sqrt(d_k)", "softmax\nper row", "@", "="]
     widths = []
     for i, (m, _, _) in enumerate(panels):
         widths.append(m.shape[1])

@@ -4,7 +4,10 @@
 
 Always, from the library alone: figure1.png (Figure 1 with traced shapes) and
 worked_example.png (page 0), attention_shapes.png (page 3), masks.png (page 4),
-head_split.png (page 5), positional_encoding.png (page 6), warmup.png (page 14).
+head_split.png (page 5), positional_encoding.png (page 6), label_smoothing.png (page 13),
+warmup.png (page 14); and from a small model trained here in seconds on the built-in
+sample (docs/figures/generation.py), decoding_steps.png and beam_tree.png, with
+decoding.txt, what page 15 prints of them.
 
 With ``--model`` (a directory that `aiayn train` wrote, e.g. with recipes/multi30k.yaml):
 training_curves.png and training_run.txt (its summary) from its metrics.jsonl and
@@ -25,6 +28,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import diagrams  # docs/figures/diagrams.py, beside this file
+import generation  # docs/figures/generation.py, beside this file
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import FuncFormatter
@@ -188,14 +192,16 @@ def training_curves(model_dir: Path) -> None:
         if warmup and warmup <= steps[-1]:
             ax.axvline(warmup, color="#888", ls=":", lw=1)
     if warmup and warmup <= steps[-1]:
+        # At the top of the panel, right of the line: clear of the axis ticks.
         axes[2].text(
             warmup,
-            0,
-            f"end of warmup ({warmup}) ",
+            0.98,
+            f" end of warmup ({warmup})",
+            transform=axes[2].get_xaxis_transform(),
             fontsize=8,
             color="#555",
-            va="bottom",
-            ha="right",
+            va="top",
+            ha="left",
         )
 
     fig.suptitle(f"training of {model_dir.name} (metrics.jsonl)", fontsize=10)
@@ -214,7 +220,7 @@ def training_curves(model_dir: Path) -> None:
     fields += [f"schedule {recipe.get('schedule', 'noam')}"]
     fields += [
         f"{k} {recipe[k]}"
-        for k in ("label_smoothing", "warmup", "max_tokens", "time_limit_minutes")
+        for k in ("label_smoothing", "weight_decay", "warmup", "max_tokens", "time_limit_minutes")
         if k in recipe
     ]
     lines = [
@@ -312,17 +318,16 @@ def attention(model_dir: Path) -> None:
     (HERE / "attention_heads.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
-    src = [p.replace("\u2581", "_") for p in m.source]
-    tgt = [p.replace("\u2581", "_") for p in m.target]
+    src, tgt = m.source, m.target  # with SentencePiece's "\u2581", as tour page 0 writes it
     size = 0.3 * max(len(src), len(tgt)) + 2
     fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size), layout="constrained")
     for ax, (kind, layer, head), what in (
         (axes[0], prev_key, "a previous-word head"),
-        (axes[1], far_key, "a long-range head"),
+        (axes[1], far_key, "largest focused distance"),
     ):
         w = m.weights[kind][layer][head]
         labels = src if kind == "encoder" else ["<s>", *tgt[:-1]]
-        ax.imshow(w.numpy(), cmap="viridis", vmin=0, vmax=1)
+        im = ax.imshow(w.numpy(), cmap="viridis", vmin=0, vmax=1)
         p, d, f = stats[kind, layer, head]
         name = "encoder" if kind == "encoder" else "decoder self-attention"
         ax.set_title(
@@ -334,6 +339,7 @@ def attention(model_dir: Path) -> None:
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
+    fig.colorbar(im, ax=axes, fraction=0.03, label="attention weight")
     save(fig, "attention_heads.png")
 
     panels = [heads.mean(0), *heads]
@@ -347,10 +353,11 @@ def attention(model_dir: Path) -> None:
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, data, title in zip(axes.flat, panels, titles):
-        ax.imshow(data.numpy(), cmap="viridis", vmin=0, vmax=1)
+        im = ax.imshow(data.numpy(), cmap="viridis", vmin=0, vmax=1)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
         ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
+    fig.colorbar(im, ax=axes, fraction=0.03, label="attention weight")
     fig.suptitle(
         f"encoder-decoder attention, last layer ({last + 1}): rows output pieces, "
         "columns source pieces",
@@ -372,6 +379,12 @@ def main() -> None:
     positional_encoding()
     masks()
     warmup()
+    generation.label_smoothing(out)
+    model, tokenizer = generation.sample_model()  # trained here, in seconds
+    facts = generation.decoding_steps(out, model, tokenizer)
+    facts += generation.beam_tree(out, model, tokenizer)
+    (HERE / "decoding.txt").write_text("\n".join(facts) + "\n", encoding="utf-8")
+    print("\n".join(facts))
     if args.model and Path(args.model).is_dir():
         training_curves(Path(args.model))
         attention(Path(args.model))

@@ -85,9 +85,9 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
             return
         longest = 2 * math.pi / float(w[-1]) if float(w[-1]) > 0 else math.inf
         said = (
-            f"the longest wavelength is {longest:.0f} positions; the paper's wavelengths run "
-            f"from 2 pi up to 10000 * 2 pi ({2 * math.pi / float(expected[-1]):.0f} for "
-            f"d_model = {d})"
+            f"the longest wavelength is {longest:.0f} positions, where the paper's formula "
+            f"gives {2 * math.pi / float(expected[-1]):.0f} for d_model = {d} (its wavelengths "
+            "run from 2 pi towards 10000 * 2 pi = 62832, which only a next pair would reach)"
         )
         if torch.allclose(w, 10000.0 ** (-i / d), rtol=1e-4, atol=1e-9):
             raise FoundBugError(

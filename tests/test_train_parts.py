@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.errors import RecipeError
-from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.loss import label_smoothed_cross_entropy, token_losses
 from aiayn.train.optim import make_optimizer
 from aiayn.train.schedule import NoamSchedule, noam_rate, scheduled_rate
 
@@ -33,6 +33,28 @@ def test_loss_equals_torch_label_smoothing_and_ignores_pads():
     assert label_smoothed_cross_entropy(logits2, target, 0.1)[0].item() == pytest.approx(
         loss.item()
     )
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_losses_per_position_of_a_batch_without_pads(eps):
+    """[B, T, V] logits with no pad target (the path that keeps the batch's shape): per
+    position and summed, as torch computes them; epsilon 0.1 (the paper's) by default."""
+    torch.manual_seed(1)
+    logits, target = torch.randn(2, 4, 7), torch.randint(1, 7, (2, 4))
+    want = F.cross_entropy(logits.transpose(1, 2), target, label_smoothing=eps, reduction="none")
+    nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    loss, got_nll = token_losses(logits, target, eps)
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(got_nll, nll)
+    total, total_nll, n = label_smoothed_cross_entropy(logits, target, eps)
+    torch.testing.assert_close(total, want.sum())
+    torch.testing.assert_close(total_nll, nll.sum())
+    assert n == 8
+    if eps == 0.1:  # the defaults
+        torch.testing.assert_close(token_losses(logits, target)[0], want)
+        torch.testing.assert_close(label_smoothed_cross_entropy(logits, target)[0], want.sum())
+    target[1, 2:] = 0  # pad id 0 by default: those positions drop out
+    assert label_smoothed_cross_entropy(logits, target, eps)[2] == 6
 
 
 def test_smoothed_loss_is_minimal_at_the_smoothed_distribution():

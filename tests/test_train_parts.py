@@ -154,3 +154,52 @@ def test_weight_decay_is_decoupled_and_spares_the_1d_parameters():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(RecipeError, match="weight_decay"):
             make_optimizer(model, weight_decay=bad)
+
+
+def test_schedule_edges_defaults_and_refusals():
+    d, w = 256, 100
+    peak = noam_rate(w, d, w)
+    # The budget fraction is clamped to [0, 1]: over budget the rate stays 0.
+    assert scheduled_rate("linear", w, 1.5, d, w) == 0.0
+    assert scheduled_rate("linear", w, -0.5, d, w) == pytest.approx(peak)
+    # The scale multiplies every kind, warmup and cool-down alike.
+    assert scheduled_rate("linear", w, 0.0, d, w, scale=2.0) == pytest.approx(2 * peak)
+    half = noam_rate(400, d, w) / 2
+    assert scheduled_rate("noam_cooldown", 400, 0.9, d, w, scale=3.0) == pytest.approx(3 * half)
+    # Step 1 is the first warmup step (step 0 counts as 1).
+    for step in (0, 1):
+        assert scheduled_rate("cosine", step, 0.0, d, w) == pytest.approx(peak / w)
+    names = "noam, linear, cosine, noam_cooldown"
+    with pytest.raises(RecipeError) as e:
+        scheduled_rate("step", 1, 0.0, d, w)
+    assert str(e.value) == f"schedule must be one of {names}, got 'step'"
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert NoamSchedule(opt, 512).rate() == pytest.approx(noam_rate(1, 512, 4000))  # default
+    NoamSchedule(opt, 64, warmup=1)  # the least warmup
+    refusals = [
+        (dict(warmup=0), "warmup must be >= 1 step, got 0"),
+        (dict(kind="step"), f"schedule must be one of {names}, got 'step'"),
+        (
+            dict(kind="linear"),
+            "schedule 'linear' decays to 0 at the end of the run: it needs a budget "
+            "(max_steps or time_limit_minutes)",
+        ),
+        (dict(cooldown=0.0), "cooldown must be a fraction in (0, 1], got 0.0"),
+        (dict(cooldown=1.5), "cooldown must be a fraction in (0, 1], got 1.5"),
+    ]
+    for options, message in refusals:
+        with pytest.raises(RecipeError) as e:
+            NoamSchedule(opt, 64, **options)
+        assert str(e.value) == message
+    # The whole budget as cool-down, and a rate asked for at a given step.
+    sched = NoamSchedule(opt, 64, warmup=10, kind="noam_cooldown", max_steps=100, cooldown=1.0)
+    for _ in range(50):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(51, 64, 10) * 0.5)
+    sched = NoamSchedule(opt, 64, warmup=10, kind="noam_cooldown", max_steps=100, cooldown=0.5)
+    for _ in range(75):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(76, 64, 10) * 0.5)
+    assert sched.rate(20) == pytest.approx(noam_rate(20, 64, 10) * 0.5)
+    assert sched.state_dict() == {"step_count": 75, "warmup": 10, "scale": 1.0}

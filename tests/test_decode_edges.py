@@ -1,0 +1,86 @@
+"""Edges of the decoders, through their public entry points only (greedy, beam_search,
+search, DecodeOptions), so that they hold for any implementation: the ways of giving a
+length, forced prefixes past the length limit and holding token id 0, an empty batch,
+every row ending at once, and samples seeded by their line index."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn import Transformer
+from aiayn.decode import DecodeOptions, beam_search, greedy, search
+from aiayn.errors import DecodeError
+from conftest import random_batch, tiny_config
+
+
+def test_an_int_in_place_of_options_is_max_new_tokens(tiny_model):
+    """The random tiny model never says EOS: every output runs to its limit."""
+    src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
+    assert greedy(tiny_model, src, 5).shape == (2, 5)
+    assert torch.equal(greedy(tiny_model, src, 5), greedy(tiny_model, src, max_new_tokens=5))
+    assert greedy(tiny_model, src, 5, max_new_tokens=3).shape == (2, 3)  # the keyword wins
+    with pytest.raises(DecodeError) as e:
+        greedy(tiny_model, src, DecodeOptions(beam=1, sampling=True))
+    assert str(e.value) == "greedy decoding does not sample: use aiayn.decode.search"
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_prefix_longer_than_the_limit_is_forced_whole_then_eos(tiny_model, beam):
+    src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
+    prefix = [[5, 6, 7, 8], [9]]
+    options = DecodeOptions(beam=beam, max_len_a=0.0, max_len_b=2)
+    if beam == 1:
+        out = greedy(tiny_model, src, options, prefix=prefix).tolist()
+        assert out[0][:4] == [5, 6, 7, 8] and out[1][0] == 9
+        assert len(out[0]) == 5  # the limit raised to the prefix and one more token
+    hyps = search(tiny_model, src, options, prefix=prefix)
+    assert hyps[0][0].tokens[:4] == [5, 6, 7, 8] and hyps[1][0].tokens[:1] == [9]
+    assert len(hyps[0][0].tokens) <= 5 and len(hyps[1][0].tokens) <= 2
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_token_id_0_can_be_forced(beam):
+    """In a vocabulary whose special ids are elsewhere, id 0 is a token like any other."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(pad_id=2, bos_id=1, eos_id=3)).eval()
+    src = torch.tensor([[5, 6, 7, 8]])
+    hyps = search(model, src, DecodeOptions(beam=beam, max_len_b=6), prefix=[[0, 0, 4]])
+    assert hyps[0][0].tokens[:3] == [0, 0, 4]
+
+
+def test_an_empty_batch_gives_empty_outputs(tiny_model):
+    src = torch.empty(0, 4, dtype=torch.long)
+    assert greedy(tiny_model, src).shape == (0, 0)
+    for options in (
+        DecodeOptions(beam=1),
+        DecodeOptions(beam=3),
+        DecodeOptions(beam=1, sampling=True, n_best=2, seed=1),
+    ):
+        assert search(tiny_model, src, options) == []  # was a ZeroDivisionError
+
+
+def test_rows_that_all_end_at_once_leave_no_empty_columns():
+    """Every row says EOS first: one column, however long the limit."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(output_bias=True)).eval()
+    with torch.no_grad():
+        model.out_bias[model.cfg.eos_id] = 100.0
+    src, _ = random_batch(model.cfg, [5, 2, 4], [1, 1, 1])
+    out = greedy(model, src, max_new_tokens=9)
+    assert out.tolist() == [[model.cfg.eos_id]] * 3
+    for hyps in beam_search(model, src, beam_size=3, max_len_b=9):
+        assert hyps[0].tokens == [] and hyps[0].eos
+
+
+def test_samples_are_seeded_by_line_index_not_batch_row(tiny_model):
+    src, _ = random_batch(tiny_model.cfg, [5, 3, 6], [1, 1, 1], seed=5)
+    options = DecodeOptions(beam=1, sampling=True, n_best=2, seed=11, max_len_b=6)
+    whole = search(tiny_model, src, options)
+    alone = search(tiny_model, src[2:], options, lines=[2])
+    assert [h.tokens for h in alone[0]] == [h.tokens for h in whole[2]]
+    moved = search(tiny_model, src[2:], options, lines=[0])
+    assert [h.tokens for h in moved[0]] != [h.tokens for h in whole[2]]  # the line counts
+    with pytest.raises(DecodeError) as e:
+        search(tiny_model, src, options, lines=[0, 1])
+    assert str(e.value) == "2 line indices for 3 sentences"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.decode import DecodeOptions, beam_search, greedy, search
+from aiayn.decode import DecodeOptions, beam_search, greedy, length_penalty, search
 from aiayn.errors import DecodeError
 from conftest import random_batch, tiny_config
 
@@ -84,3 +84,48 @@ def test_samples_are_seeded_by_line_index_not_batch_row(tiny_model):
     with pytest.raises(DecodeError) as e:
         search(tiny_model, src, options, lines=[0, 1])
     assert str(e.value) == "2 line indices for 3 sentences"
+
+
+def test_length_penalties_and_the_scores_they_give(tiny_model):
+    assert length_penalty(7, 0.6) == pytest.approx((12 / 6) ** 0.6)  # GNMT, the default
+    assert length_penalty(7, 0.6, "gnmt") == length_penalty(7, 0.6)
+    assert length_penalty(7, 1.5, "hf") == pytest.approx(7**1.5)
+    assert length_penalty(7, 0.0, "hf") == length_penalty(7, 0.0) == 1.0
+    src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
+    for kind in ("gnmt", "hf"):
+        options = DecodeOptions(beam=3, n_best=3, alpha=1.3, length_penalty=kind, max_len_b=4)
+        for hyps in search(tiny_model, src, options):
+            for h in hyps:  # EOS counts in the length (forced or not, it ends each here)
+                lp = length_penalty(len(h.tokens) + 1, 1.3, kind)
+                assert h.score == pytest.approx(h.log_prob / lp)
+
+
+def test_beam_search_takes_its_size_in_place_of_options_and_refuses_sampling(tiny_model):
+    src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
+    sized = beam_search(tiny_model, src, 3, n_best=3, max_len_b=4)
+    assert [len(h) for h in sized] == [3, 3]
+    same = beam_search(tiny_model, src, DecodeOptions(beam=3, n_best=3, max_len_b=4))
+    assert [[x.tokens for x in h] for h in sized] == [[x.tokens for x in h] for h in same]
+    assert [len(h) for h in beam_search(tiny_model, src, 3, beam_size=2, n_best=2)] == [2, 2]
+    with pytest.raises(DecodeError) as e:
+        beam_search(tiny_model, src, DecodeOptions(beam=1, sampling=True))
+    assert str(e.value) == "beam search does not sample: use aiayn.decode.search"
+
+
+def test_searching_longer_never_finds_worse():
+    """From the same beams, early_stopping True stops at the first K endings, False (the
+    Hugging Face heuristic) once the best running beam at its current length cannot win,
+    "never" once no continuation can: each goes on from where the one before stopped, so
+    its best is at least as good. alpha 2 favours the long outputs found late."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(output_bias=True)).eval()
+    with torch.no_grad():
+        model.out_bias[model.cfg.eos_id] = 1.5  # some sentences end at once, some late
+    src, _ = random_batch(model.cfg, [5, 2, 7, 4, 3, 6, 1, 5], [1] * 8, seed=1)
+    best = {}
+    for stop in (True, False, "never"):
+        options = DecodeOptions(beam=3, n_best=3, alpha=2.0, max_len_b=10, early_stopping=stop)
+        best[stop] = [hyps[0].score for hyps in search(model, src, options)]
+    for first, then, never in zip(best[True], best[False], best["never"]):
+        assert first <= then + 1e-9 and then <= never + 1e-9
+    assert any(n > f + 1e-3 for f, n in zip(best[True], best["never"]))  # it matters here

@@ -39,8 +39,8 @@ MODEL_TESTS = ["test_attention.py", "test_model.py", "test_layers.py", "test_emb
 DECODE_TESTS = ["test_decode.py", "test_decode_workflows.py", "test_decode_edges.py"]
 MODULES: dict[str, tuple[str, list[str]]] = {
     "masks": ("model/masks.py", MODEL_TESTS),
-    "attention": ("model/attention.py", MODEL_TESTS),
-    "layers": ("model/layers.py", MODEL_TESTS),
+    "attention": ("model/attention.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
+    "layers": ("model/layers.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
     "embedding": ("model/embedding.py", MODEL_TESTS),
     "transformer": ("model/transformer.py", [*MODEL_TESTS, "test_decode.py"]),
     "loss": ("train/loss.py", ["test_train_parts.py"]),

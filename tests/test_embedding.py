@@ -1,6 +1,7 @@
 """Embeddings and positional encodings (Sections 3.4 and 3.5) as modules: the sinusoidal
 table to float64 accuracy, learned positions, offsets per batch and per row, the max_len
-check at its exact boundary, and the token embedding's scale, init and pad row."""
+check at its exact boundary, and the token embedding's scale, init and pad row; and what
+the config gives every layer (epsilon, dropouts, activation)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import pytest
 import torch
 
-from aiayn.errors import ModelInputError
+from aiayn.errors import ConfigError, ModelInputError
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding, sinusoidal_table
 
 
@@ -96,3 +97,36 @@ def test_token_embedding_scale_init_and_pad_row():
     out.sum().backward()
     grad = emb.weight.grad
     assert grad is not None and grad[3].abs().sum() == 0 and grad[7].abs().sum() > 0
+
+
+def test_every_layer_takes_the_configs_epsilon_dropouts_and_activation():
+    """What the config says reaches each layer (a layer built with a default instead
+    computes nearly the same, and only on another config would it show)."""
+    from aiayn import Transformer
+    from aiayn.model import MultiHeadAttention
+    from aiayn.model.layers import FeedForward
+    from conftest import tiny_config
+
+    cfg = tiny_config(
+        layer_norm_eps=1e-3, attention_dropout=0.25, activation_dropout=0.125, activation="gelu"
+    )
+    model = Transformer(cfg)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 2 * 2 + 2 * 3 and all(m.eps == 1e-3 for m in norms)
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(attentions) == 2 + 2 * 2 and all(m.attention_dropout == 0.25 for m in attentions)
+    ffns = [m for m in model.modules() if isinstance(m, FeedForward)]
+    assert len(ffns) == 4
+    assert all((m.activation, m.activation_dropout) == ("gelu", 0.125) for m in ffns)
+    plain = FeedForward(8, 16)  # the defaults: ReLU, no dropout inside
+    assert (plain.activation, plain.activation_dropout) == ("relu", 0.0)
+    x = torch.randn(2, 3, 8)
+    want = plain.w_2(torch.relu(plain.w_1(x)))
+    torch.testing.assert_close(plain.train()(x), want)
+    with pytest.raises(ConfigError) as e:
+        FeedForward(8, 16, activation="tanh")
+    assert str(e.value) == "activation must be one of relu, swish, gelu"
+    twin = Transformer(cfg).eval()
+    twin.load_state_dict(model.state_dict())  # every layer's loading hook passes it all on
+    src, tgt = torch.randint(3, 23, (2, 5)), torch.randint(3, 29, (2, 4))
+    torch.testing.assert_close(twin(src, tgt), model.eval()(src, tgt))

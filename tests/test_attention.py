@@ -147,3 +147,20 @@ def test_decoder_self_mask_of_no_target_positions():
     want = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
     assert torch.equal(mask[0, 0], want)
     assert torch.equal(mask[1, 0], torch.tensor([[1, 0, 0], [1, 0, 0], [1, 0, 0]]).bool())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_attention_dropout_drops_weights_and_keeps_the_mean(need_weights):
+    """dropout_p zeroes about that share of the attention weights and scales the rest by
+    1 / (1 - p), on the fused path and on the one that returns the weights."""
+    torch.manual_seed(0)
+    q, k = torch.randn(8, 2, 16, 4), torch.randn(8, 2, 16, 4)
+    v = torch.eye(16).expand(8, 2, 16, 16)  # the output row is the weight row
+    plain, _ = scaled_dot_product_attention(q, k, v)
+    dropped, weights = scaled_dot_product_attention(q, k, v, None, 0.5, need_weights)
+    zeros = (dropped == 0).float().mean().item()
+    assert 0.4 < zeros < 0.6  # 4096 weights
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], 2 * plain[kept])
+    if need_weights:
+        torch.testing.assert_close(weights, dropped)  # v is the identity

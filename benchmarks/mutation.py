@@ -42,7 +42,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "attention": ("model/attention.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
     "layers": ("model/layers.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
     "embedding": ("model/embedding.py", MODEL_TESTS),
-    "transformer": ("model/transformer.py", [*MODEL_TESTS, "test_decode.py"]),
+    "transformer": (
+        "model/transformer.py",
+        [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py", "test_continuous.py"],
+    ),
     "loss": ("train/loss.py", ["test_train_parts.py"]),
     "schedule": ("train/schedule.py", ["test_train_parts.py"]),
     "beam": ("decode/beam.py", DECODE_TESTS),

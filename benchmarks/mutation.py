@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tests-rev", help="take tests/ from this git revision (a score before a change)"
     )
+    parser.add_argument(
+        "--rescore", action="store_true", help="count again what --out holds; run nothing"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in MODULES]
     if unknown:
@@ -174,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / "scores.json"
     scores = json.loads(path.read_text()) if path.exists() else {}
     for name in args.names or list(MODULES):
+        if args.rescore:
+            if name in scores:
+                scores[name].update(tally(args.out / name, MODULES[name][0]))
+            continue
         scores[name] = run(name, args.out, args.jobs, args.tests_rev)
         print(json.dumps({name: scores[name]}), flush=True)
         path.write_text(json.dumps(scores, indent=1) + "\n")

@@ -129,3 +129,16 @@ def test_searching_longer_never_finds_worse():
     for first, then, never in zip(best[True], best[False], best["never"]):
         assert first <= then + 1e-9 and then <= never + 1e-9
     assert any(n > f + 1e-3 for f, n in zip(best[True], best["never"]))  # it matters here
+
+
+def test_a_pre_ln_model_decodes_the_same_with_and_without_its_cache():
+    """The cache path of the pre-LN layers (norm_first), as test_decode checks post-LN."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(norm_first=True)).eval()
+    src, _ = random_batch(model.cfg, [6, 3, 5], [1, 1, 1], seed=4)
+    assert torch.equal(greedy(model, src, 12), greedy(model, src, 12, use_cache=False))
+    cached = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3)
+    plain = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
+    for a, b in zip(cached, plain):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)

@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rescore:
             if name in scores:
                 scores[name].update(tally(args.out / name, MODULES[name][0]))
+                path.write_text(json.dumps(scores, indent=1) + "\n")
             continue
         scores[name] = run(name, args.out, args.jobs, args.tests_rev)
         print(json.dumps({name: scores[name]}), flush=True)

@@ -107,6 +107,10 @@ def test_beam_search_takes_its_size_in_place_of_options_and_refuses_sampling(tin
     same = beam_search(tiny_model, src, DecodeOptions(beam=3, n_best=3, max_len_b=4))
     assert [[x.tokens for x in h] for h in sized] == [[x.tokens for x in h] for h in same]
     assert [len(h) for h in beam_search(tiny_model, src, 3, beam_size=2, n_best=2)] == [2, 2]
+    with pytest.raises(DecodeError):  # 3 is the beam: n_best 4 is more than it holds
+        beam_search(tiny_model, src, 3, n_best=4)
+    with pytest.raises(DecodeError):  # the keyword's beam 2 wins over the 3
+        beam_search(tiny_model, src, 3, beam_size=2, n_best=3)
     with pytest.raises(DecodeError) as e:
         beam_search(tiny_model, src, DecodeOptions(beam=1, sampling=True))
     assert str(e.value) == "beam search does not sample: use aiayn.decode.search"

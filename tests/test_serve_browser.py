@@ -5,8 +5,8 @@ Open the page, type a sentence, check that the translation and a heatmap appear,
 the attention kind, and save a screenshot. ``AIAYN_SERVE_MODEL`` picks another model
 directory (default: the small sample model) and ``AIAYN_SCREENSHOT`` a path to copy the
 screenshot to (the README's picture: docs/serve_screenshot.png). With
-``AIAYN_REQUIRE_BROWSER=1`` (set by ``.ci/run``, which runs as root and so can install
-them) a missing browser fails the test instead of skipping it.
+``AIAYN_NO_SKIPS=1`` (set by ``.ci/run``, which runs as root and so can install them) or
+``AIAYN_REQUIRE_BROWSER=1`` a missing browser fails the test instead of skipping it.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, fine_tune_config, step_settings
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
-from aiayn.train.update import Updater, UpdateResult, compiled_graphs
+from aiayn.train.update import Updater, UpdateResult
 from aiayn.train.validation import translate_texts, validate_world
 
 
@@ -288,7 +288,7 @@ class Trainer:
             f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
             f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
             + (f"; {self.skipped} updates skipped (non-finite)" if self.skipped else "")
-            + (f"; torch.compile: {compiled_graphs()} graphs" if self.updater.compiled else "")
+            + self.updater.compile_note()
         )
         return TrainResult(
             self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by, self.skipped

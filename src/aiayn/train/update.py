@@ -159,6 +159,15 @@ class Updater:
                 step, device_ids=ids, forward_sync_buffers=False
             )
         self.step_module = step
+        # The process may have compiled other graphs before (other runs, other models).
+        self.graphs_before = compiled_graphs() if compile else 0
+
+    def compile_note(self) -> str:
+        """ "; torch.compile: N graphs" (made for this updater's step so far, a new shape's
+        too) for a compiled step, else ""."""
+        if not self.compiled:
+            return ""
+        return f"; torch.compile: {compiled_graphs() - self.graphs_before} graphs"
 
     def _forward_backward(self, batch: Batch, scale: float) -> Tensor:
         if self.compiled:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.decode import ContinuousBeamSearch, beam_search
+from aiayn.decode import BeamEngine, DecodeOptions, beam_search
 from aiayn.errors import DecodeError, ModelInputError
 from aiayn.model.transformer import DecoderState
 from conftest import random_batch, tiny_config
@@ -94,8 +94,10 @@ def test_joining_sentences_get_their_beam_search_results(varied_model):
     cfg = varied_model.cfg
     rng = random.Random(0)
     rows = sources(cfg, [rng.randint(1, 12) for _ in range(30)], seed=3)
-    want = [beam_search(varied_model, r[None], 3, n_best=3, max_len_b=10)[0] for r in rows]
-    search = ContinuousBeamSearch(varied_model, 3, max_len_b=10)
+    want = [
+        beam_search(varied_model, r[None], beam_size=3, n_best=3, max_len_b=10)[0] for r in rows
+    ]
+    search = BeamEngine(varied_model, DecodeOptions(beam=3, max_len_b=10))
     got, joined_running, next_row, steps = {}, 0, 0, 0
     while next_row < len(rows) or len(search):
         n = rng.randint(0, 3)  # 0-3 sentences join before each step
@@ -108,9 +110,10 @@ def test_joining_sentences_get_their_beam_search_results(varied_model):
             got[tag] = hyps[:3]
         steps += 1
         if len(search):  # the prefix lines up with the cache; no column is all padding
-            assert search.prefix.size(1) == search.state.offset + 1
-            assert bool(search.state.keys[:, 0].any()) or search.state.offset == 0
-            assert bool((search.src[:, -1] != cfg.pad_id).any())
+            state = search.rows.states[0]
+            assert search.prefix.size(1) == state.offset + 1
+            assert bool(state.keys[:, 0].any()) or state.offset == 0
+            assert bool((search.rows.src[:, -1] != cfg.pad_id).any())
     assert joined_running > 10 and steps < 150
     assert [summary(got[i]) for i in range(len(rows))] == [expected(w) for w in want]
 
@@ -123,7 +126,7 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
     with torch.no_grad():
         tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0
     a, b = sources(cfg, [9, 2], seed=11)
-    search = ContinuousBeamSearch(tiny_model, 2, max_len_a=0.0, max_len_b=6)
+    search = BeamEngine(tiny_model, DecodeOptions(beam=2, max_len_a=0.0, max_len_b=6))
     search.add(padded([a], cfg.pad_id), ["A"])
     done = [search.step(), search.step()]
     search.add(padded([b], cfg.pad_id), ["B"])
@@ -132,12 +135,14 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
         done.append(search.step())
         if len(done) == 6:  # A's 6th step: it leaves now, B has taken 4 steps
             assert [tag for tag, _ in done[-1]] == ["A"] and len(search) == 1
-            assert search.width == 2 and search.memory.shape[:2] == (1, 2)
-            assert search.state.offset == 4 and search.prefix.shape == (2, 5)
+            assert search.width == 2 and search.rows.memory[0].shape[:2] == (1, 2)
+            assert search.rows.states[0].offset == 4 and search.prefix.shape == (2, 5)
     assert len(done) == 8 and [tag for tag, _ in done[-1]] == ["B"]
     results = dict(pair for step in done for pair in step)
     for tag, src in (("A", a), ("B", b)):
-        want = beam_search(tiny_model, src[None], 2, max_len_a=0.0, max_len_b=6, n_best=2)[0]
+        want = beam_search(
+            tiny_model, src[None], beam_size=2, max_len_a=0.0, max_len_b=6, n_best=2
+        )[0]
         assert summary(results[tag][:2]) == expected(want)
         assert len(want[0].tokens) == 5  # the limit of 6 counts the EOS
 
@@ -145,7 +150,7 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
 def test_remove_and_a_failing_step(varied_model):
     cfg = varied_model.cfg
     rows = sources(cfg, [4, 6, 3], seed=2)
-    search = ContinuousBeamSearch(varied_model, 2, max_len_b=20)
+    search = BeamEngine(varied_model, DecodeOptions(beam=2, max_len_b=20))
     search.add(padded(rows, cfg.pad_id), ["a", "b", "c"])
     search.step()
     search.remove({"b"})
@@ -153,7 +158,9 @@ def test_remove_and_a_failing_step(varied_model):
     results = {}
     while len(search):
         results.update(search.step())
-    want = beam_search(varied_model, padded([rows[0], rows[2]], cfg.pad_id), 2, max_len_b=20)
+    want = beam_search(
+        varied_model, padded([rows[0], rows[2]], cfg.pad_id), beam_size=2, max_len_b=20
+    )
     assert summary(results["a"][:1]) == expected(want[0])
     assert summary(results["c"][:1]) == expected(want[1])
     search.add(padded(rows, cfg.pad_id), [1, 2, 3])
@@ -161,11 +168,35 @@ def test_remove_and_a_failing_step(varied_model):
     with pytest.raises(ModelInputError):  # a bad source is refused; the batch goes on
         search.add(torch.full((1, 3), 10_000, dtype=torch.long), [4])
     assert len(search) == 3
-    search.state.keys = search.state.keys[:1]  # break the state: the next step raises
+    search.rows.states[0].keys = search.rows.states[0].keys[:1]  # break it: the step raises
     with pytest.raises(RuntimeError):
         search.step()
     assert len(search) == 0 and search.step() == []  # dropped, ready for a new batch
     with pytest.raises(DecodeError):
-        ContinuousBeamSearch(varied_model, 0)
+        BeamEngine(varied_model, 2)  # type: ignore[arg-type]  # options, not a beam size
     with pytest.raises(DecodeError):
-        ContinuousBeamSearch(varied_model, 2, max_len_b=-1)
+        BeamEngine(varied_model, DecodeOptions(sampling=True, beam=1))
+
+
+def test_a_pad_id_inside_a_source_is_not_cropped(tiny_model):
+    """A Marian source whose text holds "<pad>" has the pad id mid-sentence. When the
+    longer sentence beside it leaves, the batch is cropped to the longest source left:
+    counted up to its last real id, not as its number of non-pad ids (which would cut its
+    last column, here its EOS-like final token), so it gets its offline result."""
+    cfg = tiny_model.cfg
+    with torch.no_grad():
+        tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0  # both run to their limit of 6
+    (a,) = sources(cfg, [9], seed=11)
+    b = torch.tensor([7, 8, cfg.pad_id, 9, 10])  # 5 positions, 4 of them not pad
+    options = DecodeOptions(beam=2, n_best=2, max_len_a=0.0, max_len_b=6)
+    search = BeamEngine(tiny_model, options)
+    search.add(padded([a], cfg.pad_id), ["A"])
+    done = [search.step(), search.step()]
+    search.add(padded([b], cfg.pad_id), ["B"])
+    while len(search):
+        done.append(search.step())
+        if len(search) == 1:
+            assert search.width == 5  # cropped to B's whole source
+    results = dict(pair for step in done for pair in step)
+    want = beam_search(tiny_model, b[None], options)[0]
+    assert summary(results["B"][:2]) == expected(want)

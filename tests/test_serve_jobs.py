@@ -126,8 +126,9 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
             assert gone.error is None
             finished[gone.job.id] = [[h.tokens for h in c] for c in gone.outputs]
     assert set(finished) == {a.id, b.id}
-    assert finished[a.id] == translator.translate_ids(a.src, beam=3)
-    assert finished[b.id] == translator.translate_ids(b.src, beam=3, alpha=1.0, n_best=2)
+    for job in (a, b):
+        offline = translator.hypotheses(job.src, job.settings)
+        assert finished[job.id] == [[h.tokens for h in c] for c in offline]
     assert batch.key is None and batch.jobs == [] and batch.width == 0
 
 
@@ -208,3 +209,38 @@ def test_a_worker_that_dies_fails_every_job_and_refuses_new_ones(translator):
         controlled.gate.set()
         worker.stop()
     assert set(worker.held().values()) == {0}
+
+
+class SlowMapsTranslator(Translator):
+    """Attention maps that wait for ``release``: the worker must go on stepping."""
+
+    entered, release = threading.Event(), threading.Event()
+
+    def attention_maps(self, *args, **kwargs):
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the maps"
+        return super().attention_maps(*args, **kwargs)
+
+
+def test_attention_maps_are_made_beside_the_running_batch(translator):
+    """A continuous job that asks for attention leaves the batch for the attention
+    thread: while its maps are being made, the worker goes on decoding other jobs."""
+    slow = SlowMapsTranslator(translator.model, translator.tokenizer)
+    worker = BatchWorker(slow, Metrics(), batch_wait_ms=0, join_ratio=0)
+    outcomes = Outcomes()
+    ids = [translator.encode(de) for de, _ in PAIRS[:2]]
+    mapped, plain = outcomes.job([ids[0]], beam=2), outcomes.job([ids[1]], beam=2)
+    mapped.attention = True
+    worker.start()
+    try:
+        worker.submit(mapped)
+        assert slow.entered.wait(30)  # its maps are being made, and held
+        worker.submit(plain)
+        assert outcomes.wait(plain, timeout=10).status is Status.DONE
+        assert mapped.id not in outcomes.got
+        slow.release.set()
+        done = outcomes.wait(mapped)
+        assert done.status is Status.DONE and done.value.attention[0] is not None
+    finally:
+        slow.release.set()
+        worker.stop()

@@ -15,7 +15,7 @@ from torch import Tensor
 from aiayn.checkpoint import load_inference, resolve_checkpoint
 from aiayn.data.batching import pad, shift_target, sorted_batches
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decode import ContinuousBeamSearch, DecodeOptions, Hypothesis, search
+from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, search
 from aiayn.decode.alignment import (
     DEFAULT_LAYER,
     cross_attention,
@@ -141,39 +141,29 @@ class Translator:
     def translate(
         self,
         lines: Sequence[str],
-        options: DecodeOptions | int | None = None,
-        *,
+        options: DecodeOptions | None = None,
         prefixes: Sequence[str] | None = None,
+        *,
         first_line: int = 0,
         batch_size: int = 64,
         on_batch: Callable[[int], object] | None = None,
         **settings: Any,
     ) -> list[list[str]]:
-        """``options.n_best`` translations (best first; samples in the order drawn) for each
-        line, as texts. ``options``: a :class:`DecodeOptions` (default :attr:`defaults`:
-        beam 4 and alpha 0.6, or an imported model's generation settings; beam 1 is greedy
-        decoding); keyword ``settings`` (beam, alpha, n_best, max_len_a, max_len_b, ...)
-        override it, and an int in its place is the beam size. See :meth:`translations` for
-        ``prefixes`` and ``first_line``."""
-        found = self.translations(
-            lines,
-            options,
-            prefixes=prefixes,
-            first_line=first_line,
-            batch_size=batch_size,
-            on_batch=on_batch,
-            scores=False,
-            **settings,
+        """The texts of :meth:`translations` (same arguments): ``n_best`` per line, best
+        first (samples in the order drawn), padded with "" where a search finished fewer
+        (a blank line gets only "")."""
+        options = self.options(options, settings)
+        found = self._translations(
+            lines, options, prefixes, first_line, batch_size, on_batch, None, scores=False
         )
-        n_best = self.options(options, settings).n_best
-        return [[t.text for t in out] + [""] * (n_best - len(out)) for out in found]
+        return [[t.text for t in out] + [""] * (options.n_best - len(out)) for out in found]
 
     def translations(
         self,
         lines: Sequence[str],
-        options: DecodeOptions | int | None = None,
-        *,
+        options: DecodeOptions | None = None,
         prefixes: Sequence[str] | None = None,
+        *,
         first_line: int = 0,
         batch_size: int = 64,
         on_batch: Callable[[int], object] | None = None,
@@ -183,11 +173,29 @@ class Translator:
     ) -> list[list[Translation]]:
         """For each line its outputs as :class:`Translation` objects (texts, pieces,
         log-probs, scores; word alignments too when ``alignment_layer`` is given: the
-        decoder layer, from 1, -1 the last). ``prefixes[i]`` (text) is forced as the start
-        of line i's outputs (default: ``options.prefix`` for every line). Line i is line
+        decoder layer, from 1, -1 the last). ``options``: a :class:`DecodeOptions`
+        (default :attr:`defaults`: beam 4 and alpha 0.6, or an imported model's generation
+        settings; beam 1 is greedy decoding), with the keyword ``settings`` given (beam,
+        alpha, n_best, ...) applied. ``prefixes[i]`` (text) is forced as the start of line
+        i's outputs (default: ``options.prefix`` for every line). Line i is line
         ``first_line + i`` of the whole input, which seeds its samples. ``scores=False``
         lets greedy decoding skip the log-probs (then 0)."""
         options = self.options(options, settings)
+        return self._translations(
+            lines, options, prefixes, first_line, batch_size, on_batch, alignment_layer, scores
+        )
+
+    def _translations(
+        self,
+        lines: Sequence[str],
+        options: DecodeOptions,
+        prefixes: Sequence[str] | None,
+        first_line: int,
+        batch_size: int,
+        on_batch: Callable[[int], object] | None,
+        alignment_layer: int | None,
+        scores: bool,
+    ) -> list[list[Translation]]:
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
@@ -195,25 +203,20 @@ class Translator:
         forced = [self.tokenizer.encode_target(p) if p else [] for p in texts]
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
-        out = []
-        for src_ids, candidates in zip(ids, hyps):
-            found = [self._translation(h) for h in candidates]
-            if alignment_layer is not None and found:
+        out = [[self._translation(h) for h in candidates] for candidates in hyps]
+        if alignment_layer is not None:
+            for src_ids, found in zip(ids, out):
                 links = self.align([src_ids] * len(found), [t.ids for t in found], alignment_layer)
                 for t, pairs in zip(found, links):
                     t.alignment = pairs
-            out.append(found)
         return out
 
     def options(
-        self, options: DecodeOptions | int | None = None, settings: dict[str, Any] | None = None
+        self, options: DecodeOptions | None = None, settings: dict[str, Any] | None = None
     ) -> DecodeOptions:
         """``options`` (default: :attr:`defaults`) with the keyword ``settings`` of the
-        methods above applied (an int in place of options is the beam size); an unknown
-        setting is an error."""
-        settings = dict(settings or {})
-        if isinstance(options, int) and not isinstance(options, bool):
-            options, settings = None, {"beam": options, **settings}
+        methods above that are not None applied; an unknown setting is an error."""
+        settings = settings or {}
         unknown = sorted(set(settings) - set(DecodeOptions.__dataclass_fields__))
         if unknown:
             raise AiaynError(f"unknown decoding setting(s): {', '.join(unknown)}")
@@ -223,26 +226,6 @@ class Translator:
         piece = self.tokenizer.id_to_piece
         text = self.tokenizer.decode(h.tokens)
         return Translation(text, [piece(i) for i in h.tokens], h.tokens, h.log_prob, h.score)
-
-    def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
-        """Texts of one line's n-best ids, padded with "" to ``n_best`` entries."""
-        texts = [self.tokenizer.decode(tokens) for tokens in candidates]
-        return texts + [""] * (n_best - len(texts))
-
-    def translate_ids(
-        self,
-        ids: Sequence[Sequence[int]],
-        options: DecodeOptions | int | None = None,
-        *,
-        batch_size: int = 64,
-        on_batch: Callable[[int], object] | None = None,
-        **settings: Any,
-    ) -> list[list[list[int]]]:
-        """Like :meth:`translate` on token ids: for each row its n-best output ids (no BOS
-        or EOS), best first; an empty row gets no candidates."""
-        options = self.options(options, settings)
-        hyps = self.hypotheses(ids, options, batch_size=batch_size, on_batch=on_batch, scores=False)
-        return [[h.tokens for h in candidates] for candidates in hyps]
 
     def hypotheses(
         self,
@@ -302,23 +285,13 @@ class Translator:
                 out[i] = word_alignment(links, src_words, tgt_words)
         return out
 
-    def continuous_search(
-        self,
-        options: DecodeOptions | int | None = None,
-        alpha: float | None = None,
-        max_len_b: int | None = None,
-        max_len_a: float | None = None,
-    ) -> ContinuousBeamSearch:
-        """A beam search on this model that sentences join and leave between decoding steps
-        (``aiayn serve``'s continuous batching): feed it right-padded source ids (each
-        add may set its own ``alpha``). Each sentence's hypotheses are those
-        :meth:`translate_ids` gives it with these settings (``beam >= 2``; beam 1 there is
-        greedy decoding, which this is not). An int in place of ``options`` is the beam."""
-        if options is None or (isinstance(options, int) and not isinstance(options, bool)):
-            options = self.defaults.replace(beam=options)
-        return ContinuousBeamSearch(
-            self.model, options, alpha, max_len_a=max_len_a, max_len_b=max_len_b
-        )
+    def continuous_search(self, options: DecodeOptions) -> BeamEngine:
+        """The beam engine of these models (an ensemble too) that sentences join and leave
+        between decoding steps (``aiayn serve``'s continuous batching): feed it
+        right-padded source ids, with forced prefixes and their own ``alpha`` per add.
+        Each sentence's hypotheses are those :meth:`hypotheses` gives it with ``options``
+        (``beam >= 2``; beam 1 there is greedy decoding, which this is not)."""
+        return BeamEngine(self.models, options)
 
     def attention_maps(
         self, src_ids: Sequence[Sequence[int]], out_ids: Sequence[Sequence[int]]
@@ -365,8 +338,8 @@ class Translator:
         if not ids:
             raise AiaynError("attention: the sentence is empty")
         options = self.options(None, {"beam": beam, "alpha": alpha}).replace(n_best=1)
-        best = self.translate_ids([ids], options)[0]
-        return self.attention_maps([ids], [best[0] if best else []])[0]
+        best = self.hypotheses([ids], options)[0]
+        return self.attention_maps([ids], [best[0].tokens if best else []])[0]
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

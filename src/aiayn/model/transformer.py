@@ -41,6 +41,7 @@ class DecoderState:
     positions: Tensor | None = None  # [B] ragged only: each row's next target position
     keys: Tensor | None = None  # [B, offset] ragged only: True at the row's real keys
     group: int = 1  # target rows per source row
+    padded: bool = False  # ragged only: some row has masked (left-padding) key columns
 
     def reorder(self, index: Tensor, sources: Tensor | None = None, cross: bool = True) -> None:
         """Keep batch rows ``index [B']`` (in that order) of every cached tensor. With
@@ -94,6 +95,7 @@ class DecoderState:
             [F.pad(k, (width - k.size(1), 0), value=False) for k in (my_keys, their_keys)]
         )
         self.positions = torch.cat([my_positions, their_positions])
+        self.padded = self.padded or other.padded or self.offset != other.offset
         self.offset = width
 
     def crop(self, src_len: int) -> None:
@@ -108,6 +110,7 @@ class DecoderState:
                 layer["self"][name] = layer["self"][name][:, :, first:]
                 layer["cross"][name] = layer["cross"][name][:, :, :src_len]
         self.keys, self.offset = keys[:, first:], self.offset - first
+        self.padded = self.padded and not bool(self.keys.all())
 
 
 def _stack(parts: list[Tensor], orders: Sequence[Tensor | None], size: int, left: bool) -> Tensor:
@@ -288,9 +291,15 @@ class Transformer(nn.Module):
         if ragged is not None:  # each row at its own position; its cached keys only
             if T != 1:
                 raise ModelInputError(f"a ragged state takes one step at a time, got {T}")
-            positions, cached = ragged
+            cached = ragged[1]
             keys = torch.cat([cached, cached.new_ones(tgt_in.size(0), 1)], dim=1)
-            self_mask = keys[:, None, None, :]  # [B, 1, 1, L + 1]
+            # Rows that all started together sit at one position and see every cached key:
+            # then no mask, and the kernels of a plain cached step (the same numbers).
+            assert state is not None
+            if state.padded:
+                positions, self_mask = ragged[0], keys[:, None, None, :]  # [B, 1, 1, L + 1]
+            else:
+                self_mask = None
         elif state is None:
             self_mask = decoder_self_mask(tgt_in, self.cfg.pad_id)  # [B, 1, T, T]
         elif T == 1:

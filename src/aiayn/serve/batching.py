@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from aiayn.errors import AiaynError
 from aiayn.serve.jobs import (
@@ -116,6 +117,8 @@ class BatchWorker:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
         self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
+        # Attention maps of finished continuous jobs are computed here, off the step loop.
+        self._maps = ThreadPoolExecutor(1, thread_name_prefix="aiayn-attention")
 
     def start(self) -> None:
         self._thread.start()
@@ -127,6 +130,7 @@ class BatchWorker:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._maps.shutdown(wait=True)  # the jobs that wait for their maps are answered
 
     @property
     def alive(self) -> bool:
@@ -196,7 +200,8 @@ class BatchWorker:
     def finish(self, job: Job, outcome: Outcome) -> None:
         """The one place where a job ends, whatever the ending: out of every record (the
         queue, the running batch), counted, and answered, exactly once. A running job is
-        the worker thread's: only that thread finishes it."""
+        the worker thread's: only that thread finishes it (or, once it has left the
+        batch, the attention thread)."""
         if job.status is Status.RUNNING:
             self._batch.cancel(job)  # no-op unless its sentences are still decoding
         with self._cond:
@@ -360,17 +365,21 @@ class BatchWorker:
         for gone in left:
             if gone.error is not None:
                 self.finish(gone.job, Outcome.failed(gone.error))
+            elif gone.job.attention:  # beside the batch: its sentences never wait for maps
+                self._maps.submit(self._finish_with_maps, gone.job, gone.outputs)
             else:
-                self.finish(gone.job, self._result(gone.job, gone.outputs))
+                self.finish(gone.job, Outcome.done(Result(gone.outputs)))
 
-    def _result(self, job: Job, outputs: Outputs) -> Outcome:
-        if not job.attention:
-            return Outcome.done(Result(outputs))
+    def _finish_with_maps(self, job: Job, outputs: Outputs) -> None:
+        """On the attention thread: end a job that left the continuous batch with the
+        attention maps of its outputs (one teacher-forced pass, while the batch steps
+        on). The job has left the batch already, so ``finish`` touches no batch state."""
         try:
-            return Outcome.done(Result(outputs, self._attention(job.src, outputs)))
+            outcome = Outcome.done(Result(outputs, self._attention(job.src, outputs)))
         except Exception as e:
             self.metrics.batch_failed()
-            return Outcome.failed(e)
+            outcome = Outcome.failed(e)
+        self.finish(job, outcome)
 
     def _attention(self, rows: list[list[int]], outputs: Outputs) -> list[AttentionMap | None]:
         """The attention maps of each row's best output (None for a blank row)."""

@@ -169,11 +169,11 @@ class Job:
 
 
 def batch_key(job: Job, continuous: bool) -> BatchKey:
-    """Jobs with equal keys may share a batch: beam search without a forced prefix joins
-    the continuous batch of its search settings (when ``continuous``); greedy decoding,
-    sampling and forced prefixes go in whole batches of equal settings."""
+    """Jobs with equal keys may share a batch: beam search (forced prefix or not) joins
+    the continuous batch of its search settings (when ``continuous``); greedy decoding
+    and sampling go in whole batches of equal settings."""
     s = job.settings
-    if continuous and s.beam > 1 and not s.sampling and job.prefix is None:
+    if continuous and s.beam > 1 and not s.sampling:
         return ContinuousKey(s.replace(alpha=0.0, n_best=1))
     return WholeKey(s, job.attention)
 

@@ -244,3 +244,35 @@ def test_attention_maps_are_made_beside_the_running_batch(translator):
     finally:
         slow.release.set()
         worker.stop()
+
+
+def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
+    """An ensemble Translator's continuous batch decodes with every model, and a job with
+    forced prefixes joins it like any other: each gets its offline hypotheses."""
+    other = Transformer(translator.model.cfg).eval()
+    other.load_state_dict(translator.model.state_dict())
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.9)  # a second member that changes the averaged distribution
+    ensemble = Translator([translator.model, other], translator.tokenizer)
+    ids = [translator.encode(de) for de, _ in PAIRS[:4]]
+    prefix = [translator.tokenizer.encode_target(t) for t in ("A", "Two men")]
+    outcomes = Outcomes()
+    free = outcomes.job(ids[:2], beam=3, n_best=2)
+    forced = outcomes.job(ids[2:], beam=3, n_best=2)
+    forced.prefix = prefix
+    assert batch_key(free, True) == batch_key(forced, True)  # one continuous batch
+    batch = RunningBatch(ensemble, CacheBudget.for_translator(10**6, ensemble))
+    batch.admit([free])
+    batch.step()
+    assert batch.admit([forced]) == []
+    finished = {}
+    while len(batch):
+        for gone in batch.step():
+            finished[gone.job.id] = [[h.tokens for h in c] for c in gone.outputs]
+    for job, alone in ((free, None), (forced, prefix)):
+        want = ensemble.hypotheses(job.src, job.settings, alone)
+        assert finished[job.id] == [[h.tokens for h in c] for c in want]
+        single = translator.hypotheses(job.src, job.settings, alone)
+        assert finished[job.id] != [[h.tokens for h in c] for c in single]  # both models
+    assert all(c[0][: len(p)] == p for c, p in zip(finished[forced.id], prefix))

@@ -18,8 +18,8 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, search
 from aiayn.decode.alignment import (
     DEFAULT_LAYER,
-    cross_attention,
     hard_alignment,
+    layer_index,
     word_alignment,
     word_starts,
 )
@@ -204,11 +204,12 @@ class Translator:
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
         out = [[self._translation(h) for h in candidates] for candidates in hyps]
-        if alignment_layer is not None:
-            for src_ids, found in zip(ids, out):
-                links = self.align([src_ids] * len(found), [t.ids for t in found], alignment_layer)
-                for t, pairs in zip(found, links):
-                    t.alignment = pairs
+        if alignment_layer is None:
+            return out
+        for src_ids, found in zip(ids, out):
+            links = self.align(src_ids, [t.ids for t in found], alignment_layer)
+            for t, pairs in zip(found, links):
+                t.alignment = pairs
         return out
 
     def options(
@@ -257,34 +258,6 @@ class Translator:
                 on_batch(len(index))
         return results
 
-    def align(
-        self,
-        src_ids: Sequence[Sequence[int]],
-        out_ids: Sequence[Sequence[int]],
-        layer: int = DEFAULT_LAYER,
-        batch_size: int = 64,
-    ) -> list[list[tuple[int, int]]]:
-        """Hard word alignments (source word, output word) of ``out_ids[i]`` to ``src_ids[i]``
-        from the first model's encoder-decoder attention at ``layer``, heads averaged
-        (:mod:`aiayn.decode.alignment`)."""
-        cfg, piece = self.model.cfg, self.tokenizer.id_to_piece
-        out: list[list[tuple[int, int]]] = [[] for _ in src_ids]
-        pairs = [i for i in range(len(src_ids)) if src_ids[i] and out_ids[i]]
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start : start + batch_size]
-            src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(self.device)
-            dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
-            weights = cross_attention(
-                self.model, src, pad(dec_in, cfg.pad_id).to(self.device), layer
-            )
-            for b, i in enumerate(chunk):
-                S, T = len(src_ids[i]), len(out_ids[i])
-                links = hard_alignment(weights[b, :T, :S].cpu())
-                src_words = word_starts([piece(t, source=True) for t in src_ids[i]])
-                tgt_words = word_starts([piece(t) for t in out_ids[i]])
-                out[i] = word_alignment(links, src_words, tgt_words)
-        return out
-
     def continuous_search(self, options: DecodeOptions) -> BeamEngine:
         """The beam engine of these models (an ensemble too) that sentences join and leave
         between decoding steps (``aiayn serve``'s continuous batching): feed it
@@ -294,40 +267,62 @@ class Translator:
         return BeamEngine(self.models, options)
 
     def attention_maps(
-        self, src_ids: Sequence[Sequence[int]], out_ids: Sequence[Sequence[int]]
-    ) -> list[AttentionMap]:
+        self,
+        src_ids: Sequence[Sequence[int]],
+        out_ids: Sequence[Sequence[int]],
+        batch_size: int = 64,
+    ) -> list[AttentionMap | None]:
         """The attention weights of every layer and head that produce ``out_ids[i]`` (no BOS
-        or EOS) from ``src_ids[i]``: one teacher-forced pass over the whole batch, each map
-        cut to its own sentence's lengths (padding changes no real position's weights)."""
-        if len(src_ids) != len(out_ids) or any(not s for s in src_ids):
-            raise AiaynError("attention: each sentence needs a non-empty source and an output")
-        cfg = self.model.cfg
-        if not src_ids:
-            return []
-        src = pad(src_ids, cfg.pad_id).to(self.device)  # [B, S]
-        dec_in, _ = shift_target(out_ids, cfg.bos_id, cfg.eos_id)  # BOS + output (3.1)
-        tgt_in = pad(dec_in, cfg.pad_id).to(self.device)
-        with torch.no_grad():
-            _, weights = self.model.forward_with_attention(src, tgt_in)
-        piece = self.tokenizer.id_to_piece
+        or EOS) from ``src_ids[i]`` (None for a blank source), from the first model: one
+        teacher-forced pass per batch, each map cut to its own sentence's lengths (padding
+        changes no real position's weights). Word alignments are read from these too."""
+        if len(src_ids) != len(out_ids):
+            raise AiaynError(f"attention: {len(src_ids)} sources for {len(out_ids)} outputs")
+        cfg, piece = self.model.cfg, self.tokenizer.id_to_piece
         start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
-        maps = []
-        for b, (s_ids, o_ids) in enumerate(zip(src_ids, out_ids)):
-            S, T = len(s_ids), len(o_ids) + 1
-            cols = {"encoder": S, "decoder_self": T, "cross": S}
-            rows = {"encoder": S, "decoder_self": T, "cross": T}
-            maps.append(
-                AttentionMap(
-                    source=[piece(i, source=True) for i in s_ids],
-                    target=[piece(i) for i in o_ids] + [piece(cfg.eos_id)],
-                    target_in=[start] + [piece(i) for i in o_ids],
+        maps: list[AttentionMap | None] = [None] * len(src_ids)
+        real = [i for i, s in enumerate(src_ids) if s]
+        for chunk in (real[a : a + batch_size] for a in range(0, len(real), batch_size)):
+            src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(self.device)  # [B, S]
+            dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
+            with torch.inference_mode():  # BOS + output (Section 3.1)
+                _, weights = self.model.forward_with_attention(
+                    src, pad(dec_in, cfg.pad_id).to(self.device)
+                )
+            for b, i in enumerate(chunk):
+                S, T, o_ids = len(src_ids[i]), len(out_ids[i]) + 1, out_ids[i]
+                rows = {"encoder": S, "decoder_self": T, "cross": T}
+                cols = {"encoder": S, "decoder_self": T, "cross": S}
+                maps[i] = AttentionMap(
+                    source=[piece(t, source=True) for t in src_ids[i]],
+                    target=[piece(t) for t in o_ids] + [piece(cfg.eos_id)],
+                    target_in=[start] + [piece(t) for t in o_ids],
                     weights={
                         k: [w[b, :, : rows[k], : cols[k]].float().cpu() for w in weights[k]]
                         for k in ATTENTION_KINDS
                     },
                 )
-            )
         return maps
+
+    def align(
+        self, src_ids: Sequence[int], out_ids: Sequence[Sequence[int]], layer: int = DEFAULT_LAYER
+    ) -> list[list[tuple[int, int]]]:
+        """Hard word alignments (source word, output word) of each of ``out_ids`` (one
+        line's outputs) to ``src_ids``, from :meth:`attention_maps`' encoder-decoder
+        attention at ``layer`` (from 1; -1 the last), heads averaged
+        (:mod:`aiayn.decode.alignment`)."""
+        index = layer_index(layer, self.model.cfg.decoder_layers)
+        maps = self.attention_maps([src_ids] * len(out_ids), out_ids)
+        src_words = word_starts([self.tokenizer.id_to_piece(t, source=True) for t in src_ids])
+        out: list[list[tuple[int, int]]] = []
+        for amap, ids in zip(maps, out_ids):
+            if amap is None or not ids:
+                out.append([])
+                continue
+            weights = amap.weights["cross"][index].mean(dim=0)[: len(ids)]  # [T, S]
+            tgt_words = word_starts(amap.target[: len(ids)])
+            out.append(word_alignment(hard_alignment(weights), src_words, tgt_words))
+        return out
 
     def attention(
         self, sentence: str, beam: int | None = None, alpha: float | None = None
@@ -339,7 +334,9 @@ class Translator:
             raise AiaynError("attention: the sentence is empty")
         options = self.options(None, {"beam": beam, "alpha": alpha}).replace(n_best=1)
         best = self.hypotheses([ids], options)[0]
-        return self.attention_maps([ids], [best[0].tokens if best else []])[0]
+        found = self.attention_maps([ids], [best[0].tokens if best else []])[0]
+        assert found is not None  # the source is not blank
+        return found
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

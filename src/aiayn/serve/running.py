@@ -21,6 +21,11 @@ from aiayn.translator import Translator
 Outputs = list[list[Hypothesis]]  # per sentence of a job, its n-best hypotheses
 
 
+def best(outputs: Outputs) -> list[list[int]]:
+    """The tokens of each sentence's best hypothesis ([] for a blank line)."""
+    return [candidates[0].tokens if candidates else [] for candidates in outputs]
+
+
 @dataclass
 class _Running:
     """A job in the batch: its outputs so far and how many of its sentences still run."""

@@ -12,7 +12,6 @@ import torch
 from aiayn import Transformer
 from aiayn.decode import BeamEngine, DecodeOptions, beam_search
 from aiayn.errors import DecodeError, ModelInputError
-from aiayn.model.transformer import DecoderState
 from conftest import random_batch, tiny_config
 
 
@@ -75,19 +74,26 @@ def test_ragged_rows_get_the_logits_of_their_own_decoding(tiny_model):
             logits = tiny_model.decode(prefix, memory[rows], src[rows], state)[:, -1]
             for i, b in enumerate(rows):
                 torch.testing.assert_close(logits[i], alone[b][0, t - b], atol=1e-5, rtol=1e-5)
-    with pytest.raises(ModelInputError, match="one step at a time"):
+    with pytest.raises(ModelInputError, match="one step at a time"):  # padded: row 0 joined
         tiny_model.decode(tgt[rows, :2], memory[rows], src[rows], state)
 
 
-def test_only_ragged_states_crop(tiny_model):
-    """``crop`` (and ``join``) need a ragged state: a plain one gets a clear error, not an
-    AttributeError on its missing per-row keys."""
-    src, tgt = random_batch(tiny_model.cfg, [4], [3], seed=2)
-    state = DecoderState()
+def test_a_state_whose_rows_realign_is_no_longer_padded(tiny_model):
+    """Rows that started together decode unpadded (no mask: a plain cached step); a row
+    that joins later pads the state, and once it is the only row left, the crop drops its
+    padding and the state is plain again."""
+    src, tgt = random_batch(tiny_model.cfg, [4, 3], [3, 3], seed=2)
     with torch.no_grad():
-        tiny_model.decode(tgt, tiny_model.encode(src), src, state)
-    with pytest.raises(ModelInputError, match="not a ragged DecoderState"):
+        memory = tiny_model.encode(src)
+        state = tiny_model.start_state(memory[:1])
+        tiny_model.decode(tgt[:1, :1], memory[:1], src[:1], state)
+        assert state.keys is None and state.positions is None
+        state.join(tiny_model.start_state(memory[1:]))
+        assert state.keys is not None and state.keys.tolist() == [[True], [False]]
+        tiny_model.decode(tgt[:, 1:2], memory, src, state)
+        state.reorder(torch.tensor([1]))
         state.crop(src.size(1))
+        assert state.keys is None and state.offset == 1
 
 
 def test_joining_sentences_get_their_beam_search_results(varied_model):
@@ -112,7 +118,7 @@ def test_joining_sentences_get_their_beam_search_results(varied_model):
         if len(search):  # the prefix lines up with the cache; no column is all padding
             state = search.rows.states[0]
             assert search.prefix.size(1) == state.offset + 1
-            assert bool(state.keys[:, 0].any()) or state.offset == 0
+            assert state.keys is None or bool(state.keys[:, 0].any())
             assert bool((search.rows.src[:, -1] != cfg.pad_id).any())
     assert joined_running > 10 and steps < 150
     assert [summary(got[i]) for i in range(len(rows))] == [expected(w) for w in want]
@@ -168,8 +174,9 @@ def test_remove_and_a_failing_step(varied_model):
     with pytest.raises(ModelInputError):  # a bad source is refused; the batch goes on
         search.add(torch.full((1, 3), 10_000, dtype=torch.long), [4])
     assert len(search) == 3
-    search.rows.states[0].keys = search.rows.states[0].keys[:1]  # break it: the step raises
-    with pytest.raises(RuntimeError):
+    cache = search.rows.states[0].layers[0]["self"]
+    cache["k"] = cache["k"][:1]  # break the state: the next step raises
+    with pytest.raises((RuntimeError, IndexError)):
         search.step()
     assert len(search) == 0 and search.step() == []  # dropped, ready for a new batch
     with pytest.raises(DecodeError):

@@ -233,7 +233,7 @@ class BeamEngine(Generic[Tag]):
         self.sentences = [self.sentences[i] for i in keep]
         self.forced = self.forced[kept] if self.forced is not None else None
         width, states = max(s.width for s in self.sentences), self.rows.states
-        if width < self.rows.width or (states is not None and states[0].padded):
+        if width < self.rows.width or (states is not None and states[0].keys is not None):
             self.rows.crop(width)
         if states is not None:
             self.prefix = self.prefix[:, self.prefix.size(1) - states[0].offset - 1 :]

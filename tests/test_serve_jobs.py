@@ -276,3 +276,14 @@ def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
         single = translator.hypotheses(job.src, job.settings, alone)
         assert finished[job.id] != [[h.tokens for h in c] for c in single]  # both models
     assert all(c[0][: len(p)] == p for c, p in zip(finished[forced.id], prefix))
+
+
+def test_serve_takes_several_models_as_an_ensemble(sample_model_dir):
+    """`aiayn serve --model A --model B` loads an ensemble, as `aiayn translate` does."""
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import translator_for
+
+    folder = str(sample_model_dir())
+    args = build_parser().parse_args(["serve", "--model", folder, "--model", folder])
+    assert args.model == [folder, folder]
+    assert len(translator_for(args).models) == 2

@@ -117,7 +117,7 @@ def test_joining_sentences_get_their_beam_search_results(varied_model):
         steps += 1
         if len(search):  # the prefix lines up with the cache; no column is all padding
             state = search.rows.states[0]
-            assert search.prefix.size(1) == state.offset + 1
+            assert search.decoded.size(1) == state.offset + 1
             assert state.keys is None or bool(state.keys[:, 0].any())
             assert bool((search.rows.src[:, -1] != cfg.pad_id).any())
     assert joined_running > 10 and steps < 150
@@ -136,13 +136,13 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
     search.add(padded([a], cfg.pad_id), ["A"])
     done = [search.step(), search.step()]
     search.add(padded([b], cfg.pad_id), ["B"])
-    assert search.width == 9 and search.prefix.shape == (4, 3)
+    assert search.width == 9 and search.decoded.shape == (4, 3)
     while len(search):
         done.append(search.step())
         if len(done) == 6:  # A's 6th step: it leaves now, B has taken 4 steps
             assert [tag for tag, _ in done[-1]] == ["A"] and len(search) == 1
             assert search.width == 2 and search.rows.memory[0].shape[:2] == (1, 2)
-            assert search.rows.states[0].offset == 4 and search.prefix.shape == (2, 5)
+            assert search.rows.states[0].offset == 4 and search.decoded.shape == (2, 5)
     assert len(done) == 8 and [tag for tag, _ in done[-1]] == ["B"]
     results = dict(pair for step in done for pair in step)
     for tag, src in (("A", a), ("B", b)):

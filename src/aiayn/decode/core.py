@@ -190,7 +190,7 @@ class DecodeStep:
     times instead (the samples of sampling, which leave one by one). Rows leave with
     :meth:`keep`, move within their sentence with :meth:`reorder` and arrive with
     :meth:`join`, so no work is spent on finished rows. ``use_cache=False`` recomputes the
-    whole prefix every step: the slow reference the cache is tested against (every row
+    whole output so far every step: the slow reference the cache is tested against (every row
     then holds its own copy of the source). With several models, :meth:`logits` gives the
     log of their averaged next-token probabilities (fairseq's ensemble rule).
     """
@@ -225,20 +225,20 @@ class DecodeStep:
         """Source positions per row (the longest source, padding included)."""
         return self.src.size(1)
 
-    def logits(self, prefix: Tensor) -> Tensor:
-        """prefix ``[n, t]`` (BOS + tokens so far, one row per live row; with a cache only
+    def logits(self, decoded: Tensor) -> Tensor:
+        """decoded ``[n, t]`` (BOS + tokens so far, one row per live row; with a cache only
         its last column is read) -> next-token logits ``[n, V]`` (an ensemble: the log of
         the mean probability). The result may be overwritten by the next call."""
-        out = [self._logits(i, prefix) for i in range(len(self.models))]
+        out = [self._logits(i, decoded) for i in range(len(self.models))]
         if len(out) == 1:
             return out[0]
         logp = torch.stack([torch.log_softmax(o.float(), dim=-1) for o in out])  # [M, n, V]
         return torch.logsumexp(logp, dim=0) - math.log(len(out))
 
-    def logprobs(self, prefix: Tensor, banned: Tensor) -> Tensor:
+    def logprobs(self, decoded: Tensor, banned: Tensor) -> Tensor:
         """:func:`next_logprobs` of :meth:`logits` ``[n, V]``, in reused memory (valid
         until the next call)."""
-        return self.normalise(self.logits(prefix), banned)
+        return self.normalise(self.logits(decoded), banned)
 
     def normalise(self, logits: Tensor, banned: Tensor) -> Tensor:
         """:func:`next_logprobs` of ``logits [n, V]`` (left as they are), in reused memory
@@ -246,11 +246,11 @@ class DecodeStep:
         n, V = logits.shape
         return next_logprobs(logits, banned, self._buffer("logp", n, V, torch.float32))
 
-    def _logits(self, i: int, prefix: Tensor) -> Tensor:
+    def _logits(self, i: int, decoded: Tensor) -> Tensor:
         model, memory = self.models[i], self.memory[i]
         if self.states is None:
-            return model.decode(prefix, memory, self.src)[:, -1]
-        x = model.decode(prefix[:, -1:], memory, self.src, self.states[i], project=False)[:, -1]
+            return model.decode(decoded, memory, self.src)[:, -1]
+        x = model.decode(decoded[:, -1:], memory, self.src, self.states[i], project=False)[:, -1]
         n, V, uses = x.size(0), model.cfg.tgt_vocab_size, model.projection_buffers(x)
         out = self._buffer(f"logits{i}", n, V, x.dtype) if uses >= 1 else None
         work = self._buffer("work", n, V, x.dtype) if uses == 2 else None

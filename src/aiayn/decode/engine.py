@@ -68,7 +68,7 @@ class _Sentence(Generic[Tag]):
     limit: int  # the most tokens it may produce, EOS included
     width: int  # its source length (padding excluded; a pad id inside it counts)
     options: DecodeOptions  # the engine's, with this sentence's length penalty alpha
-    steps: int = 0  # tokens decoded so far: its rows' prefix is BOS + this many tokens
+    steps: int = 0  # tokens decoded so far: its rows' decoded tokens: BOS + this many
     finished: list[Hypothesis] = field(default_factory=list)
 
 
@@ -83,7 +83,7 @@ class BeamEngine(Generic[Tag]):
 
     Tensors, for n running sentences and rows = n * K (sentence-major, K beams each):
     ``rows`` (:class:`~aiayn.decode.core.DecodeStep`: source, encoder output and cache,
-    one source row per sentence); ``prefix [rows, P]`` BOS + tokens, left-padded with PAD
+    one source row per sentence); ``decoded [rows, P]`` BOS + tokens, left-padded with PAD
     so that its columns line up with the self-attention cache; ``scores [n, K]``;
     ``forced [n, F]`` what each sentence's next steps force (-1: free; None: nothing).
     """
@@ -109,7 +109,7 @@ class BeamEngine(Generic[Tag]):
     def _clear(self) -> None:
         self.sentences: list[_Sentence[Tag]] = []
         self.rows: DecodeStep | None = None
-        self.prefix = torch.zeros(0, 1, dtype=torch.long, device=self.device)
+        self.decoded = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self.scores = torch.zeros(0, self.K, device=self.device)
         self.forced: Tensor | None = None
 
@@ -141,13 +141,13 @@ class BeamEngine(Generic[Tag]):
         bos = torch.full((len(tags) * K, 1), self.cfg.bos_id, dtype=torch.long, device=src.device)
         new = [_Sentence(t, n, w, options) for t, n, w in zip(tags, limits, widths.tolist())]
         if self.rows is None:
-            self.rows, self.prefix, self.scores, self.forced = rows, bos, scores, forced
+            self.rows, self.decoded, self.scores, self.forced = rows, bos, scores, forced
             self.sentences = new
             return
         with inference(self.models):
             self.rows.join(rows)
-        P = self.prefix.size(1)
-        self.prefix = torch.cat([self.prefix, F.pad(bos, (P - 1, 0), value=self.cfg.pad_id)])
+        P = self.decoded.size(1)
+        self.decoded = torch.cat([self.decoded, F.pad(bos, (P - 1, 0), value=self.cfg.pad_id)])
         self.scores = torch.cat([self.scores, scores])
         self.forced = _stack_forced(self.forced, forced, len(self.sentences), len(new))
         self.sentences += new
@@ -167,8 +167,8 @@ class BeamEngine(Generic[Tag]):
             raise
 
     def _step(self, rows: DecodeStep) -> list[tuple[Tag, list[Hypothesis]]]:
-        K, prefix, sentences = self.K, self.prefix, self.sentences
-        logp = rows.logprobs(prefix, self._banned)  # [n*K, V]
+        K, decoded, sentences = self.K, self.decoded, self.sentences
+        logp = rows.logprobs(decoded, self._banned)  # [n*K, V]
         now, self.forced = next_forced(self.forced)  # one per sentence, the same for its beams
         force(logp, now.repeat_interleave(K) if now is not None else None)
         ending = [s.steps + 1 >= s.limit for s in sentences]  # these must end now
@@ -177,7 +177,7 @@ class BeamEngine(Generic[Tag]):
         )
         groups, hit_rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:
-            P, hits = prefix.size(1), prefix.index_select(0, hit_rows).tolist()
+            P, hits = decoded.size(1), decoded.index_select(0, hit_rows).tolist()
             for g, row, log_prob in zip(groups, hits, log_probs):
                 sentence = sentences[g]  # its tokens: the last `steps` columns
                 o = sentence.options
@@ -198,14 +198,14 @@ class BeamEngine(Generic[Tag]):
             return out
         if not out:  # beams move within their sentences: the source side stays
             self.scores = scores
-            self.prefix = torch.cat([prefix.index_select(0, parent), token], dim=1)
+            self.decoded = torch.cat([decoded.index_select(0, parent), token], dim=1)
             rows.reorder(parent)
             return out
         # The sentences that are done leave in the same gather as the beam moves.
         kept = torch.tensor(keep, device=self.device)
         parent, token = parent.view(-1, K)[kept].view(-1), token.view(-1, K)[kept]
         self.scores = scores[kept]
-        self.prefix = torch.cat([prefix.index_select(0, parent), token.view(-1, 1)], dim=1)
+        self.decoded = torch.cat([decoded.index_select(0, parent), token.view(-1, 1)], dim=1)
         rows.keep(parent, kept)
         self._leave(keep, kept)
         return out
@@ -220,7 +220,7 @@ class BeamEngine(Generic[Tag]):
             return
         kept = torch.tensor(keep, device=self.device)
         rows = (kept[:, None] * self.K + torch.arange(self.K, device=self.device)).view(-1)
-        self.scores, self.prefix = self.scores[kept], self.prefix[rows]
+        self.scores, self.decoded = self.scores[kept], self.decoded[rows]
         with inference(self.models):
             self.rows.keep(rows, kept)
             self._leave(keep, kept)
@@ -228,7 +228,7 @@ class BeamEngine(Generic[Tag]):
     def _leave(self, keep: list[int], kept: Tensor) -> None:
         """Keep only sentences ``keep`` (their rows already kept), and drop the columns
         that are padding for every row left: the longest source and the longest running
-        prefix may have been among the sentences that left."""
+        output may have been among the sentences that left."""
         assert self.rows is not None
         self.sentences = [self.sentences[i] for i in keep]
         self.forced = self.forced[kept] if self.forced is not None else None
@@ -236,7 +236,7 @@ class BeamEngine(Generic[Tag]):
         if width < self.rows.width or (states is not None and states[0].keys is not None):
             self.rows.crop(width)
         if states is not None:
-            self.prefix = self.prefix[:, self.prefix.size(1) - states[0].offset - 1 :]
+            self.decoded = self.decoded[:, self.decoded.size(1) - states[0].offset - 1 :]
 
 
 def _stack_forced(a: Tensor | None, b: Tensor | None, n_a: int, n_b: int) -> Tensor | None:

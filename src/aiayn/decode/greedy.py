@@ -89,11 +89,11 @@ def _one_per_row(
     ended = torch.zeros(R, dtype=torch.bool, device=device)
     step = DecodeStep(models, src, expand=n, use_cache=use_cache)  # encodes, checks src
     alive = torch.arange(R, device=device)  # original row of each decoding row
-    prefix = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)
+    decoded = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)
     banned = banned_ids(cfg, device)
     length = 0
     for t in range(steps):
-        logits = step.logits(prefix)  # [R', V]
+        logits = step.logits(decoded)  # [R', V]
         force_now, forced = next_forced(forced)
         # Log-probs normalised over the whole vocabulary, before the ban (as in beam
         # search); one fused log_softmax, into reused memory.
@@ -124,8 +124,8 @@ def _one_per_row(
             keep = running.nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            alive, token, prefix = alive[keep], token[keep], prefix[keep]
+            alive, token, decoded = alive[keep], token[keep], decoded[keep]
             step.keep(keep)
             forced = forced[keep] if forced is not None else None
-        prefix = torch.cat([prefix, token[:, None]], dim=1)
+        decoded = torch.cat([decoded, token[:, None]], dim=1)
     return RowOutputs(out[:, :length], total, ended)

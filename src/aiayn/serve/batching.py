@@ -39,7 +39,7 @@ from aiayn.serve.jobs import (
     StoppedError,
     WholeKey,
     batch_key,
-    width,
+    rows_per_sentence,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.running import Left, Outputs, RunningBatch, best
@@ -286,7 +286,7 @@ class BatchWorker:
             first = next(iter(self._queue))
             self._take(first)
             key, batch = batch_key(first, self.continuous), [first]
-            beam = width(first.settings)
+            beam = rows_per_sentence(first.settings)
             rows, longest = first.rows, first.longest
             deadline = time.perf_counter() + self.wait_s
             full = False

@@ -66,7 +66,7 @@ ENDINGS = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT)
 Settings = DecodeOptions
 
 
-def width(options: DecodeOptions) -> int:
+def rows_per_sentence(options: DecodeOptions) -> int:
     """Decoder rows per sentence: the beam, or the samples when sampling."""
     return options.n_best if options.sampling else options.beam
 
@@ -236,7 +236,7 @@ class CacheBudget:
 
     def check(self, job: Job) -> None:
         """TooLargeError when ``job`` alone is over the budget: it could never run."""
-        rows = width(job.settings)
+        rows = rows_per_sentence(job.settings)
         need = self.cost_of([job], rows)
         if need > self.max_tokens:
             per = f"{rows} samples" if job.settings.sampling else f"beam {rows}"

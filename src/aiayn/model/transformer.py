@@ -23,14 +23,12 @@ class DecoderState:
     """Incremental-decoding state (fairseq-style): one cache dict per decoder layer holding
     self-attention keys/values of the steps so far and the encoder-decoder keys/values.
 
-    ``offset`` is the number of target positions already fed (cached key columns). ``reorder``
-    selects rows of the batch, for beam search (parents of the surviving beams) and for
-    dropping finished sentences; :meth:`join` appends the rows of another state (a sentence
-    joining a running batch: continuous batching) and :meth:`crop` drops columns no row
-    uses any more.
+    ``offset`` is the number of target positions already fed (cached key columns).
+    ``reorder`` selects rows (beam parents, dropping finished sentences), :meth:`join`
+    appends another state's rows (continuous batching), :meth:`crop` drops unused columns.
 
-    While every row started at the same step, all rows sit at position ``offset`` and see
-    every cached key. Rows that join at another step make the state *padded*: row b's next
+    While every row started at the same step, all sit at position ``offset`` and see every
+    cached key. Rows that join at another step make the state *padded*: row b's next
     position is ``positions[b]`` and its cached keys are the columns where ``keys [B,
     offset]`` is True (a late row is left-padded with masked columns, so every step still
     appends one column for all rows); a padded state takes one step at a time. The
@@ -69,8 +67,7 @@ class DecoderState:
             self.positions, self.keys = self.positions[index], self.keys[index]
 
     def _padding(self) -> tuple[Tensor, Tensor]:
-        """``(positions, keys)``, also for a state that is not padded (call before a join:
-        the rows are counted with any pending reorder)."""
+        """``(positions, keys)``, made up for a state that is not padded."""
         if self.positions is not None and self.keys is not None:
             return self.positions, self.keys
         if not self.layers:
@@ -84,8 +81,7 @@ class DecoderState:
     def join(self, other: DecoderState) -> None:
         """Append the rows of ``other`` (of the same group size). Self-attention caches are
         left-padded to the longer one with masked columns; encoder-decoder keys/values are
-        right-padded along the source to the longer one (pad the source ids alike: the
-        padding mask then hides these columns)."""
+        right-padded along the source (pad the source ids alike: the mask hides them)."""
         if self.group != other.group:
             raise ModelInputError("only states of one group size can be joined")
         width = max(self.offset, other.offset)
@@ -108,10 +104,8 @@ class DecoderState:
         self.offset = width
 
     def crop(self, src_len: int) -> None:
-        """Drop the leading key columns that no row uses any more (padded) and the
-        encoder-decoder keys/values past ``src_len`` source positions (after rows with the
-        longest sources left; crop the source ids alike). A state whose rows are all at one
-        position again is no longer padded."""
+        """Drop the key columns no row uses any more (then maybe no longer padded) and the
+        encoder-decoder keys/values past ``src_len`` (crop the source ids alike)."""
         first = 0
         if self.keys is not None:
             used = self.keys.any(dim=0)

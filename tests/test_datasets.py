@@ -136,6 +136,9 @@ def test_unknown_names_pairs_and_splits_are_refused(cache):
         datasets.pair_files("multi30k/de-xx")
     with pytest.raises(DownloadError, match="multi30k: no split test2099"):
         datasets.get("multi30k", splits=["test2099"])
+    with pytest.raises(DownloadError, match="wmt14-en-de: comes whole; it has no languages"):
+        datasets.get("wmt14-en-de", splits=["train"])
+    assert not (cache / "wmt14-en-de").exists()  # refused before anything was written
 
 
 def tgz(members: dict[str, str]) -> bytes:

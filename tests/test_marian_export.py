@@ -152,3 +152,26 @@ def test_an_earlier_export_is_replaced_only_when_forced(exported, tmp_path, caps
     (other / "notes.txt").write_text("mine")
     assert main(["export", "marian", "--model", str(model_dir), "--out", str(other)]) == 2
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+def test_force_never_replaces_the_source_folder_or_a_folder_aiayn_did_not_write(
+    exported, tmp_path, capsys
+):
+    _, folder = exported
+    imported = import_marian(folder, tmp_path / "imported")  # its origin: `folder`
+    before = sorted(p.name for p in folder.iterdir())
+    args = ["export", "marian", "--model", str(imported), "--force", "--out"]
+    assert main([*args, str(folder)]) == 2  # an aiayn export, but the model's own source
+    assert "is the folder this model was imported from" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert main([*args, str(imported)]) == 2
+    assert "holds the model itself" in capsys.readouterr().err
+    assert (imported / BEST).is_file()
+    theirs = tmp_path / "theirs"  # a Marian folder that transformers wrote, not aiayn
+    write_tokenizer(theirs / "tok")
+    make_marian(theirs, theirs / "tok")
+    assert main([*args, str(theirs)]) == 2
+    assert "is not an earlier aiayn export" in capsys.readouterr().err
+    assert (theirs / "config.json").is_file() and (theirs / "tok").is_dir()
+    out = tmp_path / "again"
+    assert main([*args, str(out)]) == 0 and main([*args, str(out)]) == 0  # its own: replaced

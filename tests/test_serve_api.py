@@ -128,6 +128,8 @@ BAD = [
     (b'{"src": ["a"], "n_best": 0}', 422, "n_best: 0"),
     (b'{"src": ["a"], "alpha": -1}', 422, "alpha"),
     (b'{"src": ["' + b"x" * 3000 + b'"]}', 413, "limit of 2000"),
+    (b'{"src": ["a", "\\ud800 b"]}', 422, "src.1: not valid Unicode (character 0)"),
+    (b'{"src": ["a"], "prefix": "\\udfff"}', 422, "prefix: not valid Unicode"),
 ]
 
 
@@ -170,9 +172,22 @@ def test_api_key(translator, monkeypatch):
         assert post(c, body, authorization="Bearer nope").status_code == 403
         assert post(c, body, **{"x-api-key": "s3cret"}).status_code == 200
         assert post(c, body, authorization="Bearer s3cret").status_code == 200
-        assert c.get("/info").json()["api_key_required"] is True
-        assert "s3cret" not in c.get("/info").text
+        for path in ("/info", "/metrics"):  # what the server runs, and its traffic
+            assert c.get(path).status_code == 401
+            assert c.get(path, headers={"x-api-key": "wrong"}).status_code == 403
+            assert c.get(path, headers={"x-api-key": "s3cret"}).status_code == 200
+        info = c.get("/info", headers={"authorization": "Bearer s3cret"})
+        assert info.json()["api_key_required"] is True and "s3cret" not in info.text
         assert c.get("/health").status_code == 200  # probes need no key
+        assert c.get("/ready").status_code == 200
+
+
+def test_public_metrics_leaves_metrics_and_info_open_not_translate(translator):
+    cfg = ServeConfig(worker="thread", api_key="s3cret", public_metrics=True)
+    with TestClient(create_app(translator, cfg)) as c:
+        assert c.get("/metrics").status_code == 200
+        assert c.get("/info").json()["api_key_required"] is True
+        assert post(c, b'{"src": ["Ein Hund."], "beam": 1}').status_code == 401
 
 
 def test_unknown_path_is_json_404(client):

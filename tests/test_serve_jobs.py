@@ -14,7 +14,7 @@ import torch
 from aiayn import Transformer
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.decode import DecodeOptions
-from aiayn.decode.core import length_limits
+from aiayn.decode.core import forced_ids, length_limits, search_limits
 from aiayn.serve.batching import BatchWorker
 from aiayn.serve.jobs import (
     CacheBudget,
@@ -87,6 +87,21 @@ def test_the_budget_uses_the_decoders_length_rule(max_len):
     assert CacheBudget.for_translator(1000, translator) == CacheBudget(1000, 40, 1.5, 7)
     with pytest.raises(TooLargeError, match="2 sentences x beam 4 x \\(100 source \\+ "):
         budget.check(Outcomes().job([[5] * 100, [], [5] * 7]))
+
+
+def test_the_budget_counts_a_forced_prefix_as_the_searches_do():
+    cfg = tiny_config(max_len=64)
+    options = DecodeOptions(max_len_a=0.0, max_len_b=5)  # outputs of at most 5 tokens
+    budget = CacheBudget(90, 64, 0.0, 5)
+    prefix = [[4] * 20]  # ... but a forced prefix of 20 needs 21, EOS included
+    forced = forced_ids(prefix, cfg, 1, torch.device("cpu"))
+    src = torch.full((1, 3), 3)
+    assert budget.output_limit(3, 20) == int(search_limits(cfg, src, options, forced)[0]) == 21
+    free = Outcomes().job([[3] * 3])
+    budget.check(free)  # 1 x beam 4 x (3 + 5) = 32
+    with pytest.raises(TooLargeError, match=r"1 sentences x beam 4 x \(3 source \+ 21 output"):
+        budget.check(dataclasses.replace(free, prefix=prefix))  # 4 x (3 + 21) = 96
+    assert budget.cost_of([free, dataclasses.replace(free, prefix=prefix)], 1) == 2 * 24
 
 
 def test_batch_keys_are_frozen_dataclasses():

@@ -205,8 +205,8 @@ def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(parts, wor
 
 
 def _assert_dead(base: str, reason: str, answers: list[httpx.Response]) -> None:
-    """Every waiting request got a 503 with ``reason``, /ready says it, and a new request
-    is refused at once."""
+    """Every waiting request got a 503 with ``reason``, /ready and /health say it, and a
+    new request is refused at once."""
     assert answers and all(r.status_code == 503 for r in answers), [r.text for r in answers]
     assert all(reason in r.json()["error"]["message"] for r in answers)
     r = httpx.get(f"{base}/ready")
@@ -214,7 +214,8 @@ def _assert_dead(base: str, reason: str, answers: list[httpx.Response]) -> None:
     start = time.monotonic()
     r = httpx.post(f"{base}/translate", json={"src": ["Ein Hund."]}, timeout=10)
     assert r.status_code == 503 and time.monotonic() - start < 2
-    assert httpx.get(f"{base}/health").status_code == 200
+    r = httpx.get(f"{base}/health")  # the worker is gone: the process is of no use
+    assert r.status_code == 503 and reason in r.json()["reason"], r.text
 
 
 @pytest.mark.parametrize("worker", WORKERS)

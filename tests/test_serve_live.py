@@ -169,3 +169,34 @@ def test_serve_cli_errors_are_one_line(sample_model_dir, tmp_path, capsys):
         port = str(taken.getsockname()[1])
         assert main(["serve", "--model", str(sample_model_dir()), "--port", port]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_serve_cli_keeps_no_model_in_the_server_process(sample_model_dir, monkeypatch):
+    """With the worker process (the default) the weights live there alone: once the app
+    is made, nothing in this process refers to the model that `aiayn serve` loaded."""
+    import gc
+    import weakref
+
+    import uvicorn
+
+    from aiayn.cli import main, serving
+
+    loaded, load = [], serving.translator_for
+
+    def recording(*args, **kwargs):
+        translator = load(*args, **kwargs)
+        loaded.append(weakref.ref(translator.model))
+        return translator
+
+    held: list[bool] = []
+
+    def run(self, sockets=None):  # where the server would serve: is the model still here?
+        gc.collect()
+        held.append(loaded[0]() is not None)
+        for sock in sockets or []:
+            sock.close()
+
+    monkeypatch.setattr(serving, "translator_for", recording)
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    assert main(["serve", "--model", str(sample_model_dir()), "--port", "0"]) == 0
+    assert held == [False], "the server process still holds the model"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -19,9 +19,19 @@ from fastapi.testclient import TestClient
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.errors import AiaynError
 from aiayn.serve import ServeConfig, create_app
+from aiayn.serve.server import WorkerDiedError, serve
 from aiayn.translator import Translator
 from sample_data import PAIRS
-from serve_util import BrokenTranslator, ControlledTranslator, live_server, wait_warmed_up
+from serve_util import (
+    BrokenTranslator,
+    ControlledTranslator,
+    SlowTranslator,
+    gauges,
+    serving,
+    wait_for,
+    wait_ready,
+    wait_warmed_up,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,28 +67,63 @@ def test_the_queue_limit_holds_across_the_pipe(parts):
         assert r.status_code == 200 and r.json()["translations"][0]
 
 
-def test_a_worker_that_dies_fails_the_waiting_requests(parts):
-    with live_server(Translator(*parts)) as base, httpx.Client(base_url=base, timeout=60) as client:
-        assert client.get("/ready").status_code == 200
+def test_a_killed_worker_fails_the_8_requests_in_flight_and_health_says_why(parts):
+    deaths: list[str] = []
+    app = create_app(
+        SlowTranslator(*parts, step_s=0.2), ServeConfig(join_ratio=0), on_worker_death=deaths.append
+    )
+    with serving(app) as base, httpx.Client(base_url=base, timeout=60) as client:
         answers: list[httpx.Response] = []
-        slow = {"src": [de for de, _ in PAIRS[:64]], "beam": 12}
-        thread = threading.Thread(
-            target=lambda: answers.append(client.post("/translate", json=slow))
-        )
-        thread.start()
-        deadline = time.monotonic() + 20
-        while "aiayn_running_sentences 0\n" in client.get("/metrics").text:
-            assert time.monotonic() < deadline, "the slow request never started"
-            time.sleep(0.01)
+
+        def send(sentence: str) -> None:
+            answers.append(client.post("/translate", json={"src": [sentence], "beam": 4}))
+
+        threads = [threading.Thread(target=send, args=(de,)) for de, _ in PAIRS[:8]]
+        for t in threads:
+            t.start()
+        wait_for(lambda: gauges(base)["aiayn_jobs_pending"] == 8, "8 requests in flight")
         os.kill(_worker_pid(base), signal.SIGKILL)
-        thread.join(60)
-        assert answers[0].status_code == 503, answers[0].text
-        assert "worker process has stopped" in answers[0].json()["error"]["message"]
-        r = client.get("/ready")
-        assert r.status_code == 503 and "stopped" in r.json()["reason"]
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a request was left hanging"
+        reason = "the model worker process has stopped (exit code -9)"
+        assert [r.status_code for r in answers] == [503] * 8, [r.text for r in answers]
+        assert all(r.json()["error"]["message"] == reason for r in answers)
+        assert wait_for(lambda: deaths, "on_worker_death called") == [reason]
+        for path in ("/health", "/ready"):
+            r = client.get(path)
+            assert r.status_code == 503 and r.json()["reason"] == reason, r.text
         r = client.post("/translate", json={"src": ["Ein Hund."]})
         assert r.status_code == 503  # refused at once, not hanging
-        assert client.get("/health").status_code == 200
+    assert deaths == [reason]  # once; stopping the server afterwards is no death
+
+
+def test_serve_stops_with_an_error_when_its_worker_dies(parts):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # handed to serve() as it is: no other process can take it
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve(Translator(*parts), ServeConfig(), sock=sock, log_level="warning")
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_ready(base, timeout=60)
+        os.kill(_worker_pid(base), signal.SIGKILL)
+        thread.join(30)
+    finally:
+        sock.close()
+    assert not thread.is_alive(), "the server went on without its worker"
+    assert len(errors) == 1 and isinstance(errors[0], WorkerDiedError), errors
+    assert str(errors[0]) == (
+        "the model worker died, so the server stopped: "
+        "the model worker process has stopped (exit code -9)"
+    )
 
 
 def _worker_pid(base: str) -> int:

@@ -89,6 +89,7 @@ def progress(
     initial: int = 0,
     disable: bool = False,
     file: TextIO | None = None,
+    unit_scale: bool = False,
 ) -> tqdm | PlainProgress:
     """A progress bar for ``iterable`` (or ``total`` steps, advanced by ``update``): tqdm
     when ``file`` (default stderr) is a terminal, :class:`PlainProgress` otherwise, silent
@@ -104,6 +105,7 @@ def progress(
             disable=disable,
             file=stream,
             dynamic_ncols=True,
+            unit_scale=unit_scale,  # kB, MB, ... for bytes
         )
     return PlainProgress(iterable, total, desc, unit, initial, stream)
 

@@ -24,7 +24,7 @@ from aiayn.decode.alignment import (
     word_starts,
 )
 from aiayn.decode.core import as_list
-from aiayn.decode.options import resolve
+from aiayn.decode.options import length_rule, resolve
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 
@@ -92,6 +92,7 @@ class Translator:
         # What options=None means: the paper's beam 4 and alpha 0.6, or for an imported
         # model the generation settings it was published with (decoding as generate() does).
         self.defaults = DecodeOptions.from_generation(generation) if generation else DecodeOptions()
+        self.generation = dict(generation or {})  # as imported: what /info and summary show
 
     @classmethod
     def from_dir(
@@ -127,6 +128,11 @@ class Translator:
             return cls(models, tokenizer, generation)
         except AiaynError as e:
             raise AiaynError(f"{', '.join(map(str, paths))}: {e}") from None
+
+    @property
+    def length_rule(self) -> str:
+        """How long an output may get by default, and where that rule comes from."""
+        return length_rule(self.defaults, self.model.cfg.max_len, self.generation)
 
     @property
     def max_source_tokens(self) -> int:

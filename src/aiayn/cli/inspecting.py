@@ -12,15 +12,19 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from aiayn.inspect import summary
 
     if args.model:  # a trained model: its own config and weights
-        from aiayn.checkpoint import load_model, resolve_checkpoint
+        from aiayn.checkpoint import load_inference, resolve_checkpoint
+        from aiayn.decode import DecodeOptions
+        from aiayn.decode.options import length_rule
 
-        model, _ = load_model(resolve_checkpoint(args.model, args.checkpoint))
-    else:
-        from aiayn.model.transformer import Transformer
+        model, _, generation = load_inference(resolve_checkpoint(args.model, args.checkpoint))
+        print(summary(model, depth=args.depth))
+        defaults = DecodeOptions.from_generation(generation) if generation else DecodeOptions()
+        print(f"output length by default: {length_rule(defaults, model.cfg.max_len, generation)}")
+        return 0
+    from aiayn.model.transformer import Transformer
 
-        preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
-        model = Transformer(preset(args.vocab))
-    print(summary(model, depth=args.depth))
+    preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
+    print(summary(Transformer(preset(args.vocab)), depth=args.depth))
     return 0
 
 

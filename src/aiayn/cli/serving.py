@@ -34,9 +34,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_sentences=args.max_sentences,
         api_key=api_key,
+        public_metrics=args.public_metrics,
+        max_attention_sentences=args.max_attention_sentences,
     )
     if args.max_cache_tokens is not None:  # else the server's default
         cfg.max_cache_tokens = args.max_cache_tokens
+    if args.max_attention_sentences < 0:
+        raise AiaynError(
+            f"--max-attention-sentences must be >= 0, got {args.max_attention_sentences}"
+        )
     if args.threads is not None and args.threads < 1:
         raise AiaynError(f"threads must be >= 1, got {args.threads}")
     if args.worker == "process" and args.device != "cpu":
@@ -48,10 +54,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.quantize and device != "cpu":
             raise AiaynError(f"int8 quantization runs on the CPU only, not on {device}")
         cfg.worker_device = device if device != "cpu" else None
-        translator = translator_for(args, device="cpu")
+        load_on = "cpu"
     else:
-        translator = translator_for(args)  # loaded once, before the port opens
-    serve(translator, cfg, args.host, args.port, args.threads)
+        load_on = None
+    # Loaded once, before the port opens, by serve() itself: this frame keeps no reference,
+    # so with a worker process the server process frees its copy of the weights.
+    serve(lambda: translator_for(args, device=load_on), cfg, args.host, args.port, args.threads)
     return 0
 
 
@@ -106,6 +114,20 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--max-queue", type=int, default=1024, help="sentences waiting; more: 429")
     p.add_argument("--max-sentences", type=int, default=64, help="per request")
-    p.add_argument("--api-key-env", help="require the API key held in this variable")
+    p.add_argument(
+        "--max-attention-sentences",
+        type=int,
+        default=4,
+        help='sentences a request with "attention": true may hold; more: 413 (default 4)',
+    )
+    p.add_argument(
+        "--api-key-env",
+        help="require the API key held in this variable (on /translate, /metrics and /info)",
+    )
+    p.add_argument(
+        "--public-metrics",
+        action="store_true",
+        help="with an API key, leave /metrics and /info open (e.g. to a Prometheus scraper)",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_serve)

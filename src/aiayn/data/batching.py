@@ -18,6 +18,20 @@ from aiayn.config import BOS_ID, EOS_ID, PAD_ID
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CorpusError
 
+# The lengths a compiled training step pads batches to (Batch.padded_to_bucket): from 16
+# on, each a quarter to a third above the one before, which bounds the padding a batch
+# gains; an epoch of Multi30k (sentences of 8-50 tokens) meets 8 of them (BENCHMARKS.md).
+# Past the last, its multiples.
+BUCKETS = (8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+
+
+def bucket_length(length: int, max_len: int, buckets: Sequence[int] = BUCKETS) -> int:
+    """The smallest of ``buckets`` >= ``length`` (past the last: its next multiple),
+    capped at ``max_len`` (but never below ``length``)."""
+    fits = [b for b in buckets if b >= length]
+    padded = fits[0] if fits else -(-length // buckets[-1]) * buckets[-1]
+    return max(length, min(padded, max_len))
+
 
 @dataclass
 class Batch:
@@ -44,13 +58,38 @@ class Batch:
     def padded_to_multiple(self, multiple: int) -> Batch:
         """The same batch with both lengths rounded up to a multiple of ``multiple`` (more
         pad columns), so a compiled step meets few distinct shapes."""
+        S, T = self.src.size(1), self.tgt_in.size(1)
+        return self.padded_to(-(-S // multiple) * multiple, -(-T // multiple) * multiple)
 
-        def widen(t: Tensor) -> Tensor:
-            extra = -t.size(1) % multiple
+    def padded_to_bucket(self, max_len: int, buckets: Sequence[int] = BUCKETS) -> Batch:
+        """The same batch with source and target both padded to one length, the smallest
+        of ``buckets`` that holds the longer side (at most ``max_len``), and to at least
+        two rows: a compiled step whose row count is dynamic then meets one shape per
+        bucket (torch.compile specialises a dimension of size 1). Every sum over the real
+        target tokens stays as it was."""
+        length = bucket_length(max(self.src.size(1), self.tgt_in.size(1)), max_len, buckets)
+        batch = self.padded_to(length, length)
+        if batch.src.size(0) >= 2:
+            return batch
+        # A second row that weighs nothing: the first one's input with no target. (An
+        # all-pad source would leave its cross-attention with no key at all.)
+        no_target = torch.full_like(batch.tgt_out, self.pad_id)
+        return Batch(
+            batch.src.repeat(2, 1), batch.tgt_in.repeat(2, 1),
+            torch.cat([batch.tgt_out, no_target]), self.n_src_tokens, self.n_tgt_tokens,
+            self.pad_id,
+        )  # fmt: skip
+
+    def padded_to(self, src_len: int, tgt_len: int) -> Batch:
+        """The same batch right-padded with ``pad_id`` to ``src [B, src_len]``,
+        ``tgt_in`` and ``tgt_out [B, tgt_len]`` (lengths at least the current ones)."""
+
+        def widen(t: Tensor, length: int) -> Tensor:
+            extra = length - t.size(1)
             return torch.nn.functional.pad(t, (0, extra), value=self.pad_id) if extra else t
 
         return Batch(
-            widen(self.src), widen(self.tgt_in), widen(self.tgt_out),
+            widen(self.src, src_len), widen(self.tgt_in, tgt_len), widen(self.tgt_out, tgt_len),
             self.n_src_tokens, self.n_tgt_tokens, self.pad_id,
         )  # fmt: skip
 

@@ -172,11 +172,12 @@ def get(
     chosen = [
         s
         for s in data.sources
-        if (not langs or not s.lang or s.lang in langs)
-        and (not splits or not s.split or s.split in splits)
+        if (not langs or s.lang in langs) and (not splits or s.split in splits)
     ]
-    unknown = sorted(set(splits or []) - {s.split for s in data.sources if s.split})
-    if unknown and any(s.split for s in data.sources):
+    if (langs or splits) and not any(s.split for s in data.sources):
+        raise DownloadError(f"{name}: comes whole; it has no languages or splits to choose")
+    unknown = sorted(set(splits or []) - {s.split for s in data.sources})
+    if unknown:
         raise DownloadError(f"{name}: no split {', '.join(unknown)}")
     if not chosen:
         raise DownloadError(f"{name}: no file for languages {', '.join(langs or [])}")
@@ -203,9 +204,12 @@ def get(
     return folder
 
 
-def pair_files(spec: str, **fetch_options: object) -> dict[str, Path]:
+def pair_files(
+    spec: str, *, show_progress: bool = True, log: Callable[[str], None] = print
+) -> dict[str, Path]:
     """``NAME`` or ``NAME/SRC-TGT`` (``multi30k/fr-en``) -> the recipe's train_src,
-    train_tgt, valid_src, valid_tgt and the test files, fetching what the cache lacks."""
+    train_tgt, valid_src, valid_tgt and the test files, fetching what the cache lacks
+    (of Multi30k, only the two languages' train, val and test2016)."""
     name, _, direction = spec.partition("/")
     data = dataset(name)
     src, tgt = direction.split("-", 1) if direction else data.pair
@@ -221,8 +225,11 @@ def pair_files(spec: str, **fetch_options: object) -> dict[str, Path]:
     }
     folder = cache_dir() / data.name
     if not all((folder / f).is_file() for f in files.values()):
-        splits = [data.roles[r] for r in ("train", "valid", "test")]
-        get(name, langs=[src, tgt], splits=splits, **fetch_options)  # type: ignore[arg-type]
+        if any(s.split for s in data.sources):
+            splits = [data.roles[r] for r in ("train", "valid", "test")]
+            get(name, langs=[src, tgt], splits=splits, show_progress=show_progress, log=log)
+        else:
+            get(name, show_progress=show_progress, log=log)
     return {key: folder / f for key, f in files.items()}
 
 

@@ -115,7 +115,12 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
         received = have
         try:
             with progress(
-                total=total, initial=have, desc=dest.name, unit="B", disable=not show_progress
+                total=total,
+                initial=have,
+                desc=dest.name,
+                unit="B",
+                unit_scale=True,
+                disable=not show_progress,
             ) as bar:
                 while block := response.read(CHUNK):
                     out.write(block)

@@ -135,17 +135,24 @@ class DecodeOptions:
         (which counts the decoder's start token) or ``max_new_tokens``, ``early_stopping``,
         ``forced_eos_token_id``, ``num_return_sequences``, and sampling (``do_sample``,
         ``temperature``, ``top_k``, ``top_p``). The pad id is always banned, as Marian's
-        ``bad_words_ids`` do."""
+        ``bad_words_ids`` do.
+
+        Settings that give no length (neither ``max_length`` nor ``max_new_tokens``) take
+        aiayn's own length rule (``max_len_a * source + max_len_b``), not transformers'
+        "model-agnostic" default of 20 positions, which would cut every longer translation
+        silently (transformers warns against relying on it; see :func:`length_rule`)."""
         get = settings.get
         sampling = bool(get("do_sample", False))
         max_new = get("max_new_tokens")
-        max_tokens = int(max_new) if max_new is not None else int(get("max_length", 20)) - 1
+        rule: dict[str, Any] = {}
+        if sets_length(settings):
+            tokens = int(max_new) if max_new is not None else int(get("max_length", 0)) - 1
+            rule = {"max_len_a": 0.0, "max_len_b": max(tokens, 0)}
         return cls(
             beam=1 if sampling else int(get("num_beams", 1)),
             alpha=float(get("length_penalty", 1.0)),
             n_best=int(get("num_return_sequences", 1)),
-            max_len_a=0.0,
-            max_len_b=max(max_tokens, 0),
+            **rule,
             length_penalty="hf",
             early_stopping=get("early_stopping", False),
             forced_eos=get("forced_eos_token_id") is not None,
@@ -154,6 +161,33 @@ class DecodeOptions:
             top_k=int(get("top_k", 50)) if sampling else 0,
             top_p=float(get("top_p", 1.0)) if sampling else 1.0,
         )
+
+
+def sets_length(settings: dict[str, Any] | None) -> bool:
+    """Whether generation settings give an output length (``max_length`` or
+    ``max_new_tokens``); without one, :meth:`DecodeOptions.from_generation` takes aiayn's
+    length rule."""
+    return any((settings or {}).get(k) is not None for k in ("max_length", "max_new_tokens"))
+
+
+def length_rule(
+    options: DecodeOptions, max_len: int, generation: dict[str, Any] | None = None
+) -> str:
+    """One line saying how long an output may get under ``options`` in a model of
+    ``max_len`` positions, and where the rule comes from (``generation``: the settings the
+    model was imported with, if any)."""
+    if options.max_new_tokens is not None:
+        text = f"at most {options.max_new_tokens} tokens"
+    elif options.max_len_a == 0:
+        text = f"at most {options.max_len_b} tokens"
+    else:
+        text = f"{options.max_len_a:g} x source + {options.max_len_b} tokens"
+    text += f", within the model's {max_len} positions"
+    if not generation:
+        return f"{text} (aiayn's rule)"
+    if sets_length(generation):
+        return f"{text} (generation_config.json)"
+    return f"{text} (aiayn's rule: generation_config.json sets no max_length)"
 
 
 def resolve(options: object, **overrides: Any) -> DecodeOptions:

@@ -87,18 +87,29 @@ def export_marian(
 ) -> Path:
     """Write the checkpoint ``checkpoint`` (auto, best, last, averaged or a file) of
     ``model_dir`` as a MarianMTModel folder ``out_dir``. ``force`` replaces an earlier
-    export there (a folder whose config.json is a Marian model's); any other non-empty
-    folder is never overwritten. Returns ``out_dir``."""
+    export there: a folder that aiayn wrote (its config.json says so). Any other
+    non-empty folder is never overwritten, nor is the folder the model was imported from
+    (or the one a model it was fine-tuned from was), even if aiayn wrote it. Returns
+    ``out_dir``."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        if not _is_marian_folder(out_dir):
+    path = resolve_checkpoint(model_dir, checkpoint)
+    state = load_checkpoint(path, map_location="cpu")
+    target = out_dir.resolve()
+    for source in _origins(state.get("origin")):
+        if target == source:
             raise ConversionError(
-                f"{out_dir}: exists and is not an earlier export; choose another folder"
+                f"{out_dir}: is the folder this model was imported from; choose another folder"
+            )
+    model_root = Path(model_dir).resolve()
+    if target == model_root or target in model_root.parents:
+        raise ConversionError(f"{out_dir}: holds the model itself; choose another folder")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        if not _is_aiayn_export(out_dir):
+            raise ConversionError(
+                f"{out_dir}: exists and is not an earlier aiayn export; choose another folder"
             )
         if not force:
             raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
-    path = resolve_checkpoint(model_dir, checkpoint)
-    state = load_checkpoint(path, map_location="cpu")
     model, tokenizer = model_from_state(state, path)
     config = config_to_marian(model.cfg)  # refuses what Marian cannot hold, before writing
     config[AIAYN_KEY] = {"output_bias": model.cfg.output_bias}  # transformers ignores it
@@ -124,8 +135,21 @@ def export_marian(
     return out_dir
 
 
-def _is_marian_folder(path: Path) -> bool:
+def _is_aiayn_export(path: Path) -> bool:
+    """A Marian folder that :func:`export_marian` wrote (its config.json has aiayn's key)."""
     try:
-        return json.loads((path / CONFIG).read_text("utf-8")).get("model_type") == "marian"
+        config = json.loads((path / CONFIG).read_text("utf-8"))
+        return config.get("model_type") == "marian" and AIAYN_KEY in config
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _origins(origin: Any) -> list[Path]:
+    """The folders a model came from: the one it was imported from, through every model
+    it was fine-tuned from (``origin`` as the checkpoint records it)."""
+    found = []
+    while isinstance(origin, dict):
+        if origin.get("path"):
+            found.append(Path(origin["path"]).resolve())
+        origin = origin.get("origin")
+    return found

@@ -6,13 +6,16 @@ Every error is a JSON body ``{"error": {"status": N, "message": "..."}}`` with a
 
 A request's job ends one way or another, and always in the model worker: with its
 result, with an error, when its client goes away (the worker stops decoding it), or at its
-deadline (``request_timeout_s``: a 504, and the worker drops it).
+deadline (``request_timeout_s``: a 504, and the worker drops it). Requests are admitted
+by :mod:`aiayn.serve.admission` (every size checked before any heavy work). If the worker
+dies, every waiting request gets a 503, ``/health`` and ``/ready`` say why, and the
+server stops (:func:`aiayn.serve.server.serve` exits non-zero, for its supervisor).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,18 +27,21 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aiayn.config import TransformerConfig
-from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
+from aiayn.serve.admission import (
+    ModelInfo,
+    answer,
+    attention_weights,
+    check_attention_sentences,
+    check_attention_weights,
+    encode_request,
+)
 from aiayn.serve.batching import DEFAULT_CACHE_TOKENS, BatchWorker
 from aiayn.serve.jobs import (
-    CancelledJobError,
-    DeadlineError,
     Job,
     Outcome,
     QueueFullError,
-    Result,
     Status,
     StoppedError,
     TooLargeError,
@@ -49,13 +55,13 @@ from aiayn.serve.protocol import (
     RequestCounter,
     TranslateRequest,
     attention_json,
+    check_json,
     check_key,
     client_gone,
     error_response,
     parse_request,
     read_body,
     request_options,
-    request_prefixes,
 )
 from aiayn.translator import Translator
 
@@ -78,68 +84,27 @@ class ServeConfig:
     max_queue: int = 1024  # sentences waiting; more -> 429
     max_sentences: int = 64  # per request
     max_body_bytes: int = 1 << 20
+    max_attention_sentences: int = 4  # per request with "attention": true; more -> 413
+    max_attention_weights: int = 1 << 22  # the maps' weights a request may get; more -> 413
     max_beam: int = 16
     max_alpha: float = 10.0
     request_timeout_s: float = 60.0  # a request's deadline: then 504, and its job is dropped
     api_key: str | None = None
+    public_metrics: bool = False  # with an API key: /metrics and /info need none
     retry_after_s: int = 1
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the HTTP side keeps of the translator: its tokenizer, the model's configuration
-    and size and where it runs; no weights (a worker process holds the only copy)."""
-
-    tokenizer: Tokenizer
-    cfg: TransformerConfig  # of the (first) model
-    parameters: int
-    device: str
-    max_source_tokens: int
-    defaults: DecodeOptions  # what a request decodes with where it sets nothing
-
-    @classmethod
-    def of(cls, translator: Translator, device: str | None = None) -> ModelInfo:
-        """``translator``'s, running on ``device`` (default: where it is)."""
-        model, device = translator.model, device or str(translator.device)
-        return cls(
-            translator.tokenizer,
-            model.cfg,
-            model.num_parameters(),
-            device,
-            translator.max_source_tokens,
-            translator.defaults,
-        )
-
-    def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
-        """Texts of one line's n-best ids, padded with "" to ``n_best`` (as the
-        Translator's)."""
-        texts = [self.tokenizer.decode(list(tokens)) for tokens in candidates]
-        return texts + [""] * (n_best - len(texts))
-
-
-def _answer(outcome: Outcome) -> Result:
-    """The result of a job that ended, or the HTTP error that says why there is none."""
-    try:
-        return outcome.unwrap()
-    except TooLargeError as e:
-        raise ApiError(413, str(e)) from None
-    except StoppedError as e:
-        raise ApiError(503, str(e)) from None
-    except DeadlineError as e:
-        raise ApiError(504, str(e)) from None
-    except CancelledJobError as e:
-        raise ApiError(CLIENT_GONE, str(e)) from None
-    except QueueFullError:
-        raise
-    except AiaynError as e:
-        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
-    except Exception as e:  # the model raised: this request fails, the server goes on
-        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
-
-
-def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAPI:
+def create_app(
+    translator: Translator,
+    cfg: ServeConfig | None = None,
+    on_worker_death: Callable[[str], None] | None = None,
+) -> FastAPI:
     """The app around a loaded ``translator``; its batching worker starts and stops with
     the app (lifespan), and a first real translation through it makes ``/ready`` pass.
+    If the worker dies (its process killed, its thread failed), every waiting request
+    gets a 503 with the reason, ``/health`` and ``/ready`` answer 503 with it from then
+    on, and ``on_worker_death(reason)`` is called (from another thread) once:
+    :func:`~aiayn.serve.server.serve` stops the server there, to exit non-zero.
     With ``cfg.worker == "process"`` (the default) the model runs in a child process
     that gets a copy of ``translator``, which must therefore be picklable, and the app
     keeps no reference to the model; with ``cfg.worker_device`` that process moves it to
@@ -158,10 +123,19 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
     }
     if not cfg.request_timeout_s > 0:
         raise AiaynError(f"the request timeout must be > 0 seconds, got {cfg.request_timeout_s}")
+    if cfg.max_attention_sentences < 0 or cfg.max_attention_weights < 0:
+        raise AiaynError("the attention limits must be >= 0 (0: no attention maps)")
     info = ModelInfo.of(translator, cfg.worker_device)
+    state = {"ready": False, "reason": "warming up: the first translation has not finished"}
+
+    def died(reason: str) -> None:  # the requests it held have their answers already
+        state.update(ready=False, reason=reason)
+        if on_worker_death is not None:
+            on_worker_death(reason)
+
     if cfg.worker == "process":  # no GIL shared between the model and the HTTP side
         worker: BatchWorker | ProcessWorker = ProcessWorker(
-            translator, metrics, cfg.worker_device, **batching
+            translator, metrics, cfg.worker_device, on_death=died, **batching
         )
         del translator  # the worker process has its copy: keep none here
     elif cfg.worker_device is not None:
@@ -170,11 +144,10 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             "load the translator on its device"
         )
     elif cfg.worker == "thread":
-        worker = BatchWorker(translator, metrics, **batching)
+        worker = BatchWorker(translator, metrics, on_death=died, **batching)
         del translator  # the worker holds it
     else:
         raise AiaynError(f'worker must be "process" or "thread", got {cfg.worker!r}')
-    state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 
     async def run(
         src: list[list[int]],
@@ -263,13 +236,14 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
                 "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
             }
         },
-        responses={code: {} for code in (400, 401, 403, 408, 413, 422, 429, 500, 503, 504)},
+        responses={code: {} for code in (400, 401, 403, 408, 413, 415, 422, 429, 500, 503, 504)},
     )
     async def translate(request: Request) -> dict[str, Any]:
         """Translate ``src``; with ``attention`` also every layer's attention weights of the
         best translation (``[layer][head][row][col]`` per kind, with the pieces)."""
         deadline = asyncio.get_running_loop().time() + cfg.request_timeout_s
         check_key(request, cfg.api_key)
+        check_json(request)
         try:
             body = await asyncio.wait_for(
                 read_body(request, cfg.max_body_bytes), cfg.request_timeout_s
@@ -278,17 +252,16 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             raise ApiError(408, "the body did not arrive within the request's deadline") from None
         req = parse_request(body, cfg.max_sentences)
         options = request_options(req, info.defaults, cfg.max_beam, cfg.max_alpha)
-        prefix = request_prefixes(req, info.tokenizer.encode_target)
-        src = []
-        limit = info.max_source_tokens
-        for i, line in enumerate(req.src):
-            ids = info.tokenizer.encode(line) if line.strip() else []
-            if len(ids) > limit:
-                raise ApiError(422, f"src.{i}: {len(ids)} tokens, the model takes at most {limit}")
-            src.append(ids)
+        check_attention_sentences(req, cfg.max_attention_sentences)
+        src, prefix = await asyncio.to_thread(encode_request, req, info)  # off the loop
+        if req.attention:
+            limit = worker.budget.output_limit(max(map(len, src)))
+            check_attention_weights(
+                attention_weights(src, info.cfg, limit), cfg.max_attention_weights
+            )
         try:
             outcome = await run(src, options, req.attention, request, deadline, prefix)
-            result = _answer(outcome)
+            result = answer(outcome)
         except ApiError:
             raise
         except QueueFullError as e:
@@ -315,10 +288,14 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             )
         return body_out
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        """The process answers (it does not check the model: see /ready)."""
-        return {"status": "ok"}
+    @app.get("/health", responses={503: {}})
+    async def health() -> Any:
+        """200 while the model worker lives (it may still be warming up: see /ready); 503
+        with the reason once it has died (the server then exits: see create_app)."""
+        if worker.alive:
+            return {"status": "ok"}
+        reason = worker.failure or "the batching worker has stopped"
+        return JSONResponse({"status": "failed", "reason": reason}, status_code=503)
 
     @app.get("/ready", responses={503: {}})
     async def ready() -> Any:
@@ -330,9 +307,15 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
             return {"ready": True}
         return JSONResponse({"ready": False, "reason": state["reason"]}, status_code=503)
 
-    @app.get("/info")
-    async def model_info() -> dict[str, Any]:
-        """The model's configuration and this server's limits."""
+    def check_reader(request: Request) -> None:
+        if not cfg.public_metrics:
+            check_key(request, cfg.api_key)
+
+    @app.get("/info", responses={401: {}, 403: {}})
+    async def model_info(request: Request) -> dict[str, Any]:
+        """The model's configuration, its default output length and this server's
+        limits (with an API key set, the key is needed unless ``public_metrics``)."""
+        check_reader(request)
         return {
             "model": {
                 "encoder_layers": info.cfg.encoder_layers,
@@ -343,15 +326,18 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None) -> FastAP
                 "max_source_tokens": info.max_source_tokens,
                 "parameters": info.parameters,
                 "device": info.device,
+                "length_rule": info.length_rule,
             },
             "worker": {"kind": cfg.worker, "pid": worker.pid},
             "limits": {k: v for k, v in asdict(cfg).items() if k != "api_key"},
             "api_key_required": cfg.api_key is not None,
         }
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def prometheus() -> PlainTextResponse:
-        """Prometheus text: requests by status, latency, batch sizes, queue length, jobs."""
+    @app.get("/metrics", response_class=PlainTextResponse, responses={401: {}, 403: {}})
+    async def prometheus(request: Request) -> PlainTextResponse:
+        """Prometheus text: requests by status, latency, batch sizes, queue length, jobs
+        (with an API key set, the key is needed unless ``public_metrics``)."""
+        check_reader(request)
         await worker.refresh_metrics()
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 

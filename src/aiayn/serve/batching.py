@@ -218,10 +218,10 @@ class BatchWorker:
         self._dequeue(job)
         job.status = Status.RUNNING
 
-    def _fits(self, rows: int, longest: int, beam: int) -> bool:
+    def _fits(self, rows: int, longest: int, beam: int, prefix: int = 0) -> bool:
         return (
             rows * longest <= self.max_batch_tokens
-            and self.budget.cost(rows, beam, longest) <= self.budget.max_tokens
+            and self.budget.cost(rows, beam, longest, prefix) <= self.budget.max_tokens
         )
 
     # -- the worker thread ----------------------------------------------------------------
@@ -287,20 +287,20 @@ class BatchWorker:
             self._take(first)
             key, batch = batch_key(first, self.continuous), [first]
             beam = rows_per_sentence(first.settings)
-            rows, longest = first.rows, first.longest
+            rows, longest, prefix = first.rows, first.longest, first.longest_prefix
             deadline = time.perf_counter() + self.wait_s
             full = False
             while not full:
                 for job in list(self._queue):
                     if batch_key(job, self.continuous) != key:
                         continue
-                    grow = max(longest, job.longest)
-                    if not self._fits(rows + job.rows, grow, beam):
+                    grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
+                    if not self._fits(rows + job.rows, grow, beam, forced):
                         full = True  # keep arrival order: no smaller job jumps ahead
                         break
                     self._take(job)
                     batch.append(job)
-                    rows, longest = rows + job.rows, grow
+                    rows, longest, prefix = rows + job.rows, grow, forced
                 left = deadline - time.perf_counter()
                 if full or left <= 0 or self._stopping or self._cancels:
                     break
@@ -314,18 +314,18 @@ class BatchWorker:
         or the oldest has waited long enough (see the class). Never blocks."""
         key = self._batch.key
         running = rows = len(self._batch)
-        longest, joining = self._batch.width, []
+        longest, prefix, joining = self._batch.width, self._batch.longest_prefix, []
         with self._cond:
             for job in self._queue:
                 if batch_key(job, self.continuous) != key:
                     if self._steps - job.queued_step >= self.join_wait_steps:
                         break  # it has waited enough: let the batch drain, it starts next
                     continue  # it may wait a few steps while later jobs join
-                grow = max(longest, job.longest)
-                if key is None or not self._fits(rows + job.rows, grow, key.beam):
+                grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
+                if key is None or not self._fits(rows + job.rows, grow, key.beam, forced):
                     break
                 joining.append(job)
-                rows, longest = rows + job.rows, grow
+                rows, longest, prefix = rows + job.rows, grow, forced
             waited = self._steps - joining[0].queued_step if joining else 0
             if rows - running < self.join_ratio * running and waited < self.join_wait_steps:
                 return []

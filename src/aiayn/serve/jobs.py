@@ -163,6 +163,11 @@ class Job:
         return max((len(s) for s in self.src), default=0)
 
     @property
+    def longest_prefix(self) -> int:
+        """Tokens of the longest forced prefix (0: none)."""
+        return max((len(p) for p in self.prefix or []), default=0)
+
+    @property
     def rows(self) -> int:
         """Sentences that the model decodes (blank lines get no candidates)."""
         return sum(1 for s in self.src if s)
@@ -221,18 +226,22 @@ class CacheBudget:
             cap = min(cap, rule.max_new_tokens)
         return cls(max_tokens, cap, rule.max_len_a, rule.max_len_b)
 
-    def output_limit(self, src_len: int) -> int:
-        """The most tokens (EOS included) a sentence of ``src_len`` tokens may produce."""
-        return min(int(src_len * self.max_len_a + self.max_len_b), self.max_len)
+    def output_limit(self, src_len: int, prefix: int = 0) -> int:
+        """The most tokens (EOS included) a sentence of ``src_len`` tokens may produce; a
+        forced prefix of ``prefix`` tokens raises it to the prefix and EOS, as the
+        searches do (:func:`aiayn.decode.core.search_limits`), whatever the cap."""
+        limit = min(int(src_len * self.max_len_a + self.max_len_b), self.max_len)
+        return max(limit, prefix + 1) if prefix else limit
 
-    def cost(self, rows: int, beam: int, longest: int) -> int:
-        """Positions that ``rows`` sentences, the longest ``longest`` tokens, hold at
-        beam size ``beam``."""
-        return rows * beam * (longest + self.output_limit(longest)) if rows else 0
+    def cost(self, rows: int, beam: int, longest: int, prefix: int = 0) -> int:
+        """Positions that ``rows`` sentences, the longest ``longest`` tokens and the
+        longest forced prefix ``prefix`` tokens, hold at beam size ``beam``."""
+        return rows * beam * (longest + self.output_limit(longest, prefix)) if rows else 0
 
     def cost_of(self, jobs: Sequence[Job], beam: int) -> int:
         rows = sum(job.rows for job in jobs)
-        return self.cost(rows, beam, max((job.longest for job in jobs), default=0))
+        longest = max((job.longest for job in jobs), default=0)
+        return self.cost(rows, beam, longest, max((j.longest_prefix for j in jobs), default=0))
 
     def check(self, job: Job) -> None:
         """TooLargeError when ``job`` alone is over the budget: it could never run."""
@@ -240,9 +249,9 @@ class CacheBudget:
         need = self.cost_of([job], rows)
         if need > self.max_tokens:
             per = f"{rows} samples" if job.settings.sampling else f"beam {rows}"
+            out = self.output_limit(job.longest, job.longest_prefix)
             raise TooLargeError(
                 f"this request needs {need} decoder-cache positions ({job.rows} sentences x "
-                f"{per} x ({job.longest} source + "
-                f"{self.output_limit(job.longest)} output tokens)), more than a batch may "
+                f"{per} x ({job.longest} source + {out} output tokens)), more than a batch may "
                 f"hold ({self.max_tokens}): send fewer or shorter sentences, or a smaller beam"
             )

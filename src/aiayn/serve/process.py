@@ -31,6 +31,7 @@ import pickle
 import signal
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -152,13 +153,16 @@ class ProcessWorker:
     picklable; it is copied to the child once, at construction, and not kept here. With
     ``device``, the child moves the model there (so a translator loaded on the CPU here
     runs on a GPU that this process never touches). The child uses as many torch threads
-    as this process has when :meth:`start` runs."""
+    as this process has when :meth:`start` runs. ``on_death(reason)`` is called once
+    if the worker stops serving without being told to (the process killed or failed, its
+    worker thread dead), after every waiting request has been answered."""
 
     def __init__(
         self,
         translator: Translator,
         metrics: Metrics,
         device: str | None = None,
+        on_death: Callable[[str], None] | None = None,
         **worker_kwargs: Any,
     ):
         checked = BatchWorker(translator, metrics, **worker_kwargs)  # check the settings here
@@ -171,6 +175,7 @@ class ProcessWorker:
                 f"{e}); serve it with a worker thread instead"
             ) from None
         self.metrics, self._kwargs, self._device = metrics, worker_kwargs, device
+        self.on_death = on_death
         self._pending: dict[int, Job] = {}  # sent, not answered yet
         self._metric_waiters: deque[Reply] = deque()  # answers to "metrics", in order
         self._lock = threading.Lock()
@@ -327,9 +332,10 @@ class ProcessWorker:
 
     def _fail(self, reason: str) -> None:
         """Answer every waiting job and metrics request, and take no more: no request is
-        left hanging. The first reason given is kept."""
+        left hanging. The first reason given is kept; ``on_death`` hears of a failure
+        that no :meth:`stop` asked for."""
         with self._lock:
-            self._stopping = True
+            unexpected, self._stopping = not self._stopping, True
             if self.failure is None:
                 self.failure = reason
             reason = self.failure
@@ -339,3 +345,6 @@ class ProcessWorker:
             self.finish(job_id, Outcome.failed(StoppedError(reason)))
         for reply in waiters:
             reply(Outcome.failed(StoppedError(reason)))
+        if unexpected and self.on_death is not None:
+            with contextlib.suppress(Exception):
+                self.on_death(reason)

@@ -11,7 +11,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
 from fastapi import Request
@@ -43,7 +43,9 @@ class TranslateRequest(BaseModel):
     beam: int | None = Field(None, description="beam size; 1 = greedy (default the model's)")
     alpha: float | None = Field(None, description="length penalty, >= 0 (default the model's)")
     n_best: int = Field(1, description="candidates per sentence, 1..beam (with sampling: samples)")
-    sampling: bool = Field(False, description="draw each token instead of searching")
+    sampling: bool | None = Field(
+        None, description="draw each token instead of searching (default the model's)"
+    )
     temperature: float | None = Field(None, description="sampling temperature (default 1)")
     top_k: int | None = Field(None, description="sample from the k most likely (default 0: all)")
     top_p: float | None = Field(None, description="sample from the nucleus of this mass (0, 1]")
@@ -80,6 +82,16 @@ def attention_json(amap: AttentionMap | None) -> dict | None:
     for kind in ATTENTION_KINDS:
         out[kind] = [(w * 1e4).round().div(1e4).tolist() for w in amap.weights[kind]]
     return out
+
+
+def check_json(request: Request) -> None:
+    """415 unless the body is declared ``application/json``. A web page may POST a
+    "simple" body (text/plain, a form) to any origin, 127.0.0.1 included, without a CORS
+    preflight; JSON needs one, which this server never grants."""
+    given = request.headers.get("content-type", "")
+    kind = given.split(";", 1)[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, f"the body must be application/json, not {given[:80] or 'undeclared'}")
 
 
 def check_key(request: Request, key: str | None) -> None:
@@ -165,8 +177,9 @@ def _no_constants(name: str) -> None:
 
 
 def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
-    """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON, 422
-    for JSON of the wrong shape or settings out of range."""
+    """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON (or
+    nest too deeply to parse), 422 for JSON of the wrong shape, settings out of range or
+    text that is not valid Unicode (a lone surrogate, escaped)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -175,6 +188,8 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
         data = json.loads(text, parse_constant=_no_constants)
     except ValueError as e:
         raise ApiError(400, f"the body is not valid JSON ({e})") from None
+    except RecursionError:  # deep nesting: json's C parser recurses
+        raise ApiError(400, "the body is not valid JSON (nested too deeply)") from None
     try:
         req = TranslateRequest.model_validate(data)
     except ValidationError as e:
@@ -185,6 +200,15 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
         raise ApiError(422, "src: the list of sentences is empty")
     if len(req.src) > max_sentences:
         raise ApiError(422, f"src: {len(req.src)} sentences, at most {max_sentences}")
+    one_prefix = isinstance(req.prefix, str)
+    prefixes = [req.prefix] if isinstance(req.prefix, str) else req.prefix or []
+    for field, texts in (("src", req.src), ("prefix", prefixes)):
+        for i, text in enumerate(texts):
+            try:  # JSON may escape a lone surrogate, which no tokenizer can take
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                where = "prefix" if field == "prefix" and one_prefix else f"{field}.{i}"
+                raise ApiError(422, f"{where}: not valid Unicode (character {e.start})") from None
     return req
 
 
@@ -197,8 +221,12 @@ def request_options(
         raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
     if req.alpha is not None and not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
         raise ApiError(422, f"alpha: {req.alpha} is out of range 0..{max_alpha}")
-    sampling = req.sampling or defaults.sampling
+    # An explicit false wins over the model's default (an imported model may sample):
+    # None is "not set", False is "off".
+    sampling = defaults.sampling if req.sampling is None else req.sampling
     beam = 1 if req.sampling and req.beam is None else req.beam
+    if defaults.sampling and not sampling:  # the model's sampling settings go with it
+        defaults = defaults.replace(sampling=False, temperature=1.0, top_k=0, top_p=1.0)
     if sampling:  # n_best samples: as many rows as a beam of that size
         if not 1 <= req.n_best <= max_beam:
             raise ApiError(422, f"n_best: {req.n_best} samples is out of range 1..{max_beam}")
@@ -208,7 +236,7 @@ def request_options(
             raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({limit})")
     try:
         return defaults.given(
-            beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling or None,
+            beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling,
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
         )  # fmt: skip
     except DecodeError as e:
@@ -216,14 +244,37 @@ def request_options(
 
 
 def request_prefixes(
-    req: TranslateRequest, encode: Callable[[str], list[int]]
+    req: TranslateRequest,
+    encode: Callable[[str], list[int]],
+    max_tokens: int,
+    special: Collection[int],
 ) -> list[list[int]] | None:
     """Per sentence the forced target ids (``encode`` is the tokenizer's target side), or
-    None when the request forces nothing."""
+    None when the request forces nothing. A prefix over ``max_tokens`` tokens (it must
+    leave room for EOS), or one whose text the tokenizer turns into a ``special`` id (EOS,
+    PAD, BOS: "</s>" in a Marian vocabulary), is a 422 naming it: refused here, it never
+    reaches a batch, where it would fail the requests beside it."""
     if req.prefix is None:
         return None
+    one = isinstance(req.prefix, str)
     texts = [req.prefix] * len(req.src) if isinstance(req.prefix, str) else req.prefix
     if len(texts) != len(req.src):
         raise ApiError(422, f"prefix: {len(texts)} prefixes for {len(req.src)} sentences")
-    ids = [encode(t) if t.strip() else [] for t in texts]
-    return ids if any(ids) else None
+    found: list[list[int]] = []
+    for i, text in enumerate(texts):
+        if one and i:
+            found.append(found[0])
+            continue
+        ids = encode(text) if text.strip() else []
+        where = "prefix" if one else f"prefix.{i}"
+        if len(ids) > max_tokens:
+            raise ApiError(
+                422, f"{where}: {len(ids)} tokens, at most {max_tokens} (EOS must still fit)"
+            )
+        if any(t in special for t in ids):
+            raise ApiError(
+                422, f"{where}: holds a special token (end of sentence, padding or start), "
+                "which cannot be forced",
+            )  # fmt: skip
+        found.append(ids)
+    return found if any(found) else None

@@ -69,6 +69,11 @@ class RunningBatch:
         """The longest source running (0 when empty)."""
         return max((job.longest for job in self._jobs), default=0)
 
+    @property
+    def longest_prefix(self) -> int:
+        """The longest forced prefix running (0 when none)."""
+        return max((job.longest_prefix for job in self._jobs), default=0)
+
     def cost(self, joining: Sequence[Job] = ()) -> int:
         """Decoder-cache positions the batch holds at most, with ``joining`` in it too."""
         if self.key is None and not joining:

@@ -1,9 +1,19 @@
 """Running the app under uvicorn: one event loop, one model worker (by default in a
-process of its own)."""
+process of its own).
+
+If the model worker dies (the OOM killer, a crash in a kernel), the server does not try
+to carry on without it or to restart it (restarting would mean holding a second copy of
+the model here, or reloading it from disk): every waiting request gets a 503, ``/health``
+and ``/ready`` answer 503 with the reason, and :func:`serve` stops and raises
+:class:`WorkerDiedError`, so that ``aiayn serve`` exits non-zero and its supervisor
+(systemd, Docker, Kubernetes) restarts it, as TGI does.
+"""
 
 from __future__ import annotations
 
+import gc
 import socket
+from collections.abc import Callable
 
 import torch
 
@@ -12,8 +22,12 @@ from aiayn.serve.app import ServeConfig, create_app
 from aiayn.translator import Translator
 
 
+class WorkerDiedError(AiaynError):
+    """The model worker died while serving; the server stopped."""
+
+
 def serve(
-    translator: Translator,
+    translator: Translator | Callable[[], Translator],
     cfg: ServeConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -26,7 +40,10 @@ def serve(
     requests in flight finish (up to ``graceful_s`` seconds), then the worker stops.
     ``threads`` sets torch's intra-op threads, here and in a worker process (default:
     torch's choice); ``sock`` is an already bound socket to serve on instead of
-    ``host``/``port``."""
+    ``host``/``port``. ``translator`` may be a function that loads it: then nothing but
+    the worker keeps the model (with a worker process, this process frees its copy),
+    where a caller that passes the translator itself holds it as long as it keeps it.
+    Raises WorkerDiedError once stopped if the model worker died."""
     import uvicorn
 
     if threads is not None:
@@ -35,8 +52,17 @@ def serve(
         torch.set_num_threads(threads)
     if not 0 <= port <= 65535:
         raise AiaynError(f"port {port} is out of range 0..65535")
-    app = create_app(translator, cfg)
+    died: list[str] = []
+
+    def stop(reason: str) -> None:  # from the worker's thread: uvicorn polls the flag
+        died.append(reason)
+        server.should_exit = True
+
+    if not isinstance(translator, Translator):
+        translator = translator()
+    app = create_app(translator, cfg, on_worker_death=stop)
     del translator  # with a worker process, the weights now live in that process alone
+    gc.collect()
     config = uvicorn.Config(
         app,
         host=host,
@@ -58,3 +84,5 @@ def serve(
         except OSError as e:
             raise AiaynError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
     server.run(sockets=[sock])
+    if died:
+        raise WorkerDiedError(f"the model worker died, so the server stopped: {died[0]}")

@@ -23,14 +23,16 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """Adam over ``model``'s trainable parameters, in one parameter group; with
     ``weight_decay`` > 0, AdamW with two groups: the matrices (decayed) and the 1-d
-    parameters (not). RecipeError for a negative or non-finite ``weight_decay``."""
+    parameters (not). Fused (one kernel for all the parameters) when they are on CUDA.
+    RecipeError for a negative or non-finite ``weight_decay``."""
     if not (math.isfinite(weight_decay) and weight_decay >= 0.0):
         raise RecipeError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
     params = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(params) and params[0].is_cuda  # on CUDA one kernel for every parameter
     if weight_decay == 0.0:
-        return torch.optim.Adam(params, betas=betas, eps=eps)
+        return torch.optim.Adam(params, betas=betas, eps=eps, fused=fused or None)
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, betas=betas, eps=eps, fused=fused or None)

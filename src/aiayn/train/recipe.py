@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from aiayn.config import TransformerConfig
@@ -16,6 +17,10 @@ from aiayn.errors import RecipeError
 # The model fields a fine-tuning recipe may change: regularisation, which only training
 # sees, and the length of a position table that is computed rather than learned.
 FINE_TUNE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "max_len")
+# The fields a recipe may leave unset (null) for the device to decide (step_settings): on
+# CUDA bf16 autocast and a compiled step (1.56x eager on an H200, issue 43), with fused
+# AdamW; elsewhere fp32 and eager, since compiling loses on a CPU (BENCHMARKS.md).
+DEVICE_DEFAULTS = ("precision", "compile")
 
 
 @dataclass
@@ -81,8 +86,9 @@ class Recipe:
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a dynamic loss scale)
-    compile: bool = False  # the training step through torch.compile (inductor)
+    # Unset (null): the device's default, DEVICE_DEFAULTS; a value given always wins.
+    precision: str | None = None  # fp32 | bf16 | fp16 (autocast; fp16 with a loss scale)
+    compile: bool | None = None  # the training step through torch.compile (inductor)
     max_skipped_updates: int = 20  # stop after this many non-finite updates in a row
     # Several processes: a rank that waits longer than this in a collective (for a rank
     # that hangs or is gone) fails the job, naming the collective, instead of hanging it.
@@ -153,6 +159,11 @@ class Recipe:
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise RecipeError(f"{source}: field {key!r} must be true or false, got {value!r}")
+        elif key in DEVICE_DEFAULTS:  # None: unset, the device decides
+            kind = bool if key == "compile" else str
+            if value is not None and not isinstance(value, kind):
+                what = "true or false" if kind is bool else "a string"
+                raise RecipeError(f"{source}: field {key!r} must be {what} or null, got {value!r}")
         elif default is None:
             pass
         elif isinstance(default, (int, float, str)):
@@ -172,6 +183,20 @@ class Recipe:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def step_settings(recipe: Recipe, device_type: str) -> dict[str, Any]:
+    """The training step's ``precision`` and ``compile`` on ``device_type`` ("cuda",
+    "cpu", ...): the recipe's where it gives them, else the device's default (see
+    :data:`DEVICE_DEFAULTS`; fp32 on a GPU without bfloat16)."""
+    cuda = device_type == "cuda"
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    return {
+        "precision": recipe.precision
+        if recipe.precision is not None
+        else ("bf16" if bf16 else "fp32"),
+        "compile": recipe.compile if recipe.compile is not None else cuda,
+    }
 
 
 def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:

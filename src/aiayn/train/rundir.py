@@ -159,11 +159,13 @@ class RunDirectory:
             directory = Path(r.data)
         else:
             directory = self.out_dir / "data"
-            if r.dataset:  # fetched (when the cache lacks it) by rank 0 alone
+            empty = [
+                k for k in ("train_src", "train_tgt", "valid_src", "valid_tgt") if not getattr(r, k)
+            ]
+            if r.dataset and empty:  # fetched (when the cache lacks it) by rank 0 alone
                 named = self.on_main(lambda: pair_files(r.dataset, log=self.log))
-                for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
-                    if not getattr(r, key):
-                        setattr(r, key, str(named[key]))
+                for key in empty:
+                    setattr(r, key, str(named[key]))
 
             def make() -> None:
                 if state is not None and (directory / MANIFEST).is_file():

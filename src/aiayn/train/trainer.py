@@ -36,7 +36,7 @@ from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.optim import make_optimizer
-from aiayn.train.recipe import Recipe, fine_tune_config
+from aiayn.train.recipe import Recipe, fine_tune_config, step_settings
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
 from aiayn.train.update import Updater, UpdateResult, compiled_graphs
@@ -135,7 +135,7 @@ class Trainer:
         self.updater = Updater(
             self.model, self.optimizer, self.schedule, self.world,
             label_smoothing=r.label_smoothing, clip_norm=r.clip_norm,
-            precision=r.precision, compile=r.compile,
+            **step_settings(r, self.device.type),
         )  # fmt: skip
         self.log(
             f"model: {self.model.num_parameters() / 1e6:.2f}M parameters, d_model="
@@ -288,7 +288,7 @@ class Trainer:
             f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
             f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
             + (f"; {self.skipped} updates skipped (non-finite)" if self.skipped else "")
-            + (f"; torch.compile: {compiled_graphs()} graphs" if self.recipe.compile else "")
+            + (f"; torch.compile: {compiled_graphs()} graphs" if self.updater.compiled else "")
         )
         return TrainResult(
             self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by, self.skipped

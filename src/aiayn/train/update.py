@@ -24,42 +24,76 @@ from typing import Any, TypeVar, cast, overload
 import torch
 from torch import Tensor, nn
 
-from aiayn.data.batching import Batch
+from aiayn.data.batching import BUCKETS, Batch
 from aiayn.distributed import World
 from aiayn.errors import RecipeError
 from aiayn.model.transformer import Transformer
-from aiayn.train.loss import label_smoothed_cross_entropy, token_losses
+from aiayn.train.loss import (
+    label_smoothed_cross_entropy,
+    projected_label_smoothed_loss,
+    token_losses,
+)
 from aiayn.train.schedule import NoamSchedule
 
 T = TypeVar("T")
 PRECISIONS = ("fp32", "bf16", "fp16")
-COMPILE_PAD_MULTIPLE = 8  # compiled steps see lengths rounded up to this: fewer shapes
+# What torch.compile lowers the step with. Tests and the CPU smoke check of
+# benchmarks/gpu_check.py set "eager" (dynamo's graphs, run as they are: no C++ compiler).
+COMPILE_BACKEND = "inductor"
+# The fused loss of a compiled step cuts T into this many pieces (of B x T/8 positions):
+# a count that depends on T alone, which is static, where the row count varies.
+COMPILE_LOSS_CHUNKS = 8
 
 
 class TrainingLoss(nn.Module):
     """``(src [B, S], tgt_in [B, T], tgt_out [B, T]) -> [2]``: the label-smoothed loss and
     the NLL, each summed over the real (non-pad) target positions, in float32.
 
-    ``static_shapes=True`` (for torch.compile) projects every position and masks the pads:
-    selecting the real positions first, as eager training does to save the pads' share of
-    the ``[d_model x V]`` product, gives data-dependent shapes that break a compiled graph.
-    Both give the same sums."""
+    The output projection is fused into the loss (:func:`projected_label_smoothed_loss`):
+    the ``[positions x V]`` logits are formed a chunk at a time, never whole. Eager steps
+    keep only the real positions first, to save the pads' share of the projection;
+    ``static_shapes=True`` (for torch.compile) projects every position and masks the pads
+    instead, cut into :data:`COMPILE_LOSS_CHUNKS` pieces along T: selecting positions gives
+    data-dependent shapes, which break a compiled graph. Both give the same sums."""
 
     def __init__(self, model: Transformer, epsilon: float, static_shapes: bool = False):
         super().__init__()
         self.model, self.epsilon, self.static_shapes = model, epsilon, static_shapes
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
-        pad_id = self.model.cfg.pad_id
-        hidden = self.model(src, tgt_in, project=False)  # [B, T, d_model]
-        if not self.static_shapes:
+        pad_id, model = self.model.cfg.pad_id, self.model
+        hidden = model(src, tgt_in, project=False)  # [B, T, d_model]
+        weight, bias = _projection(model)
+        if weight is None:  # a projection module of its own kind (int8): logits, then loss
+            if not self.static_shapes:
+                keep = tgt_out != pad_id
+                logits = model.project(hidden[keep])  # [N, V]
+                target = tgt_out[keep]
+                loss, nll, _ = label_smoothed_cross_entropy(logits, target, self.epsilon, pad_id)
+                return torch.stack([loss, nll])
+            loss, nll = token_losses(model.project(hidden), tgt_out, self.epsilon)  # [B, T]
+            keep = (tgt_out != pad_id).float()
+            return torch.stack([(loss * keep).sum(), (nll * keep).sum()])
+        if self.static_shapes:
+            chunks: int | None = COMPILE_LOSS_CHUNKS
+        else:
             keep = tgt_out != pad_id
-            logits = self.model.project(hidden[keep])  # [N, V]
-            loss, nll, _ = label_smoothed_cross_entropy(logits, tgt_out[keep], self.epsilon, pad_id)
-            return torch.stack([loss, nll])
-        loss, nll = token_losses(self.model.project(hidden), tgt_out, self.epsilon)  # [B, T]
-        keep = (tgt_out != pad_id).float()
-        return torch.stack([(loss * keep).sum(), (nll * keep).sum()])
+            hidden, tgt_out, chunks = hidden[keep][None], tgt_out[keep][None], None  # [1, N]
+        loss, nll = projected_label_smoothed_loss(
+            hidden, weight, bias, tgt_out, self.epsilon, pad_id, chunks
+        )
+        return torch.stack([loss, nll])
+
+
+def _projection(model: Transformer) -> tuple[Tensor | None, Tensor | None]:
+    """The output projection's ``(weight [V, d_model], bias [V] or None)``, or (None, None)
+    when it is a module other than a plain bias-free Linear (int8 quantization)."""
+    proj: nn.Module | None = model.out_proj  # quantization may swap in another module
+    if proj is None:
+        return model.tgt_embed.weight, model.out_bias
+    if type(proj) is nn.Linear and getattr(proj, "bias", None) is None:
+        return proj.weight, model.out_bias
+    return None, None
 
 
 @dataclass
@@ -84,8 +118,10 @@ class Updater:
     """Runs updates of ``model`` with ``optimizer`` and ``schedule``, on ``world``.
 
     ``compile=True`` runs the step through ``torch.compile`` (before the DDP wrap, as
-    recommended); lengths are then padded to a multiple of 8 so the number of distinct
-    shapes, hence recompilations, stays bounded."""
+    recommended). A batch is then padded to one of a few lengths, both sides alike
+    (:meth:`Batch.padded_to_bucket`), and its row count is marked dynamic: the step
+    compiles one graph per length bucket an epoch meets, whatever the rows, each static in
+    its lengths."""
 
     def __init__(
         self,
@@ -111,7 +147,11 @@ class Updater:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         step: nn.Module = TrainingLoss(model, label_smoothing, static_shapes=compile)
         if compile:  # an OptimizedModule, a Module (typed as a mere callable)
-            step = cast(nn.Module, torch.compile(step, dynamic=True))
+            # One graph per length bucket a run meets: up to 15 on long corpora, beyond
+            # dynamo's default limit of 8, past which it would run the rest eagerly.
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, len(BUCKETS) + 2)
+            step = cast(nn.Module, torch.compile(step, dynamic=False, backend=COMPILE_BACKEND))
         if world.size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # The positional table is a constant buffer: nothing to broadcast each step.
@@ -122,8 +162,11 @@ class Updater:
 
     def _forward_backward(self, batch: Batch, scale: float) -> Tensor:
         if self.compiled:
-            batch = batch.padded_to_multiple(COMPILE_PAD_MULTIPLE)
+            batch = batch.padded_to_bucket(self.model.cfg.max_len)
         batch = batch.to(self.device)
+        if self.compiled:  # one graph for any row count: dynamic=False leaves only this
+            for ids in (batch.src, batch.tgt_in, batch.tgt_out):
+                torch._dynamo.maybe_mark_dynamic(ids, 0)
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
             sums = self.step_module(batch.src, batch.tgt_in, batch.tgt_out)  # [2]
         self.scaler.scale(sums[0] * scale).backward()

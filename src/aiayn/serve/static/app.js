@@ -5,8 +5,8 @@ const $ = (id) => document.getElementById(id);
 let attention = null; // the "attention" entry of the last /translate answer, sentence 0
 
 async function loadInfo() {
-  const info = await (await fetch("/info")).json();
-  $("key-label").hidden = !info.api_key_required;
+  const response = await fetch("/info"); // 401: the server wants a key for /info too
+  $("key-label").hidden = response.ok ? !(await response.json()).api_key_required : false;
 }
 
 function fillSelect(select, n, extra) {

@@ -162,7 +162,7 @@ class Translator:
         found = self._translations(
             lines, options, prefixes, first_line, batch_size, on_batch, None, scores=False
         )
-        return [[t.text for t in out] + [""] * (options.n_best - len(out)) for out in found]
+        return [n_best_texts([t.text for t in out], options.n_best) for out in found]
 
     def translations(
         self,
@@ -343,6 +343,12 @@ class Translator:
         found = self.attention_maps([ids], [best[0].tokens if best else []])[0]
         assert found is not None  # the source is not blank
         return found
+
+
+def n_best_texts(texts: list[str], n_best: int) -> list[str]:
+    """One line's output texts padded with "" to ``n_best`` (a search may finish fewer;
+    a blank line gets none): what the command line and the server print."""
+    return texts + [""] * (n_best - len(texts))
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

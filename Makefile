@@ -1,20 +1,25 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   -> virtualenv + install + `aiayn demo`
-#   make test   -> virtualenv + install + the test suite
+#   make test   -> virtualenv + install + the test suite + the documentation site
+# On a machine without a GPU, take torch's CPU build (no gigabytes of CUDA libraries):
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cpu test
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-# Pinned: a looser requirement makes pip fetch GBs of CUDA wheels on a CPU machine.
+# Pinned; a pin alone does not pick the CPU build: TORCH_INDEX (a PyTorch wheel index, e.g.
+# https://download.pytorch.org/whl/cpu or .../whl/cu128) does. Empty: pip's own indexes
+# (PyPI's Linux wheel is the CUDA build).
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 
-.PHONY: setup demo test test-fresh lint typecheck bench bleu figures table3 clean browser
+.PHONY: setup demo test test-fresh lint typecheck docs bench bleu figures table3 clean browser
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
@@ -34,12 +39,18 @@ browser:
 	fi
 
 # What ruff checks and formats: the code and the scripts that draw the docs' figures.
-LINTED = src tests benchmarks docs/figures
+LINTED = src tests benchmarks docs/figures docs/tools
 test: setup browser
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+	$(MAKE) docs
+
+# The documentation site (mkdocs.yml) into site/: strict, so a broken link, a missing page
+# or an API docstring that does not render fails `make test`. No network needed.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The tests that read Multi30k (marked multi30k) again, with the data hidden, as on a new
 # user's clone with nothing beside it; .ci/run runs it after `make test`.
@@ -80,4 +91,4 @@ lint: setup
 	$(BIN)/ruff format $(LINTED)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .mypy_cache bench_out
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .mypy_cache bench_out site

@@ -132,3 +132,31 @@ def test_weight_decay_is_decoupled_and_spares_the_1d_parameters():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(RecipeError, match="weight_decay"):
             make_optimizer(model, weight_decay=bad)
+
+
+def test_own_files_with_a_recipe_that_names_a_data_set_fetch_nothing(tmp_path, monkeypatch):
+    """recipes/multi30k.yaml names `dataset: multi30k/de-en`; given all four files on the
+    command line, training must not fetch Multi30k (offline, that would fail)."""
+    from aiayn.distributed import World
+    from aiayn.train import rundir
+    from aiayn.train.recipe import Recipe
+
+    class PreparedError(Exception):
+        pass
+
+    def fetch(*args, **kwargs):
+        raise AssertionError("fetched the recipe's data set although every file was given")
+
+    def prepare(*args, **kwargs):
+        raise PreparedError
+
+    monkeypatch.setattr(rundir, "pair_files", fetch)
+    monkeypatch.setattr(rundir, "prepare", prepare)
+    files = {k: str(tmp_path / k) for k in ("train_src", "train_tgt", "valid_src", "valid_tgt")}
+    recipe = Recipe.from_dict({"dataset": "multi30k/de-en", **files})
+    run = rundir.RunDirectory(tmp_path / "run", World(0, 1, 0), log=print)
+    with pytest.raises(PreparedError):
+        run.prepared_data(recipe, None)
+    recipe = Recipe.from_dict({"dataset": "multi30k/de-en", **files, "valid_tgt": ""})
+    with pytest.raises(AssertionError, match="fetched"):  # a missing file is still fetched
+        run.prepared_data(recipe, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
 from aiayn.errors import AiaynError
@@ -17,10 +18,19 @@ from aiayn.errors import AiaynError
 EXIT_USER_ERROR = 2
 
 
+def package_version() -> str:
+    """The installed package's version (pyproject.toml reads it from aiayn.__version__)."""
+    try:
+        return version("aiayn")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The original Transformer: train, translate, score, inspect."
     )
+    parser.add_argument("--version", action="version", version=f"aiayn {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (training, datasets, decoding, inspecting, serving, converting):
         group.add_parsers(sub)

@@ -30,15 +30,15 @@ class Recipe:
     data: str = ""
     # A named data set instead of paths: NAME or NAME/SRC-TGT (multi30k, multi30k/en-de,
     # wmt14-en-de), read from the cache of `aiayn data get`, which fetches what it lacks.
-    # Fills the train_* and valid_* fields left empty.
+    # Fills the train_* and valid_* fields left empty (fetched only when one is).
     dataset: str = ""
-    train_src: str = ""
-    train_tgt: str = ""
-    valid_src: str = ""
-    valid_tgt: str = ""
+    train_src: str = ""  # training source text (or --train-src)
+    train_tgt: str = ""  # training target text, line i translating train_src's line i
+    valid_src: str = ""  # validation source text: loss and BLEU while training
+    valid_tgt: str = ""  # validation target text (the BLEU references)
     max_len_words: int = 100  # longer training pairs are dropped (and counted)
     vocab_size: int = 8000  # joint SentencePiece vocabulary over source + target
-    spm_model_type: str = "bpe"
+    spm_model_type: str = "bpe"  # bpe | unigram (SentencePiece's model types)
     # Fine-tuning: a model directory (MODEL_DIR, or MODEL_DIR:CHECKPOINT with CHECKPOINT
     # auto|best|last|averaged|a file) to start from: its config, weights and tokenizer
     # (the data is encoded with it; vocab_size and spm_model_type are unused), with a fresh
@@ -62,18 +62,18 @@ class Recipe:
     # Optimisation (Section 5.3, 5.4).
     max_tokens: int = 4096  # per batch, source or target side incl. padding (fairseq's)
     update_freq: int = 1  # accumulate gradients over this many batches per update
-    label_smoothing: float = 0.1
-    warmup: int = 4000
+    label_smoothing: float = 0.1  # epsilon_ls of Section 5.4
+    warmup: int = 4000  # warmup_steps of Eq. 3: updates of rising learning rate
     lr_scale: float = 1.0  # multiplies the Noam rate (and its peak, for every schedule)
     # noam (Eq. 3) | linear | cosine | noam_cooldown: the last three decay to 0 at the end
     # of the budget (max_steps or time_limit_minutes); see aiayn/train/schedule.py
     schedule: str = "noam"
     cooldown: float = 0.2  # noam_cooldown: the final fraction of the budget it decays over
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
+    adam_betas: tuple[float, float] = (0.9, 0.98)  # Adam's beta1, beta2 (Section 5.3)
+    adam_eps: float = 1e-9  # Adam's epsilon (Section 5.3)
     weight_decay: float = 0.0  # decoupled (AdamW) on the matrices; 0 = the paper's Adam
     clip_norm: float = 0.0  # 0 = no clipping
-    max_epochs: int = 100
+    max_epochs: int = 100  # stop after this many passes over the training data
     max_steps: int = 0  # 0 = no limit
     time_limit_minutes: float = 0.0  # 0 = no limit; stop cleanly (checkpoint) after this
     # Validation and checkpoints.
@@ -83,7 +83,7 @@ class Recipe:
     save_every_minutes: float = 0.0  # 0 = off; else also checkpoint_stepNNNNNNN.pt this often
     keep_last: int = 5  # epoch (and timed) checkpoints kept, for averaging
     log_every: int = 10  # progress-bar refresh, in updates
-    seed: int = 1
+    seed: int = 1  # the run's random seed (initialisation, batch order, dropout)
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: str = "auto"  # auto | cpu | cuda
     # Unset (null): the device's default, DEVICE_DEFAULTS; a value given always wins.

@@ -12,7 +12,8 @@ BIN     = $(VENV)/bin
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup demo test test-fresh lint typecheck docs bench bleu figures table3 clean browser
+.PHONY: setup demo test test-fresh lint typecheck docs bench bleu figures table3 clean browser \
+	mutation
 
 setup: $(VENV)/.installed
 
@@ -85,6 +86,12 @@ figures: setup
 # Table 3 of the paper in miniature on Multi30k de-en (BENCHMARKS.md): 14 rows x 300 updates.
 table3: setup
 	$(BIN)/python benchmarks/table3_mini.py --out runs/table3-mini
+
+# Mutation score of the core modules (BENCHMARKS.md): mutmut over model/, train/loss.py and
+# schedule.py, decode/beam.py and greedy.py, metrics/bleu.py, each with its fast tests
+# (about an hour on 2 cores; not part of `make test`). Results in bench_out/mutation/.
+mutation: setup
+	$(BIN)/python benchmarks/mutation.py --out bench_out/mutation
 
 lint: setup
 	$(BIN)/ruff check --fix $(LINTED)

@@ -147,3 +147,32 @@ def pytest_sessionfinish(session, exitstatus):
         if reporter is not None:
             reporter.write_line(f"ERROR: {message}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _no_skips() -> bool:
+    """``AIAYN_NO_SKIPS=1`` (set by .ci/run for ``make test``): every dev dependency is
+    installed there, so a skip is a test that did not run, and fails the run."""
+    import os
+
+    return os.environ.get("AIAYN_NO_SKIPS") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _no_skips() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under AIAYN_NO_SKIPS=1: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A whole file skipped at import (``pytest.importorskip``) fails too."""
+    outcome = yield
+    report = outcome.get_result()
+    if _no_skips() and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under AIAYN_NO_SKIPS=1: {reason}"

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -188,4 +189,41 @@ class SlowTranslator(Translator):
         search.step = slow_step
         if fail_remove:
             search.remove = failing_remove
+        return search
+
+
+class GatedTranslator(Translator):
+    """A picklable Translator (it serves in a worker process too) whose batches wait at a
+    gate made of files in ``gate_dir``, once the test has created ``armed`` there (the
+    warm-up translation passes freely): each batch creates ``entered`` and then waits for
+    ``open``. A request is thus known to be in the middle of its work when the test acts,
+    without a sleep."""
+
+    def __init__(self, model, tokenizer, gate_dir):
+        super().__init__(model, tokenizer)
+        self.gate_dir = Path(gate_dir)
+
+    def _hold(self) -> None:
+        if not (self.gate_dir / "armed").exists():
+            return
+        (self.gate_dir / "entered").touch()
+        deadline = time.monotonic() + 60
+        while not (self.gate_dir / "open").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test never opened the gate")
+            time.sleep(0.01)
+
+    def hypotheses(self, *args, **kwargs):
+        self._hold()
+        return super().hypotheses(*args, **kwargs)
+
+    def continuous_search(self, *args, **kwargs):
+        search = super().continuous_search(*args, **kwargs)
+        step, hold = search.step, self._hold
+
+        def held_step():
+            hold()
+            return step()
+
+        search.step = held_step
         return search

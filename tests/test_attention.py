@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from aiayn.model import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from aiayn.model.masks import decoder_self_mask
 
 D, H = 32, 4
 
@@ -124,3 +125,42 @@ def test_head_split_keeps_each_heads_features_together():
     heads = mha._split_heads(x)  # [1, h, 3, d_k]
     assert heads.shape == (1, H, 3, D // H)
     torch.testing.assert_close(heads[0, 1, 2], x[0, 2, D // H : 2 * D // H])
+
+
+def test_masks_are_made_on_the_device_of_their_ids():
+    """On "meta" (a device every machine has) as on a GPU: a mask made on the CPU would
+    be moved to the scores' device at every step, or fail to broadcast there."""
+    meta = torch.device("meta")
+    assert causal_mask(4, meta).device == meta
+    ids = torch.ones(2, 5, dtype=torch.long, device=meta)
+    assert decoder_self_mask(ids, 0).device == meta
+    assert decoder_self_mask(ids, 0).shape == (2, 1, 5, 5)
+
+
+def test_decoder_self_mask_of_no_target_positions():
+    """An empty target (a decoder primed with nothing) gives an empty mask, no error."""
+    assert decoder_self_mask(torch.empty(2, 0, dtype=torch.long), 0).shape == (2, 1, 0, 0)
+    # Position 0 is never masked, even when it holds the pad id (Marian starts from pad).
+    ids = torch.tensor([[0, 5, 0], [1, 0, 0]])
+    mask = decoder_self_mask(ids, 0)
+    assert mask[:, 0, :, 0].all()
+    want = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(mask[0, 0], want)
+    assert torch.equal(mask[1, 0], torch.tensor([[1, 0, 0], [1, 0, 0], [1, 0, 0]]).bool())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_attention_dropout_drops_weights_and_keeps_the_mean(need_weights):
+    """dropout_p zeroes about that share of the attention weights and scales the rest by
+    1 / (1 - p), on the fused path and on the one that returns the weights."""
+    torch.manual_seed(0)
+    q, k = torch.randn(8, 2, 16, 4), torch.randn(8, 2, 16, 4)
+    v = torch.eye(16).expand(8, 2, 16, 16)  # the output row is the weight row
+    plain, _ = scaled_dot_product_attention(q, k, v)
+    dropped, weights = scaled_dot_product_attention(q, k, v, None, 0.5, need_weights)
+    zeros = (dropped == 0).float().mean().item()
+    assert 0.4 < zeros < 0.6  # 4096 weights
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], 2 * plain[kept])
+    if need_weights:
+        torch.testing.assert_close(weights, dropped)  # v is the identity

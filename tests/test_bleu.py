@@ -6,8 +6,10 @@ import random
 
 import pytest
 import sacrebleu
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.data.corpus import read_lines
+from aiayn.errors import AiaynError
 from aiayn.metrics import corpus_bleu, sentence_bleu
 from aiayn.metrics.bleu import tokenize_13a
 from sample_data import PAIRS, multi30k_dir
@@ -95,7 +97,48 @@ def test_perfect_and_empty_output():
 
 
 def test_13a_tokenization_equals_sacrebleus():
-    tok = sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()
+    tok = Tokenizer13a()
     lines = [*references()[:300], "Price: $3.50, 2-3 items (approx.) &amp; more!", "e.g. U.S.A"]
     for line in lines:
         assert tokenize_13a(line) == tok(line)
+
+
+def test_every_setting_matches_sacrebleu_and_is_named_in_the_signature():
+    refs = ["Die Strasse ist nass, sagt er.", "Zwei Hunde (braun) spielen.", "Ein Mann."]
+    hyps = ["die straße ist nass , sagt er", "Zwei hunde (braun) spielen im Schnee.", ""]
+    for lowercase in (False, True):
+        for tokenize in ("13a", "none"):
+            for smooth in ("exp", "none"):
+                ours = corpus_bleu(hyps, refs, lowercase, tokenize, smooth)
+                theirs = sacrebleu.corpus_bleu(
+                    hyps, [refs], lowercase=lowercase, tokenize=tokenize, smooth_method=smooth
+                )
+                where = (lowercase, tokenize, smooth)
+                assert ours.score == pytest.approx(theirs.score, abs=1e-9), where
+                assert ours.counts == theirs.counts and ours.totals == theirs.totals, where
+                assert ours.precisions == pytest.approx(theirs.precisions, abs=1e-9), where
+                case = "lc" if lowercase else "mixed"
+                assert ours.signature == (
+                    f"nrefs:1|case:{case}|eff:no|tok:{tokenize}|smooth:{smooth}|version:aiayn"
+                )
+    # Lowercasing is lowercasing: "ß" stays one letter (upper-casing would make it "SS").
+    assert corpus_bleu(["straße"], ["STRASSE"], lowercase=True).counts[0] == 0
+    one = sentence_bleu("Ein Mann", "Ein Mann.")
+    assert one.signature == "nrefs:1|case:mixed|eff:yes|tok:13a|smooth:exp|version:aiayn"
+
+
+def test_brevity_penalty_of_an_empty_and_of_an_equal_length_output():
+    refs = ["A man rides a bike ."]
+    empty, theirs = corpus_bleu([""], refs), sacrebleu.corpus_bleu([""], [refs])
+    assert empty.bp == theirs.bp == 0.0 and empty.score == 0.0
+    same = corpus_bleu(["A dog rides a car ."], refs)
+    assert same.bp == 1.0 and same.sys_len == same.ref_len
+
+
+def test_unknown_settings_are_refused_by_name():
+    with pytest.raises(AiaynError) as e:
+        corpus_bleu(["a"], ["a"], tokenize="intl")
+    assert str(e.value) == "tokenize must be '13a' or 'none', got 'intl'"
+    with pytest.raises(AiaynError) as e:
+        corpus_bleu(["a"], ["a"], smooth="floor")
+    assert str(e.value) == "smooth must be 'exp' or 'none', got 'floor'"

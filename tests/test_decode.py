@@ -73,15 +73,28 @@ def test_greedy_agrees_with_teacher_forcing(overfit_model):
     assert torch.equal(logits.argmax(-1)[real], out[real])
 
 
-def test_greedy_shape_and_padding_contract(tiny_model):
-    cfg = tiny_model.cfg
-    src, _ = random_batch(cfg, [5, 2], [1, 1])
-    out = greedy(tiny_model, src, max_new_tokens=7)
-    assert out.dtype == torch.long and out.shape[0] == 2 and out.shape[1] <= 7
+def test_greedy_shape_and_padding_contract():
+    """Rows that end early are padded after their EOS while the others run on. A random
+    model rarely says EOS, so EOS's output bias is raised to the median of the first
+    step's margins: about half the rows end at once, the rest never do."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(output_bias=True)).eval()
+    cfg = model.cfg
+    src, _ = random_batch(cfg, [5, 2, 7, 4, 3, 6, 1, 5], [1] * 8, seed=1)
+    with torch.no_grad():
+        first = model(src, torch.full((8, 1), cfg.bos_id))[:, 0]
+        first[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+        model.out_bias[cfg.eos_id] = (first.max(-1).values - first[:, cfg.eos_id]).median()
+    out = greedy(model, src, max_new_tokens=7)
+    assert out.dtype == torch.long and out.shape == (8, 7)
     assert not (out == cfg.bos_id).any()
+    ended = [row for row in out.tolist() if cfg.eos_id in row]
+    assert 0 < len(ended) < 8, out  # both kinds of row are there
+    for row in ended:
+        assert all(t == cfg.pad_id for t in row[row.index(cfg.eos_id) + 1 :]), out
     for row in out.tolist():
-        if cfg.eos_id in row:
-            assert all(t == cfg.pad_id for t in row[row.index(cfg.eos_id) + 1 :])
+        if cfg.eos_id not in row:
+            assert cfg.pad_id not in row, out  # a running row is never padded
 
 
 def test_cached_and_uncached_greedy_and_beam_agree(tiny_model):

@@ -309,13 +309,24 @@ def test_forced_eos_ends_outputs_at_the_limit_with_eos_scored_zero(tiny_model, b
     cfg = tiny_model.cfg
     src, _ = random_batch(cfg, [4, 6], [1, 1], seed=12)
     options = DecodeOptions(beam=beam, max_len_a=0.0, max_len_b=5, forced_eos=True)
-    for row, (h, *_) in zip(src, search(tiny_model, src, options)):
+    forced = [h for h, *_ in search(tiny_model, src, options)]
+    at_limit = 0
+    for row, h in zip(src, forced):
         assert h.eos and len(h.tokens) <= 4
         if len(h.tokens) == 4:  # reached the limit: EOS forced, scored 0
+            at_limit += 1
             want = teacher_forced_log_prob(tiny_model, row, h.tokens, eos=False)
             assert h.log_prob == pytest.approx(want, abs=1e-4)
-    free = search(tiny_model, src, options.replace(forced_eos=False))
-    assert any(not h[0].eos for h in free) or beam > 1  # greedy runs to the limit freely
+    assert at_limit > 0  # the check above ran
+    free = [h for h, *_ in search(tiny_model, src, options.replace(forced_eos=False))]
+    for row, h, f in zip(src, free, forced):
+        if beam == 1:  # greedy runs past the forced limit, never saying EOS
+            assert not h.eos and len(h.tokens) == 5
+        else:  # beam search keeps an EOS ending, but pays for its EOS
+            assert h.eos
+            want = teacher_forced_log_prob(tiny_model, row, h.tokens, eos=True)
+            assert h.log_prob == pytest.approx(want, abs=1e-4)
+            assert h.tokens != f.tokens or h.log_prob < f.log_prob - 1e-3
 
 
 def test_distillation_workflow_with_the_student_recipe(tmp_path):

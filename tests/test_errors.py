@@ -96,3 +96,32 @@ def test_output_that_cannot_be_written_is_a_clear_error(sample_model_dir, tmp_pa
     model = str(sample_model_dir(False))
     assert main(["translate", "--model", model, "--quiet", str(src), "-o", str(out)]) == 2
     assert "out.en: cannot write" in capsys.readouterr().err
+
+
+def _one_line_error(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_evaluate_refuses_files_of_unequal_line_counts(sample_model_dir, tmp_path, capsys):
+    src, ref = tmp_path / "in.de", tmp_path / "ref.en"
+    src.write_text("Ein Hund.\nZwei Katzen.\nEin Mann.\n", encoding="utf-8")
+    ref.write_text("A dog.\nTwo cats.\n", encoding="utf-8")
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet"]
+    err = _one_line_error([*argv, "--src", str(src), "--ref", str(ref)], capsys)
+    assert f"{src} has 3 lines but {ref} has 2" in err
+
+
+def test_average_refuses_last_0_and_no_checkpoints(sample_model_dir, tmp_path, capsys):
+    model = sample_model_dir()  # a best checkpoint only: no epoch or step checkpoints
+    for last in ("0", "-2"):
+        err = _one_line_error(["average", "--model", str(model), "--last", last], capsys)
+        assert f"--last must be >= 1, got {last}" in err
+    err = _one_line_error(["average", "--model", str(model), "--last", "5"], capsys)
+    assert f"{model}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average" in err
+    assert not (model / "checkpoint_averaged.pt").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no checkpoint_epoch" in _one_line_error(["average", "--model", str(empty)], capsys)

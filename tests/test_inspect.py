@@ -4,6 +4,7 @@ from metrics.jsonl; the layer table of a trained model."""
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
 from aiayn.translator import Translator
 
-pytest.importorskip("matplotlib")
+# Only the tests that draw need matplotlib (a dev dependency: under `make test` nothing
+# may skip, see conftest.py).
+draws = pytest.mark.skipif(find_spec("matplotlib") is None, reason="matplotlib not installed")
 
 SENTENCES = ["Ein Hund rennt über die Wiese.", "Zwei Männer spielen Schach.", "Eine Frau."]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -59,6 +62,7 @@ def test_attention_is_of_the_translation_it_shows(translator):
         translator.attention("   ")
 
 
+@draws
 def test_plots_of_one_head_a_grid_and_a_folder(translator, tmp_path):
     from aiayn.inspect.attention import plot_all, plot_attention
 
@@ -78,6 +82,7 @@ def test_plots_of_one_head_a_grid_and_a_folder(translator, tmp_path):
         plot_attention(amap, tmp_path / "x.png", "sideways")
 
 
+@draws
 def test_attention_cli(sample_model_dir, tmp_path, capsys):
     model = str(sample_model_dir())
     assert main(["attention", "--model", model, SENTENCES[0], "--out", str(tmp_path / "d")]) == 0
@@ -108,6 +113,7 @@ def _metrics_file(run, truncated_tail: bool = True):
     (run / "metrics.jsonl").write_text(text, encoding="utf-8")
 
 
+@draws
 def test_plot_training_curves(tmp_path, capsys):
     from aiayn.inspect.curves import read_metrics, series
 
@@ -122,6 +128,7 @@ def test_plot_training_curves(tmp_path, capsys):
     assert capsys.readouterr().out.count("wrote ") == 4
 
 
+@draws
 def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert main(["plot", "--run", str(tmp_path / "none")]) == 2
     assert "no such metrics file" in capsys.readouterr().err

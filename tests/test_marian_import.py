@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 
 import pytest
 import torch
@@ -234,13 +233,12 @@ def test_serve_translates_with_the_imported_tokenizer(folders):
     from fastapi.testclient import TestClient
 
     from aiayn.serve import ServeConfig, create_app
+    from serve_util import wait_for
 
     translator = Translator.from_dir(folders["shared_tied"][1])
     lines = ["Ein Mann fährt Fahrrad.", ">>fra<< Zwei Hunde."]
     with TestClient(create_app(translator, ServeConfig(worker="thread"))) as client:
-        deadline = time.monotonic() + 30
-        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: client.get("/ready").status_code == 200, "/ready say 200", 30)
         r = client.post("/translate", json={"src": lines, "beam": 2, "attention": True})
     assert r.status_code == 200, r.text
     want = translator.translate(lines, beam=2)  # the model's own settings, beam aside

@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -163,7 +164,7 @@ def test_bad_input_gives_one_clear_line_and_exit_2(tmp_path, corpus, trained, ca
     assert "nothing to resume" in fail(train_argv(corpus, tmp_path / "e", resume=True), capsys)
     assert "already holds a training run" in fail(train_argv(corpus, trained), capsys)
     junk = tmp_path / "junk.pt"
-    junk.write_bytes(os.urandom(3000))
+    junk.write_bytes(random.Random(0).randbytes(3000))  # seeded: the same junk each run
     decode = ["--quiet", "--src", str(corpus["val.de"]), "--ref", str(corpus["val.en"])]
     assert "junk.pt: cannot read checkpoint" in fail(
         ["evaluate", "--model", str(trained), "--checkpoint", str(junk), *decode], capsys
@@ -250,3 +251,58 @@ def test_weight_decay_trains_and_a_changed_one_is_refused_on_resume(tmp_path, co
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "weight_decay" in err[0] and "checkpoint_last.pt" in err[0]
     assert load_checkpoint(out / "checkpoint_last.pt")["step"] == 6
+
+
+GATED_TRAIN = """\
+import sys, threading
+from pathlib import Path
+import aiayn.train.update as update
+from aiayn.cli import main
+gate, stop_at = Path(sys.argv[1]), int(sys.argv[2])
+calls, original = [0], update.Updater.update
+def gated(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == stop_at:  # held here, mid-run, until the test kills the process
+        (gate / "entered").touch()
+        threading.Event().wait()
+    return original(self, *args, **kwargs)
+update.Updater.update = gated
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path, corpus):
+    """SIGKILL after update 7 (the last save at step 6, mid-epoch), --resume to 12: the
+    weights (dropout on: the random streams are restored too) equal those of 12 updates
+    in one go, bit for bit. The run is held at update 8 by a hook, so the kill lands
+    there and not at a moment a sleep guessed."""
+    settings = ["max_steps=12", "max_tokens=60", "save_every_steps=3", "model.dropout=0.1"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(train_argv(corpus, straight, *settings)) == 0
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    argv = [str(gate), "8", *train_argv(corpus, killed, *settings)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GATED_TRAIN, *argv],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (gate / "entered").exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-4000:]
+            assert time.monotonic() < deadline, "training never reached update 8"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    saved = load_checkpoint(killed / "checkpoint_last.pt")
+    assert saved["step"] == 6 and saved["batch_in_epoch"] > 0  # mid-epoch
+    assert main(train_argv(corpus, killed, *settings, resume=True)) == 0
+    a = load_checkpoint(straight / "checkpoint_last.pt")
+    b = load_checkpoint(killed / "checkpoint_last.pt")
+    assert a["step"] == b["step"] == 12
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name

@@ -10,6 +10,7 @@ from aiayn.checkpoint import load_checkpoint, load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.translator import Translator
 from conftest import small_corpus
+from numerics_util import log_probs, margins_and_shift
 from sample_data import PAIRS
 from test_pipeline import records, train_argv
 
@@ -25,10 +26,19 @@ def test_bf16_weights_translate_like_fp32(sample_model_dir):
     model_bf16, _ = load_model(path, precision="bf16")
     assert all(p.dtype == torch.bfloat16 for p in model_bf16.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())
+    # bf16 keeps 8 bits of mantissa (relative rounding 2^-9 per weight and activation):
+    # a sentence whose float greedy path is won at every step by more than bf16 moves the
+    # gap between the two best tokens (measured 0.24 nats at most) translates the same
+    # (x1.5: the Translator batches, and so pads and rounds, differently from this check).
+    narrowest, gap_shift = margins_and_shift(
+        model, lambda s, t: log_probs(model_bf16, s, t), tokenizer, SOURCES
+    )
+    safe = [i for i, g in enumerate(narrowest) if g > 1.5 * gap_shift]
+    assert len(safe) >= 60, (gap_shift, sorted(narrowest))  # the memorised pairs at least
     for beam in (1, 4):
         fp32 = Translator(model, tokenizer).translate(SOURCES, beam=beam)
         bf16 = Translator(model_bf16, tokenizer).translate(SOURCES, beam=beam)
-        assert sum(a == b for a, b in zip(fp32, bf16)) >= 0.8 * len(SOURCES)
+        assert [i for i in safe if fp32[i] != bf16[i]] == []
         assert sum(t[0] == ref for t, ref in zip(bf16[:60], REFERENCES)) >= 40
 
 

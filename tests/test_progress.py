@@ -8,6 +8,7 @@ import sys
 
 from tqdm import tqdm
 
+import aiayn.progress as progress_module
 from aiayn.progress import PlainProgress, progress
 
 
@@ -16,17 +17,27 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-def test_a_log_file_gets_plain_lines_not_carriage_returns():
+def test_a_log_file_gets_plain_lines_not_carriage_returns(monkeypatch):
+    now = [100.0]  # a clock of the test's own: the lines do not depend on the machine's speed
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
     log = io.StringIO()
     bar = progress(total=1000, desc="epoch 1", unit="upd", file=log)
     assert isinstance(bar, PlainProgress)
-    for _ in range(1000):
-        bar.update(1)  # well inside the interval: nothing printed until the end
+    for _ in range(500):
+        now[0] += 0.05  # 25 s in all: inside the 30 s interval, nothing printed
+        bar.update(1)
+    assert log.getvalue() == ""
+    now[0] += 6.0  # past the interval: one line
+    bar.update(500)
     bar.set_postfix(loss="2.345")
+    now[0] += 2.4
     bar.close()
     bar.close()  # closing twice prints once
     assert "\r" not in log.getvalue()
-    assert log.getvalue().splitlines() == ["epoch 1: 1000/1000 upd (100%), 0 s, loss=2.345"]
+    assert log.getvalue().splitlines() == [
+        "epoch 1: 1000/1000 upd (100%), 31 s",
+        "epoch 1: 1000/1000 upd (100%), 33 s, loss=2.345",
+    ]
 
 
 def test_plain_lines_come_every_interval_and_when_iterating():

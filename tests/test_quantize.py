@@ -13,6 +13,7 @@ from aiayn.data.batching import pad
 from aiayn.model import MultiHeadAttention
 from aiayn.quantize import SplitCrossAttention, is_quantized, quantize_dynamic_int8
 from aiayn.translator import Translator
+from numerics_util import log_probs, margins_and_shift
 from sample_data import PAIRS
 
 SOURCES = [s for s, _ in PAIRS]  # 60 seen in training, 10 never seen
@@ -69,10 +70,31 @@ def test_quantized_model_scores_and_translates_like_the_float_model(models):
         logp = torch.log_softmax(model(src, tgt_in), -1)[real]
         logp_int8 = torch.log_softmax(quantized(src, tgt_in), -1)[real]
     assert not torch.equal(logp, logp_int8)  # the int8 kernels really ran
-    gap = (logp.exp() - logp_int8.exp()).abs()  # probabilities stay close (loosely)
-    assert gap.max() < 0.25 and gap.mean() < 1e-3
-    assert (logp.argmax(-1) == logp_int8.argmax(-1)).float().mean() > 0.95
+    # Per position, the probability mass that moves (total variation). int8 rounds each
+    # weight to 1/127 of its tensor's largest and each activation to 1/255 of its range:
+    # ~0.5% per matmul, compounding over the layers to a logit shift of ~0.3 nats at most
+    # (measured: mean 0.0065, largest 0.099). A token-level bug in a minority of positions
+    # (one layer or head skipped or misquantized) moves far more.
+    moved = (logp.exp() - logp_int8.exp()).abs().sum(-1) / 2
+    assert moved.mean() < 0.02 and moved.max() < 0.2
+    # The argmax may change only where the float model's two best tokens are closer than
+    # int8 can move them: at most twice the largest shift of a best token's log-prob.
+    best = logp.argmax(-1, keepdim=True)
+    shift = float((logp.gather(-1, best) - logp_int8.gather(-1, best)).abs().max())
+    assert shift < 0.5  # measured 0.31
+    top2 = logp.topk(2, -1).values
+    flipped = logp.argmax(-1) != logp_int8.argmax(-1)
+    assert (top2[flipped, 0] - top2[flipped, 1] < 2 * shift).all()
 
+    # Translations: a sentence whose greedy path the float model wins at every step by more
+    # than int8 moves the gap between its two best tokens translates the same; x1.5 because
+    # int8 takes each activation's scale from the whole batch, and the Translator's batches
+    # are not these. The 60 memorised pairs are all that safe; the 10 unseen may differ.
+    narrowest, gap_shift = margins_and_shift(
+        model, lambda s, t: log_probs(quantized, s, t), tokenizer, SOURCES
+    )
+    safe = [i for i, g in enumerate(narrowest) if g > 1.5 * gap_shift]
+    assert len(safe) >= 60, (gap_shift, sorted(narrowest))
     float_translator, int8_translator = (
         Translator(model, tokenizer),
         Translator(quantized, tokenizer),
@@ -80,7 +102,7 @@ def test_quantized_model_scores_and_translates_like_the_float_model(models):
     for beam in (1, 4):
         ours = float_translator.translate(SOURCES, beam=beam)
         int8 = int8_translator.translate(SOURCES, beam=beam)
-        assert sum(a == b for a, b in zip(ours, int8)) >= 0.8 * len(SOURCES)
+        assert [i for i in safe if ours[i] != int8[i]] == []
         assert sum(t[0] == ref for t, ref in zip(int8[:60], REFERENCES)) >= 40
 
 

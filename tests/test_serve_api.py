@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.serve import ServeConfig, create_app
 from aiayn.translator import Translator
-from serve_util import ControlledTranslator, live_server, wait_warmed_up
+from serve_util import ControlledTranslator, live_server, wait_for, wait_warmed_up
 
 pytestmark = pytest.mark.timeout(120)  # a hang fails instead of blocking the suite
 
@@ -33,9 +33,7 @@ def translator(sample_model_dir) -> Translator:
 def client(translator):
     cfg = ServeConfig(max_sentences=4, max_body_bytes=2000)
     with TestClient(create_app(translator, cfg)) as c:
-        deadline = time.monotonic() + 30
-        while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: c.get("/ready").status_code == 200, "/ready answer 200", timeout=30)
         yield c
 
 

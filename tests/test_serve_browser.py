@@ -5,8 +5,8 @@ Open the page, type a sentence, check that the translation and a heatmap appear,
 the attention kind, and save a screenshot. ``AIAYN_SERVE_MODEL`` picks another model
 directory (default: the small sample model) and ``AIAYN_SCREENSHOT`` a path to copy the
 screenshot to (the README's picture: docs/serve_screenshot.png). With
-``AIAYN_REQUIRE_BROWSER=1`` (set by ``.ci/run``, which runs as root and so can install
-them) a missing browser fails the test instead of skipping it.
+``AIAYN_NO_SKIPS=1`` (set by ``.ci/run``, which runs as root and so can install them) or
+``AIAYN_REQUIRE_BROWSER=1`` a missing browser fails the test instead of skipping it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-if os.environ.get("AIAYN_REQUIRE_BROWSER") != "1":  # in CI a missing extra fails below
+# AIAYN_NO_SKIPS=1 (CI, conftest.py) requires the browser as AIAYN_REQUIRE_BROWSER=1 does.
+if "1" not in (os.environ.get("AIAYN_REQUIRE_BROWSER"), os.environ.get("AIAYN_NO_SKIPS")):
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
@@ -26,6 +27,7 @@ from aiayn.translator import Translator
 from serve_util import live_server
 
 pytestmark = pytest.mark.timeout(180)
+REQUIRED = "1" in (os.environ.get("AIAYN_REQUIRE_BROWSER"), os.environ.get("AIAYN_NO_SKIPS"))
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SENTENCE = "Ein Hund rennt über die Wiese."
@@ -38,8 +40,8 @@ def _browser(tmp_path):
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         missing.append("the selenium package")
-    if missing and os.environ.get("AIAYN_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"AIAYN_REQUIRE_BROWSER=1 but {', '.join(missing)} not installed")
+    if missing and REQUIRED:
+        pytest.fail(f"the browser test is required but {', '.join(missing)} not installed")
     if missing:
         message = (
             f"BROWSER TEST SKIPPED: {', '.join(missing)} not installed "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import statistics
 import threading
 import time
@@ -117,7 +118,9 @@ def test_a_client_that_goes_away_stops_its_decoding_queued_or_running(parts, wor
         steps = gauges(base)["aiayn_batch_sentences_count"]
         a.close()  # running: its 64 sentences leave the batch within a few steps
         g = gauges_when(base, lambda g: g["aiayn_running_sentences"] <= 1, "A dropped")
-        assert g["aiayn_batch_sentences_count"] - steps <= 3, (steps, g)
+        # Counted in steps, not seconds: A would run ~40 more (64 sentences at beam 12);
+        # noticing the closed connection may take a few 0.1 s steps on a busy machine.
+        assert g["aiayn_batch_sentences_count"] - steps <= 10, (steps, g)
 
         thread.join(60)
         assert answers[0].status_code == 200, answers[0].text
@@ -173,10 +176,22 @@ def test_a_disconnect_storm_leaves_nothing_behind(parts, worker):
         storm = {"src": GERMAN[:4], "beam": 12}
         asyncio.run(_storm(base, 250, storm, after_s=0.05))
         after = _median_latency(base)  # right after: no abandoned work goes first
-        assert after <= max(3 * before, before + 0.5), (before, after)
-        idle = settled(base, timeout=10)
+        # Time is the contract here (a delay), bounded generously: the abandoned work
+        # (1000 sentences at beam 12) would take minutes; a busy machine adds seconds.
+        assert after <= max(5 * before, before + 3.0), (before, after)
+        idle = settled(base, timeout=60)
+        # Every storm request was accounted for: closed by its client (499), or, for the
+        # few that finished before the server saw the close, answered (200); none lost.
+        text = httpx.get(f"{base}/metrics").text
+        count = {
+            status: int(re.search(rf'path="/translate",status="{status}"\}} (\d+)', text)[1])
+            for status in ("200", "499")
+        }
+        finished = count["200"] - 16  # the 16 requests timed above
+        assert count["499"] >= 200 and count["499"] + finished == 250, count
         ended = jobs_ended(base)
-        assert ended["cancelled"] >= 100, ended  # most were submitted, then cancelled
+        assert ended["done"] == 1 + 16 + finished, ended  # + the warm-up
+        assert ended["failed"] == ended["timed_out"] == 0, ended
         # Of the storm's 1000 sentences, few were decoded to their end.
         assert idle["aiayn_sentences_translated_total"] < 1 + 16 + 400, idle
         nothing_held(app)
@@ -191,14 +206,15 @@ def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(parts, wor
         threads = [post_in_thread(base, SLOW, answers)]  # running when its time is up
         wait_for(lambda: gauges(base)["aiayn_running_sentences"] == 64, "A running")
         threads.append(post_in_thread(base, {"src": ["Ein Hund."], "beam": 2}, answers))
-        start = time.monotonic()
         for t in threads:
-            t.join(30)
-        assert time.monotonic() - start < 5
+            t.join(60)
         assert [r.status_code for r in answers] == [504, 504], [r.text for r in answers]
         assert all("1.5 s deadline" in r.json()["error"]["message"] for r in answers)
-        settled(base)
+        after = settled(base)
         assert jobs_ended(base)["timed_out"] == 2
+        # Dropped, not finished late: no sentence of either request was translated (counts,
+        # not seconds: the warm-up's is the one translated sentence).
+        assert after["aiayn_sentences_translated_total"] == 1, after
         nothing_held(app)
         greedy = {"src": ["Ein Hund."], "beam": 1}  # not slowed down: well within its time
         assert httpx.post(f"{base}/translate", json=greedy).status_code == 200
@@ -211,9 +227,11 @@ def _assert_dead(base: str, reason: str, answers: list[httpx.Response]) -> None:
     assert all(reason in r.json()["error"]["message"] for r in answers)
     r = httpx.get(f"{base}/ready")
     assert r.status_code == 503 and reason in r.json()["reason"], r.text
+    # "At once" is the contract: bounded generously, far below the 60 s a request that
+    # waited on the dead worker would hang for.
     start = time.monotonic()
-    r = httpx.post(f"{base}/translate", json={"src": ["Ein Hund."]}, timeout=10)
-    assert r.status_code == 503 and time.monotonic() - start < 2
+    r = httpx.post(f"{base}/translate", json={"src": ["Ein Hund."]}, timeout=60)
+    assert r.status_code == 503 and time.monotonic() - start < 15
     r = httpx.get(f"{base}/health")  # the worker is gone: the process is of no use
     assert r.status_code == 503 and reason in r.json()["reason"], r.text
 

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,7 +23,9 @@ from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.serve import ServeConfig
 from aiayn.translator import Translator
 from sample_data import PAIRS
-from serve_util import ControlledTranslator, live_server, wait_ready
+from serve_util import ControlledTranslator, live_server, wait_for, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -102,50 +103,63 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, 
     assert re.search(r'aiayn_requests_total\{path="/translate",status="200"\} 60\n', metrics)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SERVE = """\
+import socket, sys
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.serve import serve
+from serve_util import GatedTranslator
+translator = GatedTranslator(*load_model(resolve_checkpoint(sys.argv[1])), sys.argv[2])
+serve(translator, threads=1, sock=socket.socket(fileno=int(sys.argv[3])))
+"""
 
 
 def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
+    """`serve` in a process of its own, on a socket bound here and handed over (no port
+    found free, closed and reused), with a translator that holds its batches at a gate:
+    SIGTERM comes while a request is known to be running, the server stops listening, and
+    only then is the gate opened; the request still gets its whole answer."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    src_dir = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
+    paths = [str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     log = (tmp_path / "serve.log").open("w")
-    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(sample_model_dir())]
-    cmd += ["--port", str(port), "--threads", "1"]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    cmd = [sys.executable, "-c", SERVE, str(sample_model_dir()), str(gate), str(sock.fileno())]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=[sock.fileno()]
+    )
+    sock.close()  # the server holds it now
     try:
         wait_ready(base, timeout=60)
-        # A slow request: 64 sentences with a wide beam.
+        (gate / "armed").touch()
         body = {"src": [de for de, _ in PAIRS[:64]], "beam": 12, "n_best": 2}
         answer: list = []
-
-        def send():
-            answer.append(
-                (httpx.post(f"{base}/translate", json=body, timeout=120), time.monotonic())
-            )
-
-        thread = threading.Thread(target=send)
+        thread = threading.Thread(
+            target=lambda: answer.append(httpx.post(f"{base}/translate", json=body, timeout=120))
+        )
         thread.start()
-        deadline = time.monotonic() + 20
-        while "aiayn_requests_in_flight 1" not in httpx.get(f"{base}/metrics").text:
-            assert time.monotonic() < deadline, "the request never started"
-            time.sleep(0.01)
-        signalled = time.monotonic()
+        wait_for(lambda: (gate / "entered").exists(), "the request at the gate", 60)
         proc.send_signal(signal.SIGTERM)
+
+        def refused() -> bool:
+            try:
+                httpx.get(f"{base}/health", timeout=5)
+            except httpx.ConnectError:
+                return True
+            return False
+
+        wait_for(refused, "the port closed after SIGTERM", 30)  # shutting down
+        assert thread.is_alive() and not answer  # the request is still waiting
+        (gate / "open").touch()
         thread.join(120)
         # uvicorn re-raises the signal once it has shut down cleanly (exit by SIGTERM).
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
-        response, answered = answer[0]
-        assert answered > signalled, "the request had finished before the signal: not a test"
+        response = answer[0]
         assert response.status_code == 200, response.text
         assert len(response.json()["translations"]) == 64
-        with pytest.raises(httpx.ConnectError):  # and the port is closed afterwards
-            httpx.get(f"{base}/health", timeout=5)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -25,8 +25,10 @@ from sample_data import PAIRS
 from serve_util import (
     BrokenTranslator,
     ControlledTranslator,
+    GatedTranslator,
     SlowTranslator,
     gauges,
+    live_server,
     serving,
     wait_for,
     wait_ready,
@@ -96,6 +98,28 @@ def test_a_killed_worker_fails_the_8_requests_in_flight_and_health_says_why(part
         r = client.post("/translate", json={"src": ["Ein Hund."]})
         assert r.status_code == 503  # refused at once, not hanging
     assert deaths == [reason]  # once; stopping the server afterwards is no death
+
+
+def test_a_worker_that_dies_fails_the_waiting_requests(parts, tmp_path):
+    translator = GatedTranslator(*parts, tmp_path)
+    with live_server(translator) as base, httpx.Client(base_url=base, timeout=60) as client:
+        assert client.get("/ready").status_code == 200
+        (tmp_path / "armed").touch()  # the next batch waits at the gate, never opened
+        answers: list[httpx.Response] = []
+        slow = {"src": [de for de, _ in PAIRS[:64]], "beam": 12}
+        thread = threading.Thread(
+            target=lambda: answers.append(client.post("/translate", json=slow))
+        )
+        thread.start()
+        wait_for(lambda: (tmp_path / "entered").exists(), "the request at the gate")
+        os.kill(_worker_pid(base), signal.SIGKILL)  # in the middle of its work
+        thread.join(60)
+        assert answers[0].status_code == 503, answers[0].text
+        assert "worker process has stopped" in answers[0].json()["error"]["message"]
+        r = client.get("/ready")
+        assert r.status_code == 503 and "stopped" in r.json()["reason"]
+        r = client.post("/translate", json={"src": ["Ein Hund."]})
+        assert r.status_code == 503  # refused at once, not hanging
 
 
 def test_serve_stops_with_an_error_when_its_worker_dies(parts):

@@ -225,7 +225,10 @@ def test_tour_page(page: Path, monkeypatch):
         assert problem is None, (
             f"{where}: {problem}. The page says:\n{block.output}\nThe block printed:\n{actual}"
         )
-    limit = float(os.environ.get("AIAYN_TOUR_PAGE_LIMIT_S", "30"))
+    # Time is the contract here (a reader runs each page by hand), bounded generously: the
+    # slowest page takes ~10 s on one core; a machine shared with other work may be 5x
+    # slower. A page that trains for minutes is what this catches.
+    limit = float(os.environ.get("AIAYN_TOUR_PAGE_LIMIT_S", "120"))
     assert seconds < limit, f"{page.name} took {seconds:.1f}s (limit {limit:.0f}s)"
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.errors import RecipeError
-from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.train.loss import label_smoothed_cross_entropy, token_losses
 from aiayn.train.optim import make_optimizer
 from aiayn.train.schedule import NoamSchedule, noam_rate, scheduled_rate
 
@@ -33,6 +33,28 @@ def test_loss_equals_torch_label_smoothing_and_ignores_pads():
     assert label_smoothed_cross_entropy(logits2, target, 0.1)[0].item() == pytest.approx(
         loss.item()
     )
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_losses_per_position_of_a_batch_without_pads(eps):
+    """[B, T, V] logits with no pad target (the path that keeps the batch's shape): per
+    position and summed, as torch computes them; epsilon 0.1 (the paper's) by default."""
+    torch.manual_seed(1)
+    logits, target = torch.randn(2, 4, 7), torch.randint(1, 7, (2, 4))
+    want = F.cross_entropy(logits.transpose(1, 2), target, label_smoothing=eps, reduction="none")
+    nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    loss, got_nll = token_losses(logits, target, eps)
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(got_nll, nll)
+    total, total_nll, n = label_smoothed_cross_entropy(logits, target, eps)
+    torch.testing.assert_close(total, want.sum())
+    torch.testing.assert_close(total_nll, nll.sum())
+    assert n == 8
+    if eps == 0.1:  # the defaults
+        torch.testing.assert_close(token_losses(logits, target)[0], want)
+        torch.testing.assert_close(label_smoothed_cross_entropy(logits, target)[0], want.sum())
+    target[1, 2:] = 0  # pad id 0 by default: those positions drop out
+    assert label_smoothed_cross_entropy(logits, target, eps)[2] == 6
 
 
 def test_smoothed_loss_is_minimal_at_the_smoothed_distribution():
@@ -160,3 +182,52 @@ def test_own_files_with_a_recipe_that_names_a_data_set_fetch_nothing(tmp_path, m
     recipe = Recipe.from_dict({"dataset": "multi30k/de-en", **files, "valid_tgt": ""})
     with pytest.raises(AssertionError, match="fetched"):  # a missing file is still fetched
         run.prepared_data(recipe, None)
+
+
+def test_schedule_edges_defaults_and_refusals():
+    d, w = 256, 100
+    peak = noam_rate(w, d, w)
+    # The budget fraction is clamped to [0, 1]: over budget the rate stays 0.
+    assert scheduled_rate("linear", w, 1.5, d, w) == 0.0
+    assert scheduled_rate("linear", w, -0.5, d, w) == pytest.approx(peak)
+    # The scale multiplies every kind, warmup and cool-down alike.
+    assert scheduled_rate("linear", w, 0.0, d, w, scale=2.0) == pytest.approx(2 * peak)
+    half = noam_rate(400, d, w) / 2
+    assert scheduled_rate("noam_cooldown", 400, 0.9, d, w, scale=3.0) == pytest.approx(3 * half)
+    # Step 1 is the first warmup step (step 0 counts as 1).
+    for step in (0, 1):
+        assert scheduled_rate("cosine", step, 0.0, d, w) == pytest.approx(peak / w)
+    names = "noam, linear, cosine, noam_cooldown"
+    with pytest.raises(RecipeError) as e:
+        scheduled_rate("step", 1, 0.0, d, w)
+    assert str(e.value) == f"schedule must be one of {names}, got 'step'"
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert NoamSchedule(opt, 512).rate() == pytest.approx(noam_rate(1, 512, 4000))  # default
+    NoamSchedule(opt, 64, warmup=1)  # the least warmup
+    refusals = [
+        (dict(warmup=0), "warmup must be >= 1 step, got 0"),
+        (dict(kind="step"), f"schedule must be one of {names}, got 'step'"),
+        (
+            dict(kind="linear"),
+            "schedule 'linear' decays to 0 at the end of the run: it needs a budget "
+            "(max_steps or time_limit_minutes)",
+        ),
+        (dict(cooldown=0.0), "cooldown must be a fraction in (0, 1], got 0.0"),
+        (dict(cooldown=1.5), "cooldown must be a fraction in (0, 1], got 1.5"),
+    ]
+    for options, message in refusals:
+        with pytest.raises(RecipeError) as e:
+            NoamSchedule(opt, 64, **options)
+        assert str(e.value) == message
+    # The whole budget as cool-down, and a rate asked for at a given step.
+    sched = NoamSchedule(opt, 64, warmup=10, kind="noam_cooldown", max_steps=100, cooldown=1.0)
+    for _ in range(50):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(51, 64, 10) * 0.5)
+    sched = NoamSchedule(opt, 64, warmup=10, kind="noam_cooldown", max_steps=100, cooldown=0.5)
+    for _ in range(75):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(76, 64, 10) * 0.5)
+    assert sched.rate(20) == pytest.approx(noam_rate(20, 64, 10) * 0.5)
+    assert sched.state_dict() == {"step_count": 75, "warmup": 10, "scale": 1.0}

@@ -82,6 +82,8 @@ def cmd_average(args: argparse.Namespace) -> int:
     if args.last < 1:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
     paths = epoch_checkpoints(model_dir)[-args.last :]
+    if not paths:
+        raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
         print(f"note: averaging the {len(paths)} checkpoints found (asked {args.last})")
     out = Path(args.out) if args.out else model_dir / AVERAGED

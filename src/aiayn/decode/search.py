@@ -127,6 +127,8 @@ def beam_search(
         max_len_b=max_len_b,
         max_new_tokens=max_new_tokens,
     )
+    if options.sampling:
+        raise DecodeError("beam search does not sample: use aiayn.decode.search")
     return _beam(model, src, options, prefix, use_cache)
 
 

@@ -111,7 +111,10 @@ def export_marian(
         if not force:
             raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
     model, tokenizer = model_from_state(state, path)
-    config = config_to_marian(model.cfg)  # refuses what Marian cannot hold, before writing
+    try:  # refuses what Marian cannot hold, before writing
+        config = config_to_marian(model.cfg)
+    except ConversionError as e:
+        raise ConversionError(f"{path}: {e}") from None
     config[AIAYN_KEY] = {"output_bias": model.cfg.output_bias}  # transformers ignores it
     tokenizer = marian_tokenizer(tokenizer, model.cfg)
     generation = generation_settings(state) or generation_defaults(model.cfg)

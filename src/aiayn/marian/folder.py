@@ -200,6 +200,8 @@ class MarianFolder:
         model = Transformer(cfg)
         try:
             to_aiayn(model, self.tensor, tables)
+        except ConversionError as e:  # a weight of the wrong shape, named
+            raise ConversionError(f"{self.weights_path}: {e}") from None
         except RuntimeError as e:  # a tensor of the wrong shape
             first = str(e).strip().splitlines()[0]
             raise ConversionError(

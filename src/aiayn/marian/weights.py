@@ -113,11 +113,15 @@ def config_to_marian(cfg: TransformerConfig) -> dict[str, Any]:
     """The ``config.json`` of transformers' MarianMTModel for ``cfg``; ConversionError
     (one line) for what Marian cannot hold."""
     if cfg.norm_first:
-        raise ConversionError("Marian models are post-LN; this model is pre-LN (norm_first)")
+        raise ConversionError("norm_first: Marian models are post-LN; this model is pre-LN")
     if cfg.learned_positions:
-        raise ConversionError("Marian's positions are sinusoidal; this model learned its own")
+        raise ConversionError(
+            "learned_positions: Marian's positions are sinusoidal; this model learned its own"
+        )
     if cfg.layer_norm_eps != LAYER_NORM_EPS:
-        raise ConversionError(f"Marian's LayerNorm epsilon is 1e-5, not {cfg.layer_norm_eps}")
+        raise ConversionError(
+            f"layer_norm_eps: Marian's LayerNorm epsilon is 1e-5, not {cfg.layer_norm_eps}"
+        )
     return {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -208,6 +212,16 @@ def to_aiayn(
     d = model.cfg.d_model
     order = torch.argsort(marian_order(d))  # aiayn[..., k] = marian[..., order[k]]
     ours = model.state_dict(keep_vars=True)
+
+    def shaped(name: str, *shape: int) -> Tensor:
+        """Marian's weight ``name``, refused (naming it) unless it has ``shape``."""
+        t = tensors(name)
+        if tuple(t.shape) != shape:
+            raise ConversionError(
+                f"weight {name} has shape {tuple(t.shape)}, the config makes it {shape}"
+            )
+        return t
+
     with torch.no_grad():
         model.src_embed.weight.copy_(embeddings["source"][:, order])
         if not model.cfg.share_embeddings:
@@ -222,11 +236,11 @@ def to_aiayn(
         ):
             for i in range(n):
                 for a, m, axis in _layer_pairs(kind, i):
-                    ours[a].copy_(_permute(tensors(m), axis, order))
+                    ours[a].copy_(_permute(shaped(m, *ours[a].shape), axis, order))
         for a, m in _attention_inputs(model.cfg):
-            weight = torch.cat([tensors(f"{m}.{p}_proj.weight") for p in "qkv"])  # [3d, d]
+            weight = torch.cat([shaped(f"{m}.{p}_proj.weight", d, d) for p in "qkv"])  # [3d, d]
             ours[f"{a}.weight"].copy_(weight[:, order])
-            ours[f"{a}.bias"].copy_(torch.cat([tensors(f"{m}.{p}_proj.bias") for p in "qkv"]))
+            ours[f"{a}.bias"].copy_(torch.cat([shaped(f"{m}.{p}_proj.bias", d) for p in "qkv"]))
 
 
 def from_aiayn(model: Transformer) -> dict[str, Tensor]:

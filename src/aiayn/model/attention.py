@@ -206,7 +206,7 @@ class MultiHeadAttention(nn.Module):
                     cache["k"], cache["v"] = k, v
         dropout_p = self.attention_dropout if self.training else 0.0
         B, h, T, d_k = q.shape
-        group = B // k.size(0)
+        group = B // k.size(0) if k.size(0) else 1  # an empty batch: nothing shares
         if group > 1:  # G beams share one source's K/V: its G*T queries attend together
             q = q.reshape(-1, group, h, T, d_k).transpose(1, 2).reshape(-1, h, group * T, d_k)
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)

@@ -1,0 +1,140 @@
+"""What `aiayn import marian` and `aiayn export marian` refuse, each in one line that
+names the file and the field (test_marian_import.py has the folders that are not Marian
+models at all): a config aiayn's model cannot express, a tokenizer that disagrees with
+its config, weights of the wrong shape or missing, and on export a LayerNorm epsilon
+Marian cannot hold."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from aiayn import Transformer, TransformerConfig
+from aiayn.checkpoint import BEST, load_checkpoint, save_checkpoint
+from aiayn.cli import main
+from marian_util import make_marian, write_tokenizer
+
+pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refusals")
+    write_tokenizer(root / "tok")
+    make_marian(root / "hf", root / "tok")
+    return root / "hf"
+
+
+def _config(folder, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _weights(folder, change) -> None:
+    tensors = load_file(str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _shards(folder) -> None:
+    """Sharded weights with their second shard gone."""
+    from transformers import MarianMTModel
+
+    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32)
+    (folder / "model.safetensors").unlink()
+    model.save_pretrained(folder, max_shard_size="20KB")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    second = sorted(set(index["weight_map"].values()))[1]
+    (folder / second).unlink()
+
+
+def _cut(name: str, tensors: dict) -> None:
+    tensors[name] = tensors[name][..., :-1].contiguous()
+
+
+BREAKS = {
+    "heads": (
+        lambda f: _config(f, decoder_attention_heads=2),
+        r"config\.json: encoder_attention_heads=4 but decoder_attention_heads=2",
+    ),
+    "ffn": (
+        lambda f: _config(f, decoder_ffn_dim=64),
+        r"config\.json: encoder_ffn_dim=32 but decoder_ffn_dim=64",
+    ),
+    "activation": (
+        lambda f: _config(f, activation_function="tanh"),
+        r"config\.json: activation_function 'tanh' is not supported",
+    ),
+    "eos ids": (
+        lambda f: _config(f, eos_token_id=[0, 1]),
+        r"config\.json: eos_token_id \[0, 1\]: aiayn stops at one EOS id",
+    ),
+    "pad": (
+        lambda f: _config(f, pad_token_id=5),
+        r"vocab\.json: the tokenizer's pad_id is \d+, config\.json's is 5",
+    ),
+    "eos": (
+        lambda f: _config(f, eos_token_id=5, forced_eos_token_id=5),
+        r"vocab\.json: the tokenizer's eos_id is 0, config\.json's is 5",
+    ),
+    "embedding": (
+        lambda f: _weights(f, lambda t: _cut("model.shared.weight", t)),
+        r"model\.safetensors: the source embedding has shape \(\d+, 15\), config\.json says "
+        r"\(\d+, 16\)",
+    ),
+    "weight": (
+        lambda f: _weights(f, lambda t: _cut("model.encoder.layers.1.fc1.weight", t)),
+        r"model\.safetensors: weight model\.encoder\.layers\.1\.fc1\.weight has shape "
+        r"\(32, 15\), the config makes it \(32, 16\)",
+    ),
+    "attention weight": (
+        lambda f: _weights(f, lambda t: _cut("model.decoder.layers.0.encoder_attn.k_proj.bias", t)),
+        r"model\.safetensors: weight model\.decoder\.layers\.0\.encoder_attn\.k_proj\.bias has "
+        r"shape \(15,\), the config makes it \(16,\)",
+    ),
+    "shard": (_shards, r"model-00002-of-\d+\.safetensors: missing \(listed in model\.safetensors"),
+    "source.spm": (lambda f: (f / "source.spm").unlink(), r"source\.spm: missing"),
+}
+
+
+@pytest.mark.parametrize("what", list(BREAKS))
+def test_import_refusals_are_one_line_naming_file_and_field(marian, tmp_path, capsys, what):
+    folder = tmp_path / "hf"
+    shutil.copytree(marian, folder)
+    change, message = BREAKS[what]
+    change(folder)
+    capsys.readouterr()  # transformers' progress bars, when it rewrote the weights
+    out = tmp_path / "runs" / "imported"
+    assert main(["import", "marian", str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+    assert str(folder) in err
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_the_unbroken_folder_imports(marian, tmp_path):
+    """The refusals above come from each break, not from the folder they start from."""
+    assert main(["import", "marian", str(marian), "--out", str(tmp_path / "ok")]) == 0
+
+
+def test_export_refuses_another_layer_norm_epsilon(sample_model_dir, tmp_path, capsys):
+    state = load_checkpoint(sample_model_dir() / BEST)
+    cfg = TransformerConfig.from_dict({**state["config"], "layer_norm_eps": 1e-6})
+    model_dir = tmp_path / "eps"
+    path = save_checkpoint(
+        {**state, "config": cfg.to_dict(), "model": Transformer(cfg).state_dict()},
+        model_dir / BEST,
+    )
+    out = tmp_path / "hf"
+    assert main(["export", "marian", "--model", str(model_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    want = f"{path}: layer_norm_eps: Marian's LayerNorm epsilon is 1e-5, not 1e-06"
+    assert want in err, err
+    assert not out.exists()

@@ -1,0 +1,143 @@
+"""`aiayn serve`'s limit flags: each reaches its ServeConfig field (or the server call),
+their bad values are one-line errors before anything is served, and a max_batch_tokens
+below its default really bounds the batches."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+import aiayn.serve
+from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.cli import main
+from aiayn.serve import ServeConfig
+from sample_data import PAIRS
+from serve_util import ControlledTranslator, live_server, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def served(monkeypatch, sample_model_dir):
+    """Run ``aiayn serve`` with the given flags up to the server call, which records what
+    it was given instead of serving; (exit code, calls)."""
+    calls: list[dict] = []
+
+    def fake_serve(translator, cfg, host, port, threads):
+        calls.append({"cfg": cfg, "host": host, "port": port, "threads": threads})
+
+    monkeypatch.setattr(aiayn.serve, "serve", fake_serve)
+
+    def run(*flags: str) -> tuple[int, list[dict]]:
+        calls.clear()
+        return main(["serve", "--model", str(sample_model_dir()), *flags]), calls
+
+    return run
+
+
+def test_each_limit_flag_reaches_its_field(served):
+    code, calls = served(
+        "--max-batch-tokens", "512", "--max-cache-tokens", "9000", "--request-timeout", "2.5",
+        "--batch-wait-ms", "7", "--no-continuous", "--worker", "thread", "--max-queue", "33",
+        "--max-sentences", "5", "--threads", "1", "--host", "127.0.0.2", "--port", "8123",
+    )  # fmt: skip
+    assert code == 0 and len(calls) == 1
+    cfg = calls[0]["cfg"]
+    assert (cfg.max_batch_tokens, cfg.max_cache_tokens, cfg.request_timeout_s) == (512, 9000, 2.5)
+    assert (cfg.batch_wait_ms, cfg.continuous, cfg.worker) == (7.0, False, "thread")
+    assert (cfg.max_queue, cfg.max_sentences) == (33, 5)
+    assert (calls[0]["host"], calls[0]["port"], calls[0]["threads"]) == ("127.0.0.2", 8123, 1)
+
+
+def test_no_flag_keeps_every_default(served):
+    code, calls = served()
+    assert code == 0
+    cfg, default = calls[0]["cfg"], ServeConfig()
+    for field in (
+        "max_batch_tokens", "max_cache_tokens", "request_timeout_s", "batch_wait_ms",
+        "continuous", "worker", "max_queue", "max_sentences", "api_key",
+    ):  # fmt: skip
+        assert getattr(cfg, field) == getattr(default, field), field
+    assert (calls[0]["host"], calls[0]["port"], calls[0]["threads"]) == ("127.0.0.1", 8000, None)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--request-timeout", "0"], "--request-timeout must be > 0 seconds, got 0.0"),
+        (["--request-timeout", "-3"], "--request-timeout must be > 0 seconds, got -3.0"),
+        (["--request-timeout", "nan"], "--request-timeout must be > 0 seconds, got nan"),
+        (["--max-cache-tokens", "0"], "--max-cache-tokens must be >= 1, got 0"),
+        (["--max-cache-tokens", "-5"], "--max-cache-tokens must be >= 1, got -5"),
+        (["--threads", "0"], "threads must be >= 1, got 0"),
+    ],
+)
+def test_bad_limits_are_one_line_errors_before_serving(served, capsys, flags, message):
+    code, calls = served(*flags)
+    err = capsys.readouterr().err
+    assert code == 2 and calls == []
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert "Traceback" not in err
+
+
+def test_a_small_max_batch_tokens_bounds_each_batch(sample_model_dir):
+    """Six one-sentence requests queue while the model is held; with room for three of
+    them per batch they run in batches of at most three; a request over the limit alone
+    runs alone, whole."""
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    shapes: list[tuple[int, int]] = []  # (sentences, longest source) per model batch
+    hypotheses = translator.hypotheses
+
+    def recording(ids, *args, **kwargs):
+        shapes.append((len(ids), max(map(len, ids))))
+        return hypotheses(ids, *args, **kwargs)
+
+    translator.hypotheses = recording
+    sentence = PAIRS[0][0]
+    length = len(translator.encode(sentence)) + 1  # with its EOS
+    limit = 3 * length
+    assert limit < ServeConfig().max_batch_tokens
+    cfg = ServeConfig(worker="thread", continuous=False, max_batch_tokens=limit, batch_wait_ms=50)
+    with live_server(translator, cfg) as base:
+        shapes.clear()
+        translator.entered.clear()
+        translator.gate.clear()
+        answers: list[httpx.Response] = []
+
+        def post(src: list[str]) -> threading.Thread:
+            body = {"src": src, "beam": 1}
+            thread = threading.Thread(
+                target=lambda: answers.append(
+                    httpx.post(f"{base}/translate", json=body, timeout=60)
+                )
+            )
+            thread.start()
+            return thread
+
+        threads = [post([sentence])]
+        wait_for(translator.entered.is_set, "the first batch held")
+        threads += [post([sentence]) for _ in range(5)]
+        wait_for(lambda: _gauge(base, "aiayn_queue_sentences") == 5, "five queued")
+        translator.gate.set()
+        for t in threads:
+            t.join(60)
+        assert [r.status_code for r in answers] == [200] * 6
+        assert sum(n for n, _ in shapes) == 6 and all(n <= 3 for n, _ in shapes), shapes
+        assert max(n for n, _ in shapes) == 3  # they did batch, up to the limit
+        assert all(n * longest <= limit for n, longest in shapes), shapes
+        shapes.clear()
+        post([sentence] * 4).join(60)  # 4 x length > limit: runs alone, whole
+        assert answers[-1].status_code == 200 and len(answers[-1].json()["translations"]) == 4
+        assert shapes == [(4, length - 1)] or shapes == [(4, length)], shapes
+
+
+def _gauge(base: str, name: str) -> float:
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return math.nan

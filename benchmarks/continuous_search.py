@@ -5,10 +5,10 @@
 Takes the first ``--requests`` sentences of Multi30k test2016 (German; the built-in
 sample when the data is missing) and, with one torch thread:
 
-1. translates them offline with ``Translator.translate_ids`` (length-sorted batches of
+1. translates them offline with ``Translator.hypotheses`` (length-sorted batches of
    64), before each run below and after the last (the machine is shared: each run is
    compared with the mean of the offline runs around it);
-2. runs them through one ``ContinuousBeamSearch`` with ``C`` sentences in flight: each
+2. runs them through one ``BeamEngine`` with ``C`` sentences in flight: each
    sentence that is done frees its place for the next one (a server whose C clients
    answer instantly), and the waiting ones join together once they number ``--join-ratio``
    x those running, as in the server (``ServeConfig.join_ratio``), for C in
@@ -39,7 +39,7 @@ from serve_load import sentences
 def closed_loop(translator, ids: list[list[int]], concurrency: int, beam: int, ratio: float):
     """Sentences/s, mean sentences per step, seconds spent joining and the outputs (best
     ids per sentence)."""
-    search = translator.continuous_search(beam)
+    search = translator.continuous_search(translator.defaults.replace(beam=beam))
     pad_id, out = translator.model.cfg.pad_id, {}
     nxt, steps, running, joining = 0, 0, 0, 0.0
     start = time.perf_counter()
@@ -60,7 +60,8 @@ def closed_loop(translator, ids: list[list[int]], concurrency: int, beam: int, r
 
 def step_ms(translator: Translator, ids: list[list[int]], n: int, beam: int) -> float:
     """Median time of a decoding step with ``n`` sentences running (none may end)."""
-    search = translator.continuous_search(beam, max_len_a=0.0, max_len_b=200)
+    options = translator.defaults.replace(beam=beam, max_len_a=0.0, max_len_b=200)
+    search = translator.continuous_search(options)
     search.add(pad(ids[:n], translator.model.cfg.pad_id), list(range(n)))
     for _ in range(3):
         search.step()
@@ -85,11 +86,12 @@ def main() -> None:
     translator = Translator.from_dir(args.model)
     ids = [translator.encode(line) for line in lines]
     ids = [s for s in ids if s]  # a blank line never enters a search
-    translator.translate_ids(ids[:16], args.beam)  # warm-up
+    options = translator.defaults.replace(beam=args.beam)
+    translator.hypotheses(ids[:16], options)  # warm-up
 
     def offline() -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
-        out = [c[0] for c in translator.translate_ids(ids, args.beam)]
+        out = [c[0].tokens for c in translator.hypotheses(ids, options)]
         return len(ids) / (time.perf_counter() - start), out
 
     before, want = offline()

@@ -49,9 +49,9 @@ class ControlledTranslator(Translator):
         search = super().continuous_search(*args, **kwargs)
         add, step = search.add, search.step
 
-        def held_add(src, tags, *args):
+        def held_add(src, tags, *args, **kwargs):
             self.joins.append((len(search), len(tags)))
-            return add(src, tags, *args)
+            return add(src, tags, *args, **kwargs)
 
         def held_step():
             self.steps.append(len(search))

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.decode import ContinuousBeamSearch, beam_search
+from aiayn.decode import BeamEngine, DecodeOptions, beam_search
 from aiayn.errors import DecodeError, ModelInputError
-from aiayn.model.transformer import DecoderState
 from conftest import random_batch, tiny_config
 
 
@@ -75,27 +74,36 @@ def test_ragged_rows_get_the_logits_of_their_own_decoding(tiny_model):
             logits = tiny_model.decode(prefix, memory[rows], src[rows], state)[:, -1]
             for i, b in enumerate(rows):
                 torch.testing.assert_close(logits[i], alone[b][0, t - b], atol=1e-5, rtol=1e-5)
-    with pytest.raises(ModelInputError, match="one step at a time"):
+    with pytest.raises(ModelInputError, match="one step at a time"):  # padded: row 0 joined
         tiny_model.decode(tgt[rows, :2], memory[rows], src[rows], state)
 
 
-def test_only_ragged_states_crop(tiny_model):
-    """``crop`` (and ``join``) need a ragged state: a plain one gets a clear error, not an
-    AttributeError on its missing per-row keys."""
-    src, tgt = random_batch(tiny_model.cfg, [4], [3], seed=2)
-    state = DecoderState()
+def test_a_state_whose_rows_realign_is_no_longer_padded(tiny_model):
+    """Rows that started together decode unpadded (no mask: a plain cached step); a row
+    that joins later pads the state, and once it is the only row left, the crop drops its
+    padding and the state is plain again."""
+    src, tgt = random_batch(tiny_model.cfg, [4, 3], [3, 3], seed=2)
     with torch.no_grad():
-        tiny_model.decode(tgt, tiny_model.encode(src), src, state)
-    with pytest.raises(ModelInputError, match="not a ragged DecoderState"):
+        memory = tiny_model.encode(src)
+        state = tiny_model.start_state(memory[:1])
+        tiny_model.decode(tgt[:1, :1], memory[:1], src[:1], state)
+        assert state.keys is None and state.positions is None
+        state.join(tiny_model.start_state(memory[1:]))
+        assert state.keys is not None and state.keys.tolist() == [[True], [False]]
+        tiny_model.decode(tgt[:, 1:2], memory, src, state)
+        state.reorder(torch.tensor([1]))
         state.crop(src.size(1))
+        assert state.keys is None and state.offset == 1
 
 
 def test_joining_sentences_get_their_beam_search_results(varied_model):
     cfg = varied_model.cfg
     rng = random.Random(0)
     rows = sources(cfg, [rng.randint(1, 12) for _ in range(30)], seed=3)
-    want = [beam_search(varied_model, r[None], 3, n_best=3, max_len_b=10)[0] for r in rows]
-    search = ContinuousBeamSearch(varied_model, 3, max_len_b=10)
+    want = [
+        beam_search(varied_model, r[None], beam_size=3, n_best=3, max_len_b=10)[0] for r in rows
+    ]
+    search = BeamEngine(varied_model, DecodeOptions(beam=3, max_len_b=10))
     got, joined_running, next_row, steps = {}, 0, 0, 0
     while next_row < len(rows) or len(search):
         n = rng.randint(0, 3)  # 0-3 sentences join before each step
@@ -108,9 +116,10 @@ def test_joining_sentences_get_their_beam_search_results(varied_model):
             got[tag] = hyps[:3]
         steps += 1
         if len(search):  # the prefix lines up with the cache; no column is all padding
-            assert search.prefix.size(1) == search.state.offset + 1
-            assert bool(search.state.keys[:, 0].any()) or search.state.offset == 0
-            assert bool((search.src[:, -1] != cfg.pad_id).any())
+            state = search.rows.states[0]
+            assert search.decoded.size(1) == state.offset + 1
+            assert state.keys is None or bool(state.keys[:, 0].any())
+            assert bool((search.rows.src[:, -1] != cfg.pad_id).any())
     assert joined_running > 10 and steps < 150
     assert [summary(got[i]) for i in range(len(rows))] == [expected(w) for w in want]
 
@@ -123,21 +132,23 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
     with torch.no_grad():
         tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0
     a, b = sources(cfg, [9, 2], seed=11)
-    search = ContinuousBeamSearch(tiny_model, 2, max_len_a=0.0, max_len_b=6)
+    search = BeamEngine(tiny_model, DecodeOptions(beam=2, max_len_a=0.0, max_len_b=6))
     search.add(padded([a], cfg.pad_id), ["A"])
     done = [search.step(), search.step()]
     search.add(padded([b], cfg.pad_id), ["B"])
-    assert search.width == 9 and search.prefix.shape == (4, 3)
+    assert search.width == 9 and search.decoded.shape == (4, 3)
     while len(search):
         done.append(search.step())
         if len(done) == 6:  # A's 6th step: it leaves now, B has taken 4 steps
             assert [tag for tag, _ in done[-1]] == ["A"] and len(search) == 1
-            assert search.width == 2 and search.memory.shape[:2] == (1, 2)
-            assert search.state.offset == 4 and search.prefix.shape == (2, 5)
+            assert search.width == 2 and search.rows.memory[0].shape[:2] == (1, 2)
+            assert search.rows.states[0].offset == 4 and search.decoded.shape == (2, 5)
     assert len(done) == 8 and [tag for tag, _ in done[-1]] == ["B"]
     results = dict(pair for step in done for pair in step)
     for tag, src in (("A", a), ("B", b)):
-        want = beam_search(tiny_model, src[None], 2, max_len_a=0.0, max_len_b=6, n_best=2)[0]
+        want = beam_search(
+            tiny_model, src[None], beam_size=2, max_len_a=0.0, max_len_b=6, n_best=2
+        )[0]
         assert summary(results[tag][:2]) == expected(want)
         assert len(want[0].tokens) == 5  # the limit of 6 counts the EOS
 
@@ -145,7 +156,7 @@ def test_finished_sentences_leave_at_once_and_their_padding_goes(tiny_model):
 def test_remove_and_a_failing_step(varied_model):
     cfg = varied_model.cfg
     rows = sources(cfg, [4, 6, 3], seed=2)
-    search = ContinuousBeamSearch(varied_model, 2, max_len_b=20)
+    search = BeamEngine(varied_model, DecodeOptions(beam=2, max_len_b=20))
     search.add(padded(rows, cfg.pad_id), ["a", "b", "c"])
     search.step()
     search.remove({"b"})
@@ -153,7 +164,9 @@ def test_remove_and_a_failing_step(varied_model):
     results = {}
     while len(search):
         results.update(search.step())
-    want = beam_search(varied_model, padded([rows[0], rows[2]], cfg.pad_id), 2, max_len_b=20)
+    want = beam_search(
+        varied_model, padded([rows[0], rows[2]], cfg.pad_id), beam_size=2, max_len_b=20
+    )
     assert summary(results["a"][:1]) == expected(want[0])
     assert summary(results["c"][:1]) == expected(want[1])
     search.add(padded(rows, cfg.pad_id), [1, 2, 3])
@@ -161,11 +174,36 @@ def test_remove_and_a_failing_step(varied_model):
     with pytest.raises(ModelInputError):  # a bad source is refused; the batch goes on
         search.add(torch.full((1, 3), 10_000, dtype=torch.long), [4])
     assert len(search) == 3
-    search.state.keys = search.state.keys[:1]  # break the state: the next step raises
-    with pytest.raises(RuntimeError):
+    cache = search.rows.states[0].layers[0]["self"]
+    cache["k"] = cache["k"][:1]  # break the state: the next step raises
+    with pytest.raises((RuntimeError, IndexError)):
         search.step()
     assert len(search) == 0 and search.step() == []  # dropped, ready for a new batch
     with pytest.raises(DecodeError):
-        ContinuousBeamSearch(varied_model, 0)
+        BeamEngine(varied_model, 2)  # type: ignore[arg-type]  # options, not a beam size
     with pytest.raises(DecodeError):
-        ContinuousBeamSearch(varied_model, 2, max_len_b=-1)
+        BeamEngine(varied_model, DecodeOptions(sampling=True, beam=1))
+
+
+def test_a_pad_id_inside_a_source_is_not_cropped(tiny_model):
+    """A Marian source whose text holds "<pad>" has the pad id mid-sentence. When the
+    longer sentence beside it leaves, the batch is cropped to the longest source left:
+    counted up to its last real id, not as its number of non-pad ids (which would cut its
+    last column, here its EOS-like final token), so it gets its offline result."""
+    cfg = tiny_model.cfg
+    with torch.no_grad():
+        tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0  # both run to their limit of 6
+    (a,) = sources(cfg, [9], seed=11)
+    b = torch.tensor([7, 8, cfg.pad_id, 9, 10])  # 5 positions, 4 of them not pad
+    options = DecodeOptions(beam=2, n_best=2, max_len_a=0.0, max_len_b=6)
+    search = BeamEngine(tiny_model, options)
+    search.add(padded([a], cfg.pad_id), ["A"])
+    done = [search.step(), search.step()]
+    search.add(padded([b], cfg.pad_id), ["B"])
+    while len(search):
+        done.append(search.step())
+        if len(search) == 1:
+            assert search.width == 5  # cropped to B's whole source
+    results = dict(pair for step in done for pair in step)
+    want = beam_search(tiny_model, b[None], options)[0]
+    assert summary(results["B"][:2]) == expected(want)

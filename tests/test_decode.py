@@ -100,7 +100,10 @@ def test_greedy_shape_and_padding_contract():
 def test_cached_and_uncached_greedy_and_beam_agree(tiny_model):
     cfg = tiny_model.cfg
     src, _ = random_batch(cfg, [6, 3, 5, 1], [1] * 4, seed=4)
-    assert torch.equal(greedy(tiny_model, src, 15), greedy(tiny_model, src, 15, use_cache=False))
+    assert torch.equal(
+        greedy(tiny_model, src, max_new_tokens=15),
+        greedy(tiny_model, src, max_new_tokens=15, use_cache=False),
+    )
     cached = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3)
     plain = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
     for a, b in zip(cached, plain):
@@ -195,7 +198,9 @@ def test_one_length_rule_for_both_searches(tiny_model):
     hyps = beam_search(tiny_model, src, beam_size=2, max_len_a=0.5, max_len_b=1)
     assert [len(h[0].tokens) + 1 for h in hyps] == [4, 2]  # forced EOS at the limit
     # greedy is cut at the limit (no EOS reached), beam search ends with a forced EOS
-    assert [len(h[0]) for h in generate(tiny_model, src, 1, max_len_a=0.5, max_len_b=1)] == [4, 2]
+    assert [
+        len(h[0]) for h in generate(tiny_model, src, beam_size=1, max_len_a=0.5, max_len_b=1)
+    ] == [4, 2]
 
 
 def test_an_output_does_not_depend_on_the_other_sentences_of_its_batch(tiny_model):
@@ -230,7 +235,10 @@ def test_cache_survives_sentences_finishing_at_different_steps(tiny_model):
     with torch.no_grad():  # make EOS competitive so rows end at different steps
         tiny_model.tgt_embed.weight[cfg.eos_id] *= 4.0
     src, _ = random_batch(cfg, [6, 3, 5, 1, 4, 2], [1] * 6, seed=4)
-    cached, plain = greedy(tiny_model, src, 15), greedy(tiny_model, src, 15, use_cache=False)
+    cached, plain = (
+        greedy(tiny_model, src, max_new_tokens=15),
+        greedy(tiny_model, src, max_new_tokens=15, use_cache=False),
+    )
     ends = {row.index(cfg.eos_id) if cfg.eos_id in row else None for row in cached.tolist()}
     assert len(ends) >= 2, "the test needs sentences that finish at different steps"
     assert torch.equal(cached, plain)

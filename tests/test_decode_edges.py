@@ -14,12 +14,15 @@ from aiayn.errors import DecodeError
 from conftest import random_batch, tiny_config
 
 
-def test_an_int_in_place_of_options_is_max_new_tokens(tiny_model):
-    """The random tiny model never says EOS: every output runs to its limit."""
+def test_an_int_in_place_of_options_is_refused(tiny_model):
+    """Issue 41: options are a DecodeOptions or nothing; lengths go by keyword. The random
+    tiny model never says EOS: every output runs to its limit."""
     src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
-    assert greedy(tiny_model, src, 5).shape == (2, 5)
-    assert torch.equal(greedy(tiny_model, src, 5), greedy(tiny_model, src, max_new_tokens=5))
-    assert greedy(tiny_model, src, 5, max_new_tokens=3).shape == (2, 3)  # the keyword wins
+    assert greedy(tiny_model, src, max_new_tokens=5).shape == (2, 5)
+    limited = greedy(tiny_model, src, DecodeOptions(max_new_tokens=5), max_new_tokens=3)
+    assert limited.shape == (2, 3)  # the keyword wins over the options
+    with pytest.raises(DecodeError, match="options must be a DecodeOptions, got int"):
+        greedy(tiny_model, src, 5)  # type: ignore[arg-type]
     with pytest.raises(DecodeError) as e:
         greedy(tiny_model, src, DecodeOptions(beam=1, sampling=True))
     assert str(e.value) == "greedy decoding does not sample: use aiayn.decode.search"
@@ -100,17 +103,18 @@ def test_length_penalties_and_the_scores_they_give(tiny_model):
                 assert h.score == pytest.approx(h.log_prob / lp)
 
 
-def test_beam_search_takes_its_size_in_place_of_options_and_refuses_sampling(tiny_model):
+def test_beam_search_takes_its_size_by_keyword_and_refuses_sampling(tiny_model):
     src, _ = random_batch(tiny_model.cfg, [5, 3], [1, 1], seed=2)
-    sized = beam_search(tiny_model, src, 3, n_best=3, max_len_b=4)
+    sized = beam_search(tiny_model, src, beam_size=3, n_best=3, max_len_b=4)
     assert [len(h) for h in sized] == [3, 3]
     same = beam_search(tiny_model, src, DecodeOptions(beam=3, n_best=3, max_len_b=4))
     assert [[x.tokens for x in h] for h in sized] == [[x.tokens for x in h] for h in same]
-    assert [len(h) for h in beam_search(tiny_model, src, 3, beam_size=2, n_best=2)] == [2, 2]
-    with pytest.raises(DecodeError):  # 3 is the beam: n_best 4 is more than it holds
-        beam_search(tiny_model, src, 3, n_best=4)
-    with pytest.raises(DecodeError):  # the keyword's beam 2 wins over the 3
-        beam_search(tiny_model, src, 3, beam_size=2, n_best=3)
+    options = DecodeOptions(beam=3, n_best=3)
+    assert [len(h) for h in beam_search(tiny_model, src, options, beam_size=4)] == [3, 3]
+    with pytest.raises(DecodeError):  # the keyword's beam 2 wins: n_best 3 is more than it holds
+        beam_search(tiny_model, src, options, beam_size=2)
+    with pytest.raises(DecodeError, match="options must be a DecodeOptions, got int"):
+        beam_search(tiny_model, src, 3)  # type: ignore[arg-type]
     with pytest.raises(DecodeError) as e:
         beam_search(tiny_model, src, DecodeOptions(beam=1, sampling=True))
     assert str(e.value) == "beam search does not sample: use aiayn.decode.search"
@@ -140,7 +144,8 @@ def test_a_pre_ln_model_decodes_the_same_with_and_without_its_cache():
     torch.manual_seed(0)
     model = Transformer(tiny_config(norm_first=True)).eval()
     src, _ = random_batch(model.cfg, [6, 3, 5], [1, 1, 1], seed=4)
-    assert torch.equal(greedy(model, src, 12), greedy(model, src, 12, use_cache=False))
+    cached_greedy = greedy(model, src, max_new_tokens=12)
+    assert torch.equal(cached_greedy, greedy(model, src, max_new_tokens=12, use_cache=False))
     cached = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3)
     plain = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
     for a, b in zip(cached, plain):

@@ -11,6 +11,7 @@ import torch
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
+from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
 from aiayn.translator import Translator
 
@@ -30,7 +31,7 @@ def translator(sample_model_dir) -> Translator:
 def test_attention_maps_cover_every_kind_layer_and_head(translator):
     cfg = translator.model.cfg
     src = [translator.encode(s) for s in SENTENCES]
-    outs = [o[0] for o in translator.translate_ids(src, beam=2)]
+    outs = [o[0].tokens for o in translator.hypotheses(src, DecodeOptions(beam=2))]
     batched = translator.attention_maps(src, outs)
     for s_ids, o_ids, amap in zip(src, outs, batched):
         S, T = len(s_ids), len(o_ids) + 1

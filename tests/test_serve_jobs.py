@@ -14,7 +14,7 @@ import torch
 from aiayn import Transformer
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.decode import DecodeOptions
-from aiayn.decode.core import ForcedPrefix, length_limits, search_limits
+from aiayn.decode.core import forced_ids, length_limits, search_limits
 from aiayn.serve.batching import BatchWorker
 from aiayn.serve.jobs import (
     CacheBudget,
@@ -94,7 +94,7 @@ def test_the_budget_counts_a_forced_prefix_as_the_searches_do():
     options = DecodeOptions(max_len_a=0.0, max_len_b=5)  # outputs of at most 5 tokens
     budget = CacheBudget(90, 64, 0.0, 5)
     prefix = [[4] * 20]  # ... but a forced prefix of 20 needs 21, EOS included
-    forced = ForcedPrefix.make(prefix, cfg, 1, torch.device("cpu"))
+    forced = forced_ids(prefix, cfg, 1, torch.device("cpu"))
     src = torch.full((1, 3), 3)
     assert budget.output_limit(3, 20) == int(search_limits(cfg, src, options, forced)[0]) == 21
     free = Outcomes().job([[3] * 3])
@@ -141,8 +141,9 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
             assert gone.error is None
             finished[gone.job.id] = [[h.tokens for h in c] for c in gone.outputs]
     assert set(finished) == {a.id, b.id}
-    assert finished[a.id] == translator.translate_ids(a.src, beam=3)
-    assert finished[b.id] == translator.translate_ids(b.src, beam=3, alpha=1.0, n_best=2)
+    for job in (a, b):
+        offline = translator.hypotheses(job.src, job.settings)
+        assert finished[job.id] == [[h.tokens for h in c] for c in offline]
     assert batch.key is None and batch.jobs == [] and batch.width == 0
 
 
@@ -223,3 +224,81 @@ def test_a_worker_that_dies_fails_every_job_and_refuses_new_ones(translator):
         controlled.gate.set()
         worker.stop()
     assert set(worker.held().values()) == {0}
+
+
+class SlowMapsTranslator(Translator):
+    """Attention maps that wait for ``release``: the worker must go on stepping."""
+
+    entered, release = threading.Event(), threading.Event()
+
+    def attention_maps(self, *args, **kwargs):
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the maps"
+        return super().attention_maps(*args, **kwargs)
+
+
+def test_attention_maps_are_made_beside_the_running_batch(translator):
+    """A continuous job that asks for attention leaves the batch for the attention
+    thread: while its maps are being made, the worker goes on decoding other jobs."""
+    slow = SlowMapsTranslator(translator.model, translator.tokenizer)
+    worker = BatchWorker(slow, Metrics(), batch_wait_ms=0, join_ratio=0)
+    outcomes = Outcomes()
+    ids = [translator.encode(de) for de, _ in PAIRS[:2]]
+    mapped, plain = outcomes.job([ids[0]], beam=2), outcomes.job([ids[1]], beam=2)
+    mapped.attention = True
+    worker.start()
+    try:
+        worker.submit(mapped)
+        assert slow.entered.wait(30)  # its maps are being made, and held
+        worker.submit(plain)
+        assert outcomes.wait(plain, timeout=10).status is Status.DONE
+        assert mapped.id not in outcomes.got
+        slow.release.set()
+        done = outcomes.wait(mapped)
+        assert done.status is Status.DONE and done.value.attention[0] is not None
+    finally:
+        slow.release.set()
+        worker.stop()
+
+
+def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
+    """An ensemble Translator's continuous batch decodes with every model, and a job with
+    forced prefixes joins it like any other: each gets its offline hypotheses."""
+    other = Transformer(translator.model.cfg).eval()
+    other.load_state_dict(translator.model.state_dict())
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.9)  # a second member that changes the averaged distribution
+    ensemble = Translator([translator.model, other], translator.tokenizer)
+    ids = [translator.encode(de) for de, _ in PAIRS[:4]]
+    prefix = [translator.tokenizer.encode_target(t) for t in ("A", "Two men")]
+    outcomes = Outcomes()
+    free = outcomes.job(ids[:2], beam=3, n_best=2)
+    forced = outcomes.job(ids[2:], beam=3, n_best=2)
+    forced.prefix = prefix
+    assert batch_key(free, True) == batch_key(forced, True)  # one continuous batch
+    batch = RunningBatch(ensemble, CacheBudget.for_translator(10**6, ensemble))
+    batch.admit([free])
+    batch.step()
+    assert batch.admit([forced]) == []
+    finished = {}
+    while len(batch):
+        for gone in batch.step():
+            finished[gone.job.id] = [[h.tokens for h in c] for c in gone.outputs]
+    for job, alone in ((free, None), (forced, prefix)):
+        want = ensemble.hypotheses(job.src, job.settings, alone)
+        assert finished[job.id] == [[h.tokens for h in c] for c in want]
+        single = translator.hypotheses(job.src, job.settings, alone)
+        assert finished[job.id] != [[h.tokens for h in c] for c in single]  # both models
+    assert all(c[0][: len(p)] == p for c, p in zip(finished[forced.id], prefix))
+
+
+def test_serve_takes_several_models_as_an_ensemble(sample_model_dir):
+    """`aiayn serve --model A --model B` loads an ensemble, as `aiayn translate` does."""
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import translator_for
+
+    folder = str(sample_model_dir())
+    args = build_parser().parse_args(["serve", "--model", folder, "--model", folder])
+    assert args.model == [folder, folder]
+    assert len(translator_for(args).models) == 2

@@ -25,7 +25,7 @@ def fixed_steps(model: Transformer, src: Tensor, steps: int, use_cache: bool) ->
     """Exactly ``steps`` greedy steps (EOS does not stop it), with the KV cache or
     recomputing the whole prefix each step."""
     cfg = model.cfg
-    step = DecodeStep(model, src, use_cache)  # the decoders' own step
+    step = DecodeStep(model, src, use_cache=use_cache)  # the decoders' own step
     banned = banned_ids(cfg, src.device)
     prefix = torch.full((src.size(0), 1), cfg.bos_id, dtype=torch.long, device=src.device)
     for _ in range(steps):

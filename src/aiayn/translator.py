@@ -15,11 +15,11 @@ from torch import Tensor
 from aiayn.checkpoint import load_inference, resolve_checkpoint
 from aiayn.data.batching import pad, shift_target, sorted_batches
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decode import ContinuousBeamSearch, DecodeOptions, Hypothesis, search
+from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, search
 from aiayn.decode.alignment import (
     DEFAULT_LAYER,
-    cross_attention,
     hard_alignment,
+    layer_index,
     word_alignment,
     word_starts,
 )
@@ -147,39 +147,29 @@ class Translator:
     def translate(
         self,
         lines: Sequence[str],
-        options: DecodeOptions | int | None = None,
-        *,
+        options: DecodeOptions | None = None,
         prefixes: Sequence[str] | None = None,
+        *,
         first_line: int = 0,
         batch_size: int = 64,
         on_batch: Callable[[int], object] | None = None,
         **settings: Any,
     ) -> list[list[str]]:
-        """``options.n_best`` translations (best first; samples in the order drawn) for each
-        line, as texts. ``options``: a :class:`DecodeOptions` (default :attr:`defaults`:
-        beam 4 and alpha 0.6, or an imported model's generation settings; beam 1 is greedy
-        decoding); keyword ``settings`` (beam, alpha, n_best, max_len_a, max_len_b, ...)
-        override it, and an int in its place is the beam size. See :meth:`translations` for
-        ``prefixes`` and ``first_line``."""
-        found = self.translations(
-            lines,
-            options,
-            prefixes=prefixes,
-            first_line=first_line,
-            batch_size=batch_size,
-            on_batch=on_batch,
-            scores=False,
-            **settings,
+        """The texts of :meth:`translations` (same arguments): ``n_best`` per line, best
+        first (samples in the order drawn), padded with "" where a search finished fewer
+        (a blank line gets only "")."""
+        options = self.options(options, settings)
+        found = self._translations(
+            lines, options, prefixes, first_line, batch_size, on_batch, None, scores=False
         )
-        n_best = self.options(options, settings).n_best
-        return [[t.text for t in out] + [""] * (n_best - len(out)) for out in found]
+        return [n_best_texts([t.text for t in out], options.n_best) for out in found]
 
     def translations(
         self,
         lines: Sequence[str],
-        options: DecodeOptions | int | None = None,
-        *,
+        options: DecodeOptions | None = None,
         prefixes: Sequence[str] | None = None,
+        *,
         first_line: int = 0,
         batch_size: int = 64,
         on_batch: Callable[[int], object] | None = None,
@@ -189,11 +179,29 @@ class Translator:
     ) -> list[list[Translation]]:
         """For each line its outputs as :class:`Translation` objects (texts, pieces,
         log-probs, scores; word alignments too when ``alignment_layer`` is given: the
-        decoder layer, from 1, -1 the last). ``prefixes[i]`` (text) is forced as the start
-        of line i's outputs (default: ``options.prefix`` for every line). Line i is line
+        decoder layer, from 1, -1 the last). ``options``: a :class:`DecodeOptions`
+        (default :attr:`defaults`: beam 4 and alpha 0.6, or an imported model's generation
+        settings; beam 1 is greedy decoding), with the keyword ``settings`` given (beam,
+        alpha, n_best, ...) applied. ``prefixes[i]`` (text) is forced as the start of line
+        i's outputs (default: ``options.prefix`` for every line). Line i is line
         ``first_line + i`` of the whole input, which seeds its samples. ``scores=False``
         lets greedy decoding skip the log-probs (then 0)."""
         options = self.options(options, settings)
+        return self._translations(
+            lines, options, prefixes, first_line, batch_size, on_batch, alignment_layer, scores
+        )
+
+    def _translations(
+        self,
+        lines: Sequence[str],
+        options: DecodeOptions,
+        prefixes: Sequence[str] | None,
+        first_line: int,
+        batch_size: int,
+        on_batch: Callable[[int], object] | None,
+        alignment_layer: int | None,
+        scores: bool,
+    ) -> list[list[Translation]]:
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
@@ -201,25 +209,21 @@ class Translator:
         forced = [self.tokenizer.encode_target(p) if p else [] for p in texts]
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
-        out = []
-        for src_ids, candidates in zip(ids, hyps):
-            found = [self._translation(h) for h in candidates]
-            if alignment_layer is not None and found:
-                links = self.align([src_ids] * len(found), [t.ids for t in found], alignment_layer)
-                for t, pairs in zip(found, links):
-                    t.alignment = pairs
-            out.append(found)
+        out = [[self._translation(h) for h in candidates] for candidates in hyps]
+        if alignment_layer is None:
+            return out
+        for src_ids, found in zip(ids, out):
+            links = self.align(src_ids, [t.ids for t in found], alignment_layer)
+            for t, pairs in zip(found, links):
+                t.alignment = pairs
         return out
 
     def options(
-        self, options: DecodeOptions | int | None = None, settings: dict[str, Any] | None = None
+        self, options: DecodeOptions | None = None, settings: dict[str, Any] | None = None
     ) -> DecodeOptions:
         """``options`` (default: :attr:`defaults`) with the keyword ``settings`` of the
-        methods above applied (an int in place of options is the beam size); an unknown
-        setting is an error."""
-        settings = dict(settings or {})
-        if isinstance(options, int) and not isinstance(options, bool):
-            options, settings = None, {"beam": options, **settings}
+        methods above that are not None applied; an unknown setting is an error."""
+        settings = settings or {}
         unknown = sorted(set(settings) - set(DecodeOptions.__dataclass_fields__))
         if unknown:
             raise AiaynError(f"unknown decoding setting(s): {', '.join(unknown)}")
@@ -229,26 +233,6 @@ class Translator:
         piece = self.tokenizer.id_to_piece
         text = self.tokenizer.decode(h.tokens)
         return Translation(text, [piece(i) for i in h.tokens], h.tokens, h.log_prob, h.score)
-
-    def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
-        """Texts of one line's n-best ids, padded with "" to ``n_best`` entries."""
-        texts = [self.tokenizer.decode(tokens) for tokens in candidates]
-        return texts + [""] * (n_best - len(texts))
-
-    def translate_ids(
-        self,
-        ids: Sequence[Sequence[int]],
-        options: DecodeOptions | int | None = None,
-        *,
-        batch_size: int = 64,
-        on_batch: Callable[[int], object] | None = None,
-        **settings: Any,
-    ) -> list[list[list[int]]]:
-        """Like :meth:`translate` on token ids: for each row its n-best output ids (no BOS
-        or EOS), best first; an empty row gets no candidates."""
-        options = self.options(options, settings)
-        hyps = self.hypotheses(ids, options, batch_size=batch_size, on_batch=on_batch, scores=False)
-        return [[h.tokens for h in candidates] for candidates in hyps]
 
     def hypotheses(
         self,
@@ -280,87 +264,71 @@ class Translator:
                 on_batch(len(index))
         return results
 
-    def align(
+    def continuous_search(self, options: DecodeOptions) -> BeamEngine:
+        """The beam engine of these models (an ensemble too) that sentences join and leave
+        between decoding steps (``aiayn serve``'s continuous batching): feed it
+        right-padded source ids, with forced prefixes and their own ``alpha`` per add.
+        Each sentence's hypotheses are those :meth:`hypotheses` gives it with ``options``
+        (``beam >= 2``; beam 1 there is greedy decoding, which this is not)."""
+        return BeamEngine(self.models, options)
+
+    def attention_maps(
         self,
         src_ids: Sequence[Sequence[int]],
         out_ids: Sequence[Sequence[int]],
-        layer: int = DEFAULT_LAYER,
         batch_size: int = 64,
-    ) -> list[list[tuple[int, int]]]:
-        """Hard word alignments (source word, output word) of ``out_ids[i]`` to ``src_ids[i]``
-        from the first model's encoder-decoder attention at ``layer``, heads averaged
-        (:mod:`aiayn.decode.alignment`)."""
-        cfg, piece = self.model.cfg, self.tokenizer.id_to_piece
-        out: list[list[tuple[int, int]]] = [[] for _ in src_ids]
-        pairs = [i for i in range(len(src_ids)) if src_ids[i] and out_ids[i]]
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start : start + batch_size]
-            src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(self.device)
-            dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
-            weights = cross_attention(
-                self.model, src, pad(dec_in, cfg.pad_id).to(self.device), layer
-            )
-            for b, i in enumerate(chunk):
-                S, T = len(src_ids[i]), len(out_ids[i])
-                links = hard_alignment(weights[b, :T, :S].cpu())
-                src_words = word_starts([piece(t, source=True) for t in src_ids[i]])
-                tgt_words = word_starts([piece(t) for t in out_ids[i]])
-                out[i] = word_alignment(links, src_words, tgt_words)
-        return out
-
-    def continuous_search(
-        self,
-        options: DecodeOptions | int | None = None,
-        alpha: float | None = None,
-        max_len_b: int | None = None,
-        max_len_a: float | None = None,
-    ) -> ContinuousBeamSearch:
-        """A beam search on this model that sentences join and leave between decoding steps
-        (``aiayn serve``'s continuous batching): feed it right-padded source ids (each
-        add may set its own ``alpha``). Each sentence's hypotheses are those
-        :meth:`translate_ids` gives it with these settings (``beam >= 2``; beam 1 there is
-        greedy decoding, which this is not). An int in place of ``options`` is the beam."""
-        if options is None or (isinstance(options, int) and not isinstance(options, bool)):
-            options = self.defaults.replace(beam=options)
-        return ContinuousBeamSearch(
-            self.model, options, alpha, max_len_a=max_len_a, max_len_b=max_len_b
-        )
-
-    def attention_maps(
-        self, src_ids: Sequence[Sequence[int]], out_ids: Sequence[Sequence[int]]
-    ) -> list[AttentionMap]:
+    ) -> list[AttentionMap | None]:
         """The attention weights of every layer and head that produce ``out_ids[i]`` (no BOS
-        or EOS) from ``src_ids[i]``: one teacher-forced pass over the whole batch, each map
-        cut to its own sentence's lengths (padding changes no real position's weights)."""
-        if len(src_ids) != len(out_ids) or any(not s for s in src_ids):
-            raise AiaynError("attention: each sentence needs a non-empty source and an output")
-        cfg = self.model.cfg
-        if not src_ids:
-            return []
-        src = pad(src_ids, cfg.pad_id).to(self.device)  # [B, S]
-        dec_in, _ = shift_target(out_ids, cfg.bos_id, cfg.eos_id)  # BOS + output (3.1)
-        tgt_in = pad(dec_in, cfg.pad_id).to(self.device)
-        with torch.no_grad():
-            _, weights = self.model.forward_with_attention(src, tgt_in)
-        piece = self.tokenizer.id_to_piece
+        or EOS) from ``src_ids[i]`` (None for a blank source), from the first model: one
+        teacher-forced pass per batch, each map cut to its own sentence's lengths (padding
+        changes no real position's weights). Word alignments are read from these too."""
+        if len(src_ids) != len(out_ids):
+            raise AiaynError(f"attention: {len(src_ids)} sources for {len(out_ids)} outputs")
+        cfg, piece = self.model.cfg, self.tokenizer.id_to_piece
         start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
-        maps = []
-        for b, (s_ids, o_ids) in enumerate(zip(src_ids, out_ids)):
-            S, T = len(s_ids), len(o_ids) + 1
-            cols = {"encoder": S, "decoder_self": T, "cross": S}
-            rows = {"encoder": S, "decoder_self": T, "cross": T}
-            maps.append(
-                AttentionMap(
-                    source=[piece(i, source=True) for i in s_ids],
-                    target=[piece(i) for i in o_ids] + [piece(cfg.eos_id)],
-                    target_in=[start] + [piece(i) for i in o_ids],
+        maps: list[AttentionMap | None] = [None] * len(src_ids)
+        real = [i for i, s in enumerate(src_ids) if s]
+        for chunk in (real[a : a + batch_size] for a in range(0, len(real), batch_size)):
+            src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(self.device)  # [B, S]
+            dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
+            with torch.inference_mode():  # BOS + output (Section 3.1)
+                _, weights = self.model.forward_with_attention(
+                    src, pad(dec_in, cfg.pad_id).to(self.device)
+                )
+            for b, i in enumerate(chunk):
+                S, T, o_ids = len(src_ids[i]), len(out_ids[i]) + 1, out_ids[i]
+                rows = {"encoder": S, "decoder_self": T, "cross": T}
+                cols = {"encoder": S, "decoder_self": T, "cross": S}
+                maps[i] = AttentionMap(
+                    source=[piece(t, source=True) for t in src_ids[i]],
+                    target=[piece(t) for t in o_ids] + [piece(cfg.eos_id)],
+                    target_in=[start] + [piece(t) for t in o_ids],
                     weights={
                         k: [w[b, :, : rows[k], : cols[k]].float().cpu() for w in weights[k]]
                         for k in ATTENTION_KINDS
                     },
                 )
-            )
         return maps
+
+    def align(
+        self, src_ids: Sequence[int], out_ids: Sequence[Sequence[int]], layer: int = DEFAULT_LAYER
+    ) -> list[list[tuple[int, int]]]:
+        """Hard word alignments (source word, output word) of each of ``out_ids`` (one
+        line's outputs) to ``src_ids``, from :meth:`attention_maps`' encoder-decoder
+        attention at ``layer`` (from 1; -1 the last), heads averaged
+        (:mod:`aiayn.decode.alignment`)."""
+        index = layer_index(layer, self.model.cfg.decoder_layers)
+        maps = self.attention_maps([src_ids] * len(out_ids), out_ids)
+        src_words = word_starts([self.tokenizer.id_to_piece(t, source=True) for t in src_ids])
+        out: list[list[tuple[int, int]]] = []
+        for amap, ids in zip(maps, out_ids):
+            if amap is None or not ids:
+                out.append([])
+                continue
+            weights = amap.weights["cross"][index].mean(dim=0)[: len(ids)]  # [T, S]
+            tgt_words = word_starts(amap.target[: len(ids)])
+            out.append(word_alignment(hard_alignment(weights), src_words, tgt_words))
+        return out
 
     def attention(
         self, sentence: str, beam: int | None = None, alpha: float | None = None
@@ -371,8 +339,16 @@ class Translator:
         if not ids:
             raise AiaynError("attention: the sentence is empty")
         options = self.options(None, {"beam": beam, "alpha": alpha}).replace(n_best=1)
-        best = self.translate_ids([ids], options)[0]
-        return self.attention_maps([ids], [best[0] if best else []])[0]
+        best = self.hypotheses([ids], options)[0]
+        found = self.attention_maps([ids], [best[0].tokens if best else []])[0]
+        assert found is not None  # the source is not blank
+        return found
+
+
+def n_best_texts(texts: list[str], n_best: int) -> list[str]:
+    """One line's output texts padded with "" to ``n_best`` (a search may finish fewer;
+    a blank line gets none): what the command line and the server print."""
+    return texts + [""] * (n_best - len(texts))
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

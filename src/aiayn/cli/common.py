@@ -59,7 +59,7 @@ def decode_options(
     given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
     if given["sampling"] and given["beam"] is None:
         given["beam"] = 1
-    return defaults.replace(n_best=n_best, **given)
+    return defaults.given(n_best=n_best, **given)
 
 
 def translate_lines(

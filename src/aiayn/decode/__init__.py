@@ -1,17 +1,16 @@
 """Autoregressive decoding: greedy, beam search and sampling over one incremental decode
-step (one model or an ensemble), all set by one :class:`DecodeOptions`; and beam search
-with continuous batching (sentences join and leave between steps)."""
+step (one model or an ensemble), all set by one :class:`DecodeOptions`. Beam search runs
+on one :class:`BeamEngine` that sentences join and leave between steps: offline (every
+sentence at once) and in the server (continuous batching) alike."""
 
-from aiayn.decode.beam import Hypothesis, beam_search, length_penalty
-from aiayn.decode.continuous import ContinuousBeamSearch
 from aiayn.decode.core import DecodeStep, inference, length_limits
-from aiayn.decode.generate import generate, search
-from aiayn.decode.greedy import greedy
+from aiayn.decode.engine import BeamEngine, Hypothesis, length_penalty
 from aiayn.decode.options import LENGTH_PENALTIES, DecodeOptions
+from aiayn.decode.search import beam_search, generate, greedy, search
 
 __all__ = [
     "LENGTH_PENALTIES",
-    "ContinuousBeamSearch",
+    "BeamEngine",
     "DecodeOptions",
     "DecodeStep",
     "Hypothesis",

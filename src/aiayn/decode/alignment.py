@@ -26,10 +26,7 @@ def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int)
     """Encoder-decoder attention of ``layer`` (from 1; -1 is the last) averaged over the
     heads, from one teacher-forced pass over ``src [B, S]`` and ``tgt_in [B, T]`` (BOS +
     output): ``[B, T, S]``, row t the step that produced output token t."""
-    n = model.cfg.decoder_layers
-    index = layer - 1 if layer > 0 else n + layer
-    if not 0 <= index < n or layer == 0:
-        raise DecodeError(f"alignment layer {layer}: the model has decoder layers 1..{n}")
+    index = layer_index(layer, model.cfg.decoder_layers)
     was_training = model.training
     model.eval()
     try:
@@ -38,6 +35,14 @@ def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int)
     finally:
         model.train(was_training)
     return weights["cross"][index].float().mean(dim=1)
+
+
+def layer_index(layer: int, n: int) -> int:
+    """The 0-based index of decoder ``layer`` (from 1; negative: from the last) of ``n``."""
+    index = layer - 1 if layer > 0 else n + layer
+    if not 0 <= index < n or layer == 0:
+        raise DecodeError(f"alignment layer {layer}: the model has decoder layers 1..{n}")
+    return index
 
 
 def hard_alignment(weights: Tensor, skip_src: Sequence[int] = ()) -> list[int]:

@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from aiayn.config import TransformerConfig
 from aiayn.decode.options import DecodeOptions
@@ -93,13 +94,13 @@ def length_limits(
 
 
 def search_limits(
-    cfg: TransformerConfig, src: Tensor, options: DecodeOptions, prefix: ForcedPrefix | None
+    cfg: TransformerConfig, src: Tensor, options: DecodeOptions, forced: Tensor | None
 ) -> Tensor:
     """:func:`length_limits` under ``options``, raised where needed so that every sentence
-    can take its whole forced prefix and then EOS: ``[B]``."""
+    can take its whole forced prefix (:func:`forced_ids`) and then EOS: ``[B]``."""
     limits = length_limits(cfg, src, options.max_new_tokens, options.max_len_a, options.max_len_b)
-    if prefix is not None:
-        limits = torch.maximum(limits, prefix.lengths.to(limits.device) + 1)
+    if forced is not None:
+        limits = torch.maximum(limits, (forced >= 0).sum(dim=1).to(limits.device) + 1)
     return limits
 
 
@@ -113,61 +114,43 @@ def ban(scores: Tensor, banned: Tensor) -> Tensor:
     return scores.index_fill_(1, banned, float("-inf"))
 
 
-class ForcedPrefix:
-    """The first output tokens of each row, forced (a target prefix, as CTranslate2's
-    ``target_prefix``): ``ids [n, P]`` padded with -1 past each row's ``lengths [n]``.
-    Rows follow the search's rows through :meth:`keep`."""
-
-    def __init__(self, ids: Tensor, lengths: Tensor):
-        self.ids, self.lengths = ids, lengths
-
-    @classmethod
-    def make(
-        cls,
-        prefix: Sequence[Sequence[int]] | None,
-        cfg: TransformerConfig,
-        rows: int,
-        device: torch.device,
-    ) -> ForcedPrefix | None:
-        """From per-sentence id lists (``rows`` of them; None or all empty: no prefix),
-        each checked against the target vocabulary and the model's positions."""
-        if prefix is None or not any(len(p) for p in prefix):
-            return None
-        if len(prefix) != rows:
-            raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")
-        width = max(len(p) for p in prefix)
-        if width >= cfg.max_len:
-            raise DecodeError(
-                f"prefix: {width} tokens leave no room for EOS within max_len={cfg.max_len}"
-            )
-        ids = torch.full((rows, width), -1, dtype=torch.long)
-        for i, p in enumerate(prefix):
-            if p:
-                ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-        real = ids[ids >= 0]
-        if real.numel() and int(real.max()) >= cfg.tgt_vocab_size:
-            raise DecodeError(
-                f"prefix: id {int(real.max())} is outside the target vocabulary "
-                f"[0, {cfg.tgt_vocab_size})"
-            )
-        if bool(torch.isin(real, torch.tensor([cfg.eos_id, cfg.pad_id, cfg.bos_id])).any()):
-            raise DecodeError("prefix: EOS, PAD and BOS cannot be forced")
-        return cls(ids.to(device), torch.tensor([len(p) for p in prefix], device=device))
-
-    def expand(self, k: int) -> ForcedPrefix:
-        """Each row repeated ``k`` times (beams, samples)."""
-        if k == 1:
-            return self
-        return ForcedPrefix(
-            self.ids.repeat_interleave(k, dim=0), self.lengths.repeat_interleave(k, dim=0)
+def forced_ids(
+    prefix: Sequence[Sequence[int]] | None, cfg: TransformerConfig, rows: int, device: torch.device
+) -> Tensor | None:
+    """The forced first output tokens of each of ``rows`` sentences (a target prefix, as
+    CTranslate2's ``target_prefix``): ``[rows, P]``, padded with -1 past each prefix; None
+    when nothing is forced. Each prefix is checked against the target vocabulary and the
+    model's positions. The searches read column 0 at each step, then drop it."""
+    if prefix is None or not any(len(p) for p in prefix):
+        return None
+    if len(prefix) != rows:
+        raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")
+    width = max(len(p) for p in prefix)
+    if width >= cfg.max_len:
+        raise DecodeError(
+            f"prefix: {width} tokens leave no room for EOS within max_len={cfg.max_len}"
         )
+    ids = torch.full((rows, width), -1, dtype=torch.long)
+    for i, p in enumerate(prefix):
+        if p:
+            ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    real = ids[ids >= 0]
+    if real.numel() and int(real.max()) >= cfg.tgt_vocab_size:
+        raise DecodeError(
+            f"prefix: id {int(real.max())} is outside the target vocabulary "
+            f"[0, {cfg.tgt_vocab_size})"
+        )
+    if bool(torch.isin(real, torch.tensor([cfg.eos_id, cfg.pad_id, cfg.bos_id])).any()):
+        raise DecodeError("prefix: EOS, PAD and BOS cannot be forced")
+    return ids.to(device)
 
-    def at(self, t: int) -> Tensor | None:
-        """The token forced at step ``t`` per row (-1: free), or None once none is."""
-        return self.ids[:, t] if t < self.ids.size(1) else None
 
-    def keep(self, rows: Tensor) -> None:
-        self.ids, self.lengths = self.ids[rows], self.lengths[rows]
+def next_forced(forced: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """``(column 0, the rest)`` of :func:`forced_ids`: this step's forced token per row
+    (-1: free) and what later steps force (None once nothing is left)."""
+    if forced is None:
+        return None, None
+    return forced[:, 0], forced[:, 1:] if forced.size(1) > 1 else None
 
 
 def force(logp: Tensor, forced: Tensor | None) -> Tensor:
@@ -197,58 +180,65 @@ def next_logprobs(logits: Tensor, banned: Tensor, out: Tensor | None = None) -> 
 
 
 class DecodeStep:
-    """The encoder output and decoder cache of the rows still being decoded, for one model
-    or an ensemble.
+    """The rows being decoded, for one model or an ensemble: the source ``src [n, S]``
+    (right-padded), and per model its encoder output ``memory [n, S, d_model]`` and a ragged
+    :class:`~aiayn.model.transformer.DecoderState` (each row at its own target position).
 
-    ``expand`` repeats every sentence that many times (the beams of beam search, the
-    samples of sampling). With ``share=True`` (beam search: a sentence's rows only ever
-    leave together) the repeats share one row of encoder output and encoder-decoder
-    keys/values instead of holding copies. Rows are dropped with :meth:`keep` when their
-    sentences finish and reordered with :meth:`reorder` when beams are reselected, so no
-    work is spent on finished rows. ``use_cache=False`` recomputes the whole prefix every
-    step: the slow reference the cache is tested against. With several models, each keeps
-    its own memory and cache, and :meth:`logits` gives the log of their averaged
-    next-token probabilities (fairseq's ensemble rule), which works wherever one model's
-    logits do.
+    One source row serves ``group`` consecutive target rows: the beams of one sentence share
+    its encoder output and encoder-decoder keys/values instead of holding copies (beam
+    search, whose beams only leave together). ``expand`` repeats each source row that many
+    times instead (the samples of sampling, which leave one by one). Rows leave with
+    :meth:`keep`, move within their sentence with :meth:`reorder` and arrive with
+    :meth:`join`, so no work is spent on finished rows. ``use_cache=False`` recomputes the
+    whole output so far every step: the slow reference the cache is tested against (every row
+    then holds its own copy of the source). With several models, :meth:`logits` gives the
+    log of their averaged next-token probabilities (fairseq's ensemble rule).
     """
 
     def __init__(
         self,
         models: Models,
         src: Tensor,
-        use_cache: bool = True,
+        *,
+        group: int = 1,
         expand: int = 1,
-        share: bool = False,
+        use_cache: bool = True,
     ):
         self.models = as_list(models)
         self.memory = [model.encode(src) for model in self.models]  # each [B, S, d_model]
         self.src = src
-        self.group = expand if share and use_cache else 1  # target rows per memory row
-        if expand > self.group:
+        if not use_cache:  # no shared cache to read: each row its own copy of the source
+            group, expand = 1, expand * group
+        if expand > 1:
             self.memory = [m.repeat_interleave(expand, dim=0) for m in self.memory]
             self.src = src.repeat_interleave(expand, dim=0)
-        self.states = [DecoderState(group=self.group) if use_cache else None for _ in self.models]
-        # Per-step scratch reused across steps (rows only leave): a fresh [n, V] tensor
-        # every step would cost a page fault per 4 KiB on a CPU.
+        self.group = group
+        self.states: list[DecoderState] | None = None
+        if use_cache:
+            self.states = [m.start_state(mem, group) for m, mem in zip(self.models, self.memory)]
+        # Per-step scratch reused across steps (rows only leave between joins): a fresh
+        # [n, V] tensor every step would cost a page fault per 4 KiB on a CPU.
         self._scratch: dict[str, Tensor] = {}
 
-    def logits(self, prefix: Tensor) -> Tensor:
-        """prefix ``[n, t]`` (BOS + tokens so far, one row per live row) -> next-token
-        logits ``[n, V]`` (an ensemble: the log of the mean probability). The result may be
-        overwritten by the next call."""
-        out = [
-            self._logits(i, memory, state, prefix)
-            for i, (memory, state) in enumerate(zip(self.memory, self.states))
-        ]
+    @property
+    def width(self) -> int:
+        """Source positions per row (the longest source, padding included)."""
+        return self.src.size(1)
+
+    def logits(self, decoded: Tensor) -> Tensor:
+        """decoded ``[n, t]`` (BOS + tokens so far, one row per live row; with a cache only
+        its last column is read) -> next-token logits ``[n, V]`` (an ensemble: the log of
+        the mean probability). The result may be overwritten by the next call."""
+        out = [self._logits(i, decoded) for i in range(len(self.models))]
         if len(out) == 1:
             return out[0]
         logp = torch.stack([torch.log_softmax(o.float(), dim=-1) for o in out])  # [M, n, V]
         return torch.logsumexp(logp, dim=0) - math.log(len(out))
 
-    def logprobs(self, prefix: Tensor, banned: Tensor) -> Tensor:
+    def logprobs(self, decoded: Tensor, banned: Tensor) -> Tensor:
         """:func:`next_logprobs` of :meth:`logits` ``[n, V]``, in reused memory (valid
         until the next call)."""
-        return self.normalise(self.logits(prefix), banned)
+        return self.normalise(self.logits(decoded), banned)
 
     def normalise(self, logits: Tensor, banned: Tensor) -> Tensor:
         """:func:`next_logprobs` of ``logits [n, V]`` (left as they are), in reused memory
@@ -256,11 +246,11 @@ class DecodeStep:
         n, V = logits.shape
         return next_logprobs(logits, banned, self._buffer("logp", n, V, torch.float32))
 
-    def _logits(self, i: int, memory: Tensor, state: DecoderState | None, prefix: Tensor) -> Tensor:
-        model = self.models[i]
-        if state is None:
-            return model.decode(prefix, memory, self.src)[:, -1]
-        x = model.decode(prefix[:, -1:], memory, self.src, state, project=False)[:, -1]
+    def _logits(self, i: int, decoded: Tensor) -> Tensor:
+        model, memory = self.models[i], self.memory[i]
+        if self.states is None:
+            return model.decode(decoded, memory, self.src)[:, -1]
+        x = model.decode(decoded[:, -1:], memory, self.src, self.states[i], project=False)[:, -1]
         n, V, uses = x.size(0), model.cfg.tgt_vocab_size, model.projection_buffers(x)
         out = self._buffer(f"logits{i}", n, V, x.dtype) if uses >= 1 else None
         work = self._buffer("work", n, V, x.dtype) if uses == 2 else None
@@ -275,19 +265,47 @@ class DecodeStep:
         return buf[:n]
 
     def reorder(self, rows: Tensor) -> None:
-        """Reselect cached rows ``rows [n']``, each taken from a row of its own sentence
-        (beam reselection): the sentence's rows hold the same memory, so only the
-        self-attention cache moves; the encoder-decoder keys/values stay."""
-        for state in self.states:
-            if state is not None:
-                state.reorder(rows, cross=False)
+        """Reselect rows ``rows [n']``, each taken from a row of its own sentence (beam
+        reselection): a sentence's rows hold the same source, so only the self-attention
+        cache moves."""
+        for state in self.states or ():
+            state.reorder(rows, cross=False)
 
-    def keep(self, rows: Tensor) -> None:
-        """Keep only ``rows [n']`` (in that order): memory, source and cache. With shared
-        memory (``share=True``) the rows must be whole sentences, each of ``expand``
-        consecutive rows."""
-        sources = rows if self.group == 1 else rows.view(-1, self.group)[:, 0] // self.group
+    def keep(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep only target ``rows [n']`` (in that order); with ``group > 1`` they are whole
+        sentences and ``sources`` their source rows (beam moves may come in the same
+        gather)."""
+        if self.group == 1 or sources is None:
+            sources = rows if self.group == 1 else rows.view(-1, self.group)[:, 0] // self.group
         self.memory, self.src = [m[sources] for m in self.memory], self.src[sources]
-        for state in self.states:
-            if state is not None:
-                state.reorder(rows, sources)  # sources: used only when grouped
+        for state in self.states or ():
+            state.reorder(rows, sources)
+
+    def join(self, other: DecodeStep) -> None:
+        """Append the rows of ``other`` (the same models, both cached), each source padded
+        on the right to the longer one (the padding mask hides it)."""
+        if self.states is None or other.states is None:
+            raise DecodeError("only cached rows can join a running search")
+        width, pad_id = max(self.width, other.width), self.models[0].cfg.pad_id
+        self.src = torch.cat([_pad_right(s, width, pad_id) for s in (self.src, other.src)])
+        self.memory = [
+            torch.cat([_pad_right(a, width, 0.0), _pad_right(b, width, 0.0)])
+            for a, b in zip(self.memory, other.memory)
+        ]
+        for mine, theirs in zip(self.states, other.states):
+            mine.join(theirs)
+
+    def crop(self, width: int) -> None:
+        """Drop source positions past ``width`` (after the sentences with the longest
+        sources left) and the cached target columns no row uses any more."""
+        self.src, self.memory = self.src[:, :width], [m[:, :width] for m in self.memory]
+        for state in self.states or ():
+            state.crop(width)
+
+
+def _pad_right(t: Tensor, width: int, value: float) -> Tensor:
+    """Pad dim 1 of ``t`` ([n, S] or [n, S, d]) to ``width`` with ``value``."""
+    extra = width - t.size(1)
+    if not extra:
+        return t
+    return F.pad(t, (0, extra) if t.dim() == 2 else (0, 0, 0, extra), value=value)

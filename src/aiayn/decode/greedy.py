@@ -1,5 +1,11 @@
 """Greedy decoding and sampling: one candidate per row, one token per step, with a
-key/value cache (Section 6.1 uses beam search; greedy is its beam size 1)."""
+key/value cache (Section 6.1 uses beam search; greedy is its beam size 1).
+
+A loop of its own beside the beam engine, of the same shape (rows in a
+:class:`~aiayn.decode.core.DecodeStep`, forced prefixes, length limits), because a row
+here never moves: no reselection, no shared source rows (samples leave one by one), and
+greedy picks the argmax of the raw logits, which skips the softmax when no score is
+asked for."""
 
 from __future__ import annotations
 
@@ -11,51 +17,18 @@ from torch import Tensor
 
 from aiayn.decode.core import (
     DecodeStep,
-    ForcedPrefix,
     Models,
     as_list,
     ban,
     banned_ids,
+    forced_ids,
     inference,
+    next_forced,
     search_limits,
 )
-from aiayn.decode.options import DecodeOptions, resolve
+from aiayn.decode.options import DecodeOptions
 from aiayn.decode.sampling import draw, row_uniforms, sampling_probs
 from aiayn.errors import DecodeError
-
-
-def greedy(
-    model: Models,
-    src: Tensor,
-    options: DecodeOptions | int | None = None,
-    use_cache: bool = True,
-    *,
-    max_new_tokens: int | None = None,
-    max_len_a: float | None = None,
-    max_len_b: int | None = None,
-    prefix: Sequence[Sequence[int]] | None = None,
-) -> Tensor:
-    """Decode every sentence of ``src [B, S]`` at once, taking the argmax token each step.
-
-    PAD and BOS are never produced. Returns a LongTensor ``[B, L]`` of generated ids: no
-    BOS, the EOS kept where reached, ``pad_id`` after it. Lengths follow ``options`` (see
-    :class:`DecodeOptions`; the keyword settings override it, and an int in its place is
-    ``max_new_tokens``, the order before options existed): sentence i produces at most
-    ``max_len_a * src_len_i + max_len_b`` tokens (default: its real length + 50), at most
-    ``max_new_tokens``, never past the model's ``max_len``; ``L`` is the longest output.
-    ``prefix[i]`` (ids) is forced as the start of output i. Sentences that reach EOS or
-    their limit leave the batch, so no work is spent on them. ``use_cache=False``
-    recomputes the whole prefix every step (the slow reference the cache is tested
-    against). ``model`` may be a list of models: an ensemble.
-    """
-    if isinstance(options, int) and not isinstance(options, bool):
-        options, max_new_tokens = None, options if max_new_tokens is None else max_new_tokens
-    options = resolve(
-        options, max_new_tokens=max_new_tokens, max_len_a=max_len_a, max_len_b=max_len_b
-    )
-    if options.sampling:
-        raise DecodeError("greedy decoding does not sample: use aiayn.decode.search")
-    return one_per_row(model, src, options, prefix, None, use_cache, scores=False).tokens
 
 
 @dataclass
@@ -83,9 +56,9 @@ def one_per_row(
     sentence i's line index, which seeds its samples (default: its row in ``src``)."""
     cfg = as_list(models)[0].cfg
     n = options.n_best if options.sampling else 1
-    forced = ForcedPrefix.make(prefix, cfg, src.size(0), src.device)
+    forced = forced_ids(prefix, cfg, src.size(0), src.device)
     limits = search_limits(cfg, src, options, forced).repeat_interleave(n)
-    forced = forced.expand(n) if forced is not None else None
+    forced = forced.repeat_interleave(n, dim=0) if forced is not None and n > 1 else forced
     uniforms = None
     if options.sampling:
         lines = range(src.size(0)) if lines is None else lines
@@ -103,7 +76,7 @@ def _one_per_row(
     options: DecodeOptions,
     n: int,
     limits: Tensor,
-    forced: ForcedPrefix | None,
+    forced: Tensor | None,
     uniforms: Tensor | None,
     use_cache: bool,
     scores: bool,
@@ -114,14 +87,14 @@ def _one_per_row(
     out = torch.full((R, steps), cfg.pad_id, dtype=torch.long, device=device)
     total = torch.zeros(R, dtype=torch.float64, device=device)
     ended = torch.zeros(R, dtype=torch.bool, device=device)
-    step = DecodeStep(models, src, use_cache, expand=n)  # encodes (and checks) src always
+    step = DecodeStep(models, src, expand=n, use_cache=use_cache)  # encodes, checks src
     alive = torch.arange(R, device=device)  # original row of each decoding row
-    prefix = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)
+    decoded = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)
     banned = banned_ids(cfg, device)
     length = 0
     for t in range(steps):
-        logits = step.logits(prefix)  # [R', V]
-        force_now = forced.at(t) if forced is not None else None
+        logits = step.logits(decoded)  # [R', V]
+        force_now, forced = next_forced(forced)
         # Log-probs normalised over the whole vocabulary, before the ban (as in beam
         # search); one fused log_softmax, into reused memory.
         logp = step.normalise(logits, banned) if scores or options.sampling else None
@@ -151,9 +124,8 @@ def _one_per_row(
             keep = running.nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            alive, token, prefix = alive[keep], token[keep], prefix[keep]
+            alive, token, decoded = alive[keep], token[keep], decoded[keep]
             step.keep(keep)
-            if forced is not None:
-                forced.keep(keep)
-        prefix = torch.cat([prefix, token[:, None]], dim=1)
+            forced = forced[keep] if forced is not None else None
+        decoded = torch.cat([decoded, token[:, None]], dim=1)
     return RowOutputs(out[:, :length], total, ended)

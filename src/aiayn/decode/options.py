@@ -115,9 +115,14 @@ class DecodeOptions:
         return self.beam == 1 and not self.sampling
 
     def replace(self, **changes: Any) -> DecodeOptions:
-        """A copy with ``changes`` (None values are ignored), checked like a new one."""
-        changes = {k: v for k, v in changes.items() if v is not None}
+        """A copy with ``changes`` (any field, to any value, None included), checked like a
+        new one."""
         return replace(self, **changes) if changes else self
+
+    def given(self, **settings: Any) -> DecodeOptions:
+        """A copy with the ``settings`` that are not None (flags or request fields that
+        were given; the others keep these options' values), checked like a new one."""
+        return self.replace(**{k: v for k, v in settings.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -187,12 +192,11 @@ def length_rule(
 
 def resolve(options: object, **overrides: Any) -> DecodeOptions:
     """``options`` (default: ``DecodeOptions()``) with the keyword settings that are not
-    None applied: what the searches do with their keyword arguments. Any ``options`` but
-    a DecodeOptions or None (what a caller passed through, such as a bool) is a
-    DecodeError."""
+    None applied (:meth:`DecodeOptions.given`): what the keyword conveniences do, once per
+    call. Any ``options`` but a DecodeOptions or None (an int, a bool) is a DecodeError."""
     if options is not None and not isinstance(options, DecodeOptions):
         raise DecodeError(f"options must be a DecodeOptions, got {type(options).__name__}")
-    return (options or DecodeOptions()).replace(**overrides)
+    return (options or DecodeOptions()).given(**overrides)
 
 
 def _is_number(value: Any) -> bool:

@@ -23,23 +23,23 @@ class DecoderState:
     """Incremental-decoding state (fairseq-style): one cache dict per decoder layer holding
     self-attention keys/values of the steps so far and the encoder-decoder keys/values.
 
-    ``offset`` is the number of target positions already fed (cached key columns). ``reorder``
-    selects rows of the batch, for beam search (parents of the surviving beams) and for
-    dropping finished sentences.
+    ``offset`` is the number of target positions already fed (cached key columns).
+    ``reorder`` selects rows (beam parents, dropping finished sentences), :meth:`join`
+    appends another state's rows (continuous batching), :meth:`crop` drops unused columns.
 
-    A *ragged* state (``positions`` set; made by :meth:`Transformer.start_state`) lets rows
-    sit at different target positions, so that sentences can join a running batch
-    (continuous batching): row b's next position is ``positions[b]`` and its cached keys are
-    the columns where ``keys [B, offset]`` is True. A row that joins late is left-padded
-    with masked columns, so every step still appends one column for all rows. Its
+    While every row started at the same step, all sit at position ``offset`` and see every
+    cached key. Rows that join at another step make the state *padded*: row b's next
+    position is ``positions[b]`` and its cached keys are the columns where ``keys [B,
+    offset]`` is True (a late row is left-padded with masked columns, so every step still
+    appends one column for all rows); a padded state takes one step at a time. The
     encoder-decoder keys/values (like the memory and source passed to ``decode``) hold one
     row per ``group`` target rows: the beams of one sentence share them.
     """
 
     layers: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
     offset: int = 0
-    positions: Tensor | None = None  # [B] ragged only: each row's next target position
-    keys: Tensor | None = None  # [B, offset] ragged only: True at the row's real keys
+    positions: Tensor | None = None  # [B] padded only: each row's next target position
+    keys: Tensor | None = None  # [B, offset] padded only: True at the row's real keys
     group: int = 1  # target rows per source row
 
     def reorder(self, index: Tensor, sources: Tensor | None = None, cross: bool = True) -> None:
@@ -63,26 +63,31 @@ class DecoderState:
                 if rows is not None:
                     for name in ("k", "v"):
                         cache[name] = cache[name].index_select(0, rows)
-        if self.positions is not None:
-            positions, keys = self.ragged()
-            self.positions, self.keys = positions[index], keys[index]
+        if self.positions is not None and self.keys is not None:
+            self.positions, self.keys = self.positions[index], self.keys[index]
 
-    def ragged(self) -> tuple[Tensor, Tensor]:
-        """``(positions, keys)`` of a ragged state; raises for any other."""
-        if self.positions is None or self.keys is None:
-            raise ModelInputError("not a ragged DecoderState (see Transformer.start_state)")
-        return self.positions, self.keys
+    def _padding(self) -> tuple[Tensor, Tensor]:
+        """``(positions, keys)``, made up for a state that is not padded."""
+        if self.positions is not None and self.keys is not None:
+            return self.positions, self.keys
+        if not self.layers:
+            raise ModelInputError("an empty DecoderState (see Transformer.start_state)")
+        cache = self.layers[0]["self"]
+        rows = len(cache["order"]) if "order" in cache else cache["k"].size(0)
+        device = cache["k"].device
+        positions = torch.full((rows,), self.offset, dtype=torch.long, device=device)
+        return positions, torch.ones(rows, self.offset, dtype=torch.bool, device=device)
 
     def join(self, other: DecoderState) -> None:
-        """Append the rows of ``other`` (both ragged). Self-attention caches are left-padded
-        to the longer one with masked columns; encoder-decoder keys/values are right-padded
-        along the source to the longer one (pad the source ids alike: the padding mask then
-        hides these columns)."""
-        if self.positions is None or other.positions is None or self.group != other.group:
-            raise ModelInputError("only ragged states of one group size can be joined")
-        (my_positions, my_keys), (their_positions, their_keys) = self.ragged(), other.ragged()
+        """Append the rows of ``other`` (of the same group size). Self-attention caches are
+        left-padded to the longer one with masked columns; encoder-decoder keys/values are
+        right-padded along the source (pad the source ids alike: the mask hides them)."""
+        if self.group != other.group:
+            raise ModelInputError("only states of one group size can be joined")
         width = max(self.offset, other.offset)
-        for mine, theirs in zip(self.layers, other.layers):
+        aligned = self.keys is None and other.keys is None and self.offset == other.offset
+        padding = None if aligned else (self._padding(), other._padding())
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
             for kind, left in (("self", True), ("cross", False)):
                 a, b = mine[kind], theirs[kind]
                 orders = a.pop("order", None), b.pop("order", None)  # pending reorders
@@ -90,24 +95,29 @@ class DecoderState:
                 size = width if left else max(a["k"].size(2), b["k"].size(2))
                 for name in ("k", "v"):
                     a[name] = _stack([a[name], b[name]], orders, size, left)
-        self.keys = torch.cat(
-            [F.pad(k, (width - k.size(1), 0), value=False) for k in (my_keys, their_keys)]
-        )
-        self.positions = torch.cat([my_positions, their_positions])
+        if padding is not None:
+            (my_positions, my_keys), (their_positions, their_keys) = padding
+            self.keys = torch.cat(
+                [F.pad(k, (width - k.size(1), 0), value=False) for k in (my_keys, their_keys)]
+            )
+            self.positions = torch.cat([my_positions, their_positions])
         self.offset = width
 
     def crop(self, src_len: int) -> None:
-        """Drop the leading key columns that no row uses any more (ragged) and the
-        encoder-decoder keys/values past ``src_len`` source positions (after rows with the
-        longest sources left; crop the source ids alike)."""
-        _, keys = self.ragged()
-        used = keys.any(dim=0)
-        first = int(used.int().argmax()) if bool(used.any()) else self.offset
+        """Drop the key columns no row uses any more (then maybe no longer padded) and the
+        encoder-decoder keys/values past ``src_len`` (crop the source ids alike)."""
+        first = 0
+        if self.keys is not None:
+            used = self.keys.any(dim=0)
+            first = int(used.int().argmax()) if bool(used.any()) else self.offset
         for layer in self.layers:
             for name in ("k", "v"):
                 layer["self"][name] = layer["self"][name][:, :, first:]
                 layer["cross"][name] = layer["cross"][name][:, :, :src_len]
-        self.keys, self.offset = keys[:, first:], self.offset - first
+        if self.keys is not None:
+            self.keys, self.offset = self.keys[:, first:], self.offset - first
+            if bool(self.keys.all()):
+                self.positions = self.keys = None
 
 
 def _stack(parts: list[Tensor], orders: Sequence[Tensor | None], size: int, left: bool) -> Tensor:
@@ -266,9 +276,9 @@ class Transformer(nn.Module):
         own outputs, and checking them would synchronise a GPU at every step.
         """
         offset = state.offset if state is not None else 0
-        ragged = state.ragged() if state is not None and state.positions is not None else None
+        padded = None if state is None or state.positions is None else state._padding()
         vocab = self.cfg.tgt_vocab_size
-        room = self.cfg.max_len - (0 if ragged is not None else offset)
+        room = self.cfg.max_len - (0 if padded is not None else offset)
         _check_ids("tgt_in", tgt_in, vocab, room, values=offset == 0)
         group = state.group if state is not None else 1  # target rows per source row
         rows = tgt_in.size(0)
@@ -285,10 +295,10 @@ class Transformer(nn.Module):
         T = tgt_in.size(1)
         positions: int | Tensor = offset
         self_mask: Tensor | None
-        if ragged is not None:  # each row at its own position; its cached keys only
+        if padded is not None:  # each row at its own position; its cached keys only
             if T != 1:
-                raise ModelInputError(f"a ragged state takes one step at a time, got {T}")
-            positions, cached = ragged
+                raise ModelInputError(f"a padded state takes one step at a time, got {T}")
+            positions, cached = padded
             keys = torch.cat([cached, cached.new_ones(tgt_in.size(0), 1)], dim=1)
             self_mask = keys[:, None, None, :]  # [B, 1, 1, L + 1]
         elif state is None:
@@ -303,12 +313,12 @@ class Transformer(nn.Module):
         x = self.decoder(x, memory, self_mask, padding_mask(src, self.cfg.pad_id), state, weights)
         if state is not None:
             state.offset += T
-            if ragged is not None:
-                state.keys, state.positions = keys, ragged[0] + 1
+            if padded is not None:
+                state.keys, state.positions = keys, padded[0] + 1
         return self.project(x) if project else x
 
     def start_state(self, memory: Tensor, group: int = 1) -> DecoderState:
-        """A ragged :class:`DecoderState` for ``group`` target rows per source of ``memory
+        """A :class:`DecoderState` for ``group`` target rows per source of ``memory
         [B, S, d_model]`` (B * group rows: the beams of each sentence, side by side), about
         to take their first step: encoder-decoder keys/values projected once per source,
         no self-attention keys yet. :meth:`DecoderState.join` adds it to a running batch."""
@@ -317,9 +327,7 @@ class Transformer(nn.Module):
             k, v = layer.cross_attn.memory_kv(memory)
             empty = k.new_zeros(rows, k.size(1), 0, k.size(3))
             layers.append({"self": {"k": empty, "v": empty}, "cross": {"k": k, "v": v}})
-        positions = torch.zeros(rows, dtype=torch.long, device=memory.device)
-        keys = torch.zeros(rows, 0, dtype=torch.bool, device=memory.device)
-        return DecoderState(layers, 0, positions, keys, group)
+        return DecoderState(layers, 0, group=group)
 
     def projection_buffers(self, x: Tensor) -> int:
         """How many ``[n, tgt_vocab_size]`` buffers :meth:`project` writes into for a 2-D

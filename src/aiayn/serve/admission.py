@@ -29,7 +29,7 @@ from aiayn.serve.jobs import (
     TooLargeError,
 )
 from aiayn.serve.protocol import CLIENT_GONE, ApiError, TranslateRequest, request_prefixes
-from aiayn.translator import Translator
+from aiayn.translator import Translator, n_best_texts
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,8 @@ class ModelInfo:
         return frozenset({self.cfg.eos_id, self.cfg.pad_id, self.cfg.bos_id})
 
     def detokenize(self, candidates: Sequence[Sequence[int]], n_best: int) -> list[str]:
-        """Texts of one line's n-best ids, padded with "" to ``n_best`` (as the
-        Translator's)."""
-        texts = [self.tokenizer.decode(list(tokens)) for tokens in candidates]
-        return texts + [""] * (n_best - len(texts))
+        """Texts of one line's n-best ids, padded with "" to ``n_best``."""
+        return n_best_texts([self.tokenizer.decode(list(t)) for t in candidates], n_best)
 
 
 def check_attention_sentences(req: TranslateRequest, limit: int) -> None:

@@ -1,32 +1,21 @@
 """Batching across requests: one worker thread owns the model.
 
 Requests put a :class:`~aiayn.serve.jobs.Job` (their sentences' token ids and decoding
-settings) on a queue and await its reply (an asyncio future, through
-:func:`~aiayn.serve.jobs.future_reply`). The event loop never runs model code. The server
-runs this worker in a process of its own by default (:mod:`aiayn.serve.process`), or in a
-thread beside the event loop.
+settings) on a queue and await its reply (:func:`~aiayn.serve.jobs.future_reply`); the
+event loop never runs model code. The worker runs in a process of its own by default
+(:mod:`aiayn.serve.process`), or in a thread beside the event loop.
 
-Beam search (beam >= 2) is batched *continuously*: the worker runs one
-:class:`~aiayn.serve.running.RunningBatch`, and between two decoding steps the queued jobs
-with the same beam size join it (within the budgets); a job gets its results as soon as
-its last sentence is done, while the others go on. So a new request never waits for a
-whole batch to finish, and the batch stays full under steady load. Each sentence's result
-is the one the Translator gives it offline.
+Beam search (beam >= 2, forced prefixes too) is batched *continuously*: between two
+decoding steps of the one :class:`~aiayn.serve.running.RunningBatch`, queued jobs of the
+same search settings join it (within the budgets), and a job is answered as soon as its
+last sentence is done. Greedy decoding and sampling, and every job when continuous
+batching is off, go in *whole batches* of equal settings, translated in one length-sorted
+pass. Either way each sentence gets what the Translator gives it offline. Attention maps
+of continuous jobs are made on a thread of their own, so the batch never waits for them.
 
-Greedy requests (beam 1), and every request when continuous batching is off, go the
-*whole-batch* way: the worker takes the oldest job, adds the queued jobs with the same
-settings within the budgets, waits up to a short window for more, translates them in one
-length-sorted pass and hands each job its own results.
-
-A queued job that cannot join the running batch (another beam size, or greedy) lets later
-jobs join for up to ``join_wait_steps`` steps, then stops admission: the batch drains and
-the oldest job starts the next one, so nobody waits for long.
-
-Every job ends in :meth:`BatchWorker.finish`: done, failed (the model raised: every job of
-that batch gets the error), cancelled or timed out (:meth:`BatchWorker.cancel`: a queued
-job ends at once, a running one leaves the batch before the next step). If anything else
-goes wrong in the worker thread, it fails every job it holds and stops, saying why
-(:attr:`BatchWorker.failure`): no request is left waiting.
+Every job ends in :meth:`BatchWorker.finish`, whatever the ending; if anything goes wrong
+in the worker thread outside a model call, it fails every job it holds and stops, saying
+why (:attr:`BatchWorker.failure`): no request is left waiting.
 """
 
 from __future__ import annotations
@@ -36,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from aiayn.errors import AiaynError
 from aiayn.serve.jobs import (
@@ -49,11 +39,11 @@ from aiayn.serve.jobs import (
     StoppedError,
     WholeKey,
     batch_key,
-    width,
+    rows_per_sentence,
 )
 from aiayn.serve.metrics import Metrics
-from aiayn.serve.running import Left, Outputs, RunningBatch
-from aiayn.translator import AttentionMap, Translator
+from aiayn.serve.running import Left, Outputs, RunningBatch, best
+from aiayn.translator import Translator
 
 # Decoder-cache positions a batch may hold (see CacheBudget): 3 GiB for a base model in
 # fp32, 0.6 GiB for the quarter-size Multi30k model (up to twice that for the output
@@ -116,6 +106,8 @@ class BatchWorker:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
         self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
+        # Attention maps of finished continuous jobs are computed here, off the step loop.
+        self._maps = ThreadPoolExecutor(1, thread_name_prefix="aiayn-attention")
 
     def start(self) -> None:
         self._thread.start()
@@ -127,6 +119,7 @@ class BatchWorker:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._maps.shutdown(wait=True)  # the jobs that wait for their maps are answered
 
     @property
     def alive(self) -> bool:
@@ -196,7 +189,8 @@ class BatchWorker:
     def finish(self, job: Job, outcome: Outcome) -> None:
         """The one place where a job ends, whatever the ending: out of every record (the
         queue, the running batch), counted, and answered, exactly once. A running job is
-        the worker thread's: only that thread finishes it."""
+        the worker thread's: only that thread finishes it (or, once it has left the
+        batch, the attention thread)."""
         if job.status is Status.RUNNING:
             self._batch.cancel(job)  # no-op unless its sentences are still decoding
         with self._cond:
@@ -292,7 +286,7 @@ class BatchWorker:
             first = next(iter(self._queue))
             self._take(first)
             key, batch = batch_key(first, self.continuous), [first]
-            beam = width(first.settings)
+            beam = rows_per_sentence(first.settings)
             rows, longest, prefix = first.rows, first.longest, first.longest_prefix
             deadline = time.perf_counter() + self.wait_s
             full = False
@@ -320,18 +314,18 @@ class BatchWorker:
         or the oldest has waited long enough (see the class). Never blocks."""
         key = self._batch.key
         running = rows = len(self._batch)
-        longest, joining = self._batch.width, []
+        longest, prefix, joining = self._batch.width, self._batch.longest_prefix, []
         with self._cond:
             for job in self._queue:
                 if batch_key(job, self.continuous) != key:
                     if self._steps - job.queued_step >= self.join_wait_steps:
                         break  # it has waited enough: let the batch drain, it starts next
                     continue  # it may wait a few steps while later jobs join
-                grow = max(longest, job.longest)
-                if key is None or not self._fits(rows + job.rows, grow, key.beam):
+                grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
+                if key is None or not self._fits(rows + job.rows, grow, key.beam, forced):
                     break
                 joining.append(job)
-                rows, longest = rows + job.rows, grow
+                rows, longest, prefix = rows + job.rows, grow, forced
             waited = self._steps - joining[0].queued_step if joining else 0
             if rows - running < self.join_ratio * running and waited < self.join_wait_steps:
                 return []
@@ -360,28 +354,21 @@ class BatchWorker:
         for gone in left:
             if gone.error is not None:
                 self.finish(gone.job, Outcome.failed(gone.error))
+            elif gone.job.attention:  # beside the batch: its sentences never wait for maps
+                self._maps.submit(self._finish_with_maps, gone.job, gone.outputs)
             else:
-                self.finish(gone.job, self._result(gone.job, gone.outputs))
+                self.finish(gone.job, Outcome.done(Result(gone.outputs)))
 
-    def _result(self, job: Job, outputs: Outputs) -> Outcome:
-        if not job.attention:
-            return Outcome.done(Result(outputs))
+    def _finish_with_maps(self, job: Job, outputs: Outputs) -> None:
+        """On the attention thread, while the batch steps on: end a job that has left it
+        with the attention maps of its outputs (``finish`` touches no batch state)."""
         try:
-            return Outcome.done(Result(outputs, self._attention(job.src, outputs)))
+            maps = self.translator.attention_maps(job.src, best(outputs))
+            outcome = Outcome.done(Result(outputs, maps))
         except Exception as e:
             self.metrics.batch_failed()
-            return Outcome.failed(e)
-
-    def _attention(self, rows: list[list[int]], outputs: Outputs) -> list[AttentionMap | None]:
-        """The attention maps of each row's best output (None for a blank row)."""
-        real = [i for i, src in enumerate(rows) if src]
-        found = self.translator.attention_maps(
-            [rows[i] for i in real], [outputs[i][0].tokens if outputs[i] else [] for i in real]
-        )
-        maps: list[AttentionMap | None] = [None] * len(rows)
-        for i, amap in zip(real, found):
-            maps[i] = amap
-        return maps
+            outcome = Outcome.failed(e)
+        self.finish(job, outcome)
 
     # -- whole batches -----------------------------------------------------------------
     def _translate(self, batch: list[Job]) -> None:
@@ -395,7 +382,7 @@ class BatchWorker:
             outputs = self.translator.hypotheses(
                 rows, key.settings, prefixes, lines, batch_size=max(len(rows), 1)
             )
-            maps = self._attention(rows, outputs) if key.attention else None
+            maps = self.translator.attention_maps(rows, best(outputs)) if key.attention else None
         except Exception as e:  # every job of the batch gets it; the worker carries on
             self.metrics.batch_done(len(rows), ok=False)
             for job in batch:

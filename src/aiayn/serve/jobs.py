@@ -66,7 +66,7 @@ ENDINGS = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT)
 Settings = DecodeOptions
 
 
-def width(options: DecodeOptions) -> int:
+def rows_per_sentence(options: DecodeOptions) -> int:
     """Decoder rows per sentence: the beam, or the samples when sampling."""
     return options.n_best if options.sampling else options.beam
 
@@ -174,11 +174,11 @@ class Job:
 
 
 def batch_key(job: Job, continuous: bool) -> BatchKey:
-    """Jobs with equal keys may share a batch: beam search without a forced prefix joins
-    the continuous batch of its search settings (when ``continuous``); greedy decoding,
-    sampling and forced prefixes go in whole batches of equal settings."""
+    """Jobs with equal keys may share a batch: beam search (forced prefix or not) joins
+    the continuous batch of its search settings (when ``continuous``); greedy decoding
+    and sampling go in whole batches of equal settings."""
     s = job.settings
-    if continuous and s.beam > 1 and not s.sampling and job.prefix is None:
+    if continuous and s.beam > 1 and not s.sampling:
         return ContinuousKey(s.replace(alpha=0.0, n_best=1))
     return WholeKey(s, job.attention)
 
@@ -245,7 +245,7 @@ class CacheBudget:
 
     def check(self, job: Job) -> None:
         """TooLargeError when ``job`` alone is over the budget: it could never run."""
-        rows = width(job.settings)
+        rows = rows_per_sentence(job.settings)
         need = self.cost_of([job], rows)
         if need > self.max_tokens:
             per = f"{rows} samples" if job.settings.sampling else f"beam {rows}"

@@ -235,7 +235,7 @@ def request_options(
         if not 1 <= req.n_best <= limit:
             raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({limit})")
     try:
-        return defaults.replace(
+        return defaults.given(
             beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling,
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
         )  # fmt: skip

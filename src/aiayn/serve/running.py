@@ -1,6 +1,6 @@
 """The continuous batch: which jobs are in it, what they cost, and their outputs so far.
 
-One :class:`RunningBatch` owns one :class:`~aiayn.decode.ContinuousBeamSearch` and the
+One :class:`RunningBatch` owns one :class:`~aiayn.decode.BeamEngine` and the
 jobs whose sentences are in it, so there is one record of what is running: a job joins
 whole (:meth:`~RunningBatch.admit`), leaves when its last sentence is done
 (:meth:`~RunningBatch.step`) or when it is cancelled (:meth:`~RunningBatch.cancel`).
@@ -14,11 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiayn.data.batching import pad
-from aiayn.decode import ContinuousBeamSearch, Hypothesis
+from aiayn.decode import BeamEngine, Hypothesis
 from aiayn.serve.jobs import CacheBudget, ContinuousKey, Job, batch_key
 from aiayn.translator import Translator
 
 Outputs = list[list[Hypothesis]]  # per sentence of a job, its n-best hypotheses
+
+
+def best(outputs: Outputs) -> list[list[int]]:
+    """The tokens of each sentence's best hypothesis ([] for a blank line)."""
+    return [candidates[0].tokens if candidates else [] for candidates in outputs]
 
 
 @dataclass
@@ -45,7 +50,7 @@ class RunningBatch:
     def __init__(self, translator: Translator, budget: CacheBudget):
         self.translator, self.budget = translator, budget
         self.key: ContinuousKey | None = None
-        self._search: ContinuousBeamSearch[tuple[Job, int]] | None = None  # tags: (job, row)
+        self._search: BeamEngine[tuple[Job, int]] | None = None  # tags: (job, row)
         self._jobs: dict[Job, _Running] = {}
 
     def __len__(self) -> int:
@@ -63,6 +68,11 @@ class RunningBatch:
     def width(self) -> int:
         """The longest source running (0 when empty)."""
         return max((job.longest for job in self._jobs), default=0)
+
+    @property
+    def longest_prefix(self) -> int:
+        """The longest forced prefix running (0 when none)."""
+        return max((job.longest_prefix for job in self._jobs), default=0)
 
     def cost(self, joining: Sequence[Job] = ()) -> int:
         """Decoder-cache positions the batch holds at most, with ``joining`` in it too."""
@@ -91,9 +101,16 @@ class RunningBatch:
             group = [job for job in jobs if job.settings.alpha == alpha]
             rows = [src for job in group for src in job.src if src]
             tags = [(job, i) for job in group for i, src in enumerate(job.src) if src]
+            prefix = [
+                job.prefix[i] if job.prefix else []
+                for job in group
+                for i, src in enumerate(job.src)
+                if src
+            ]
             try:
                 if rows:
-                    self._search.add(pad(rows, self.translator.model.cfg.pad_id), tags, alpha)
+                    src = pad(rows, self.translator.model.cfg.pad_id)
+                    self._search.add(src, tags, prefix=prefix, alpha=alpha)
             except Exception as e:
                 left += [Left(job, error=e) for job in group]
                 continue

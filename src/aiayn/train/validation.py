@@ -101,7 +101,7 @@ def translate_texts(
     ids = [tokenizer.encode(s, limit) for s in texts]
     hyps = [""] * len(ids)
     for index, src in sorted_batches(ids, batch_size, model.cfg.pad_id):
-        nbest = generate(model, src.to(device), beam)  # eval mode inside, restored after
+        nbest = generate(model, src.to(device), beam_size=beam)  # eval mode inside, restored after
         for i, outputs in zip(index, nbest):
             hyps[i] = tokenizer.decode(outputs[0]) if outputs else ""
     return hyps

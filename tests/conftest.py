@@ -98,13 +98,21 @@ def train_sample_model(out_dir, norm_first: bool = False, steps: int = 100, seed
         [tokenizer.encode(s) for s, _ in PAIRS[:60]], [tokenizer.encode(t) for _, t in PAIRS[:60]]
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
-    for _ in range(steps):
-        loss, _, n = label_smoothed_cross_entropy(
-            model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.0
-        )
-        optimizer.zero_grad()
-        (loss / n).backward()
-        optimizer.step()
+    # One thread: the same weights whatever thread count the tests before left (the sum
+    # order moves the last digits, and 100 Adam steps carry them into the outputs that
+    # docs/figures/decoding.txt records).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(steps):
+            loss, _, n = label_smoothed_cross_entropy(
+                model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.0
+            )
+            optimizer.zero_grad()
+            (loss / n).backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     state = {
         "model": model.state_dict(),
         "config": cfg.to_dict(),

@@ -36,7 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINS = "overfit or agrees_with_teacher or finds_better or presets or alignments or cli"
 TRAINS += " or distillation or translator_of_no_model"
 MODEL_TESTS = ["test_attention.py", "test_model.py", "test_layers.py", "test_embedding.py"]
-DECODE_TESTS = ["test_decode.py", "test_decode_workflows.py", "test_decode_edges.py"]
+DECODE_TESTS = [
+    "test_decode.py",
+    "test_decode_workflows.py",
+    "test_decode_edges.py",
+    "test_beam_bounds.py",
+]
 MODULES: dict[str, tuple[str, list[str]]] = {
     "masks": ("model/masks.py", MODEL_TESTS),
     "attention": ("model/attention.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),

@@ -107,20 +107,25 @@ def add_inference_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ensemble_flags(p: argparse.ArgumentParser) -> None:
+    """--model and --checkpoint, each repeatable: one model or an ensemble."""
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="model directory from `aiayn train`; repeat it for an ensemble",
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        help="auto|averaged|best|last or a .pt file (default auto); repeat it for an "
+        "ensemble of one directory's checkpoints, or give one per --model",
+    )
+
+
 def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> None:
     if ensemble:
-        p.add_argument(
-            "--model",
-            required=True,
-            action="append",
-            help="model directory from `aiayn train`; repeat it for an ensemble",
-        )
-        p.add_argument(
-            "--checkpoint",
-            action="append",
-            help="auto|averaged|best|last or a .pt file (default auto); repeat it for an "
-            "ensemble of one directory's checkpoints, or give one per --model",
-        )
+        add_ensemble_flags(p)
     else:
         p.add_argument("--model", required=True, help="model directory from `aiayn train`")
         p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")

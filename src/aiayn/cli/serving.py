@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from aiayn.cli.common import add_inference_flags, translator_for
+from aiayn.cli.common import add_ensemble_flags, add_inference_flags, translator_for
 from aiayn.errors import AiaynError
 
 
@@ -65,18 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="an HTTP translation server with batching and a web page")
-    p.add_argument(
-        "--model",
-        required=True,
-        action="append",
-        help="model directory from `aiayn train`; repeat it for an ensemble",
-    )
-    p.add_argument(
-        "--checkpoint",
-        action="append",
-        help="auto|averaged|best|last or a .pt file (default auto); repeat it for an "
-        "ensemble of one directory's checkpoints, or give one per --model",
-    )
+    add_ensemble_flags(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     add_inference_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")

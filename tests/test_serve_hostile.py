@@ -27,7 +27,7 @@ from marian_util import write_tokenizer
 from sample_data import PAIRS
 from serve_util import ControlledTranslator, serving, wait_for, wait_warmed_up
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(120)]  # Marian fixtures read Multi30k
 
 GERMAN = [de for de, _ in PAIRS]
 SAMPLING = {"do_sample": True, "top_k": 5, "temperature": 0.7, "max_length": 40}

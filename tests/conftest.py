@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 
+import sample_data  # noqa: F401 - notes the user's data cache before it is moved below
 from aiayn import Transformer, TransformerConfig
+
+# No test writes into the user's data cache or reaches the network: the cache is a folder
+# of this session's own (subprocesses inherit it), and a download goes to a closed port
+# unless the test brings its own mirror (tests/mirror_util.py).
+SESSION_CACHE = tempfile.mkdtemp(prefix="aiayn-test-data-")
+os.environ["AIAYN_DATA"] = SESSION_CACHE
+os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
 
 
 def tiny_config(**overrides) -> TransformerConfig:
@@ -145,6 +157,8 @@ def pytest_sessionfinish(session, exitstatus):
     the marked files a second time with the data hidden (``AIAYN_MULTI30K=none``), as a
     new user's clone has none, and an unmarked reader would escape that run."""
     from sample_data import READERS
+
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
     marked = {str(item.path) for item in session.items if item.get_closest_marker("multi30k")}
     root = session.config.rootpath

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aiayn.data.datasets import cache_dir
+
 ROOT = Path(__file__).resolve().parents[1]  # tests/sample_data.py -> project root
 
 PAIRS = [
@@ -83,6 +85,10 @@ PAIRS = [
 ]
 
 
+# The user's cache of `aiayn data get`, as it was before conftest.py moved AIAYN_DATA to a
+# folder of the test session's own (so that no test writes into the user's cache).
+USER_CACHE = cache_dir()
+
 # Test files (tests/test_x.py) that read Multi30k in this session: conftest.py checks
 # that each is marked ``multi30k``, the mark CI uses to run them again without the data.
 READERS: set[str] = set()
@@ -95,12 +101,10 @@ def multi30k_dir() -> Path | None:
     as on a fresh clone without the data."""
     if os.environ.get("AIAYN_MULTI30K") == "none":
         return None
-    from aiayn.data.datasets import cache_dir
-
     candidates = [
         os.environ.get("AIAYN_MULTI30K"),
         ROOT.parent / "shared/data/multi30k",
-        cache_dir() / "multi30k",
+        USER_CACHE / "multi30k",
     ]
     for c in candidates:
         if c and all(

@@ -38,7 +38,6 @@ TINY = [
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("AIAYN_DATA", str(folder))
-    monkeypatch.delenv("AIAYN_MIRROR", raising=False)
     return folder
 
 

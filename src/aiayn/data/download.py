@@ -60,8 +60,8 @@ def fetch(
             "one (the AIAYN_DATA environment variable)"
         ) from None
     part = dest.with_name(dest.name + ".part")
-    try:
-        out = open(part, "ab")  # noqa: SIM115 - closed by _transfer; opened before connecting
+    try:  # opened before connecting: a folder it cannot write fails first
+        out = open(part, "ab")  # noqa: SIM115 - closed by the `with out` below
     except OSError as e:
         raise DownloadError(
             f"{dest.parent}: the cache folder cannot be written ({e.strerror}); make it "

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.decode import beam_search, generate, greedy, inference, length_limits, length_penalty
+from aiayn.decode import (
+    DecodeOptions,
+    beam_search,
+    greedy,
+    inference,
+    length_limits,
+    length_penalty,
+    search,
+)
 from aiayn.decode.core import DecodeStep
 from aiayn.errors import AiaynError, DecodeError
 from aiayn.model import DecoderState
@@ -172,8 +180,8 @@ def test_bad_beam_arguments():
     for alpha in (float("nan"), float("inf"), -0.5):
         with pytest.raises(DecodeError, match="alpha must be a finite number >= 0"):
             beam_search(model, src, beam_size=2, alpha=alpha)
-        with pytest.raises(DecodeError, match="alpha"):
-            generate(model, src, beam_size=1, alpha=alpha)  # greedy too: the setting is wrong
+        with pytest.raises(DecodeError, match="alpha"):  # greedy too: the setting is wrong
+            search(model, src, DecodeOptions(beam=1, alpha=alpha))
     with pytest.raises(DecodeError, match="max_len_a"):
         greedy(model, src, max_len_a=-1.0)
     with pytest.raises(DecodeError, match="max_new_tokens"):
@@ -198,9 +206,8 @@ def test_one_length_rule_for_both_searches(tiny_model):
     hyps = beam_search(tiny_model, src, beam_size=2, max_len_a=0.5, max_len_b=1)
     assert [len(h[0].tokens) + 1 for h in hyps] == [4, 2]  # forced EOS at the limit
     # greedy is cut at the limit (no EOS reached), beam search ends with a forced EOS
-    assert [
-        len(h[0]) for h in generate(tiny_model, src, beam_size=1, max_len_a=0.5, max_len_b=1)
-    ] == [4, 2]
+    found = search(tiny_model, src, DecodeOptions(beam=1, max_len_a=0.5, max_len_b=1))
+    assert [(len(h[0].tokens), h[0].eos) for h in found] == [(4, False), (2, False)]
 
 
 def test_an_output_does_not_depend_on_the_other_sentences_of_its_batch(tiny_model):

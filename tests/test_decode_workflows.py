@@ -19,6 +19,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import DecodeOptions, beam_search, greedy, length_penalty, search
 from aiayn.decode.alignment import word_starts
 from aiayn.errors import AiaynError, DecodeError
+from aiayn.inspect.maps import add_alignments
 from aiayn.train.recipe import Recipe
 from aiayn.translator import Translator
 from conftest import random_batch, small_corpus, tiny_config
@@ -192,7 +193,8 @@ def test_bad_prefixes(tiny_model):
 def test_alignments_are_word_pairs_in_range(sample_model_dir):
     translator = Translator.from_dir(sample_model_dir(False))
     lines = [s for s, _ in PAIRS[:12]]
-    found = translator.translations(lines, DecodeOptions(beam=2), alignment_layer=-1)
+    found = translator.translations(lines, DecodeOptions(beam=2))
+    add_alignments(translator, [translator.encode(line) for line in lines], found, -1)
     piece = translator.tokenizer.id_to_piece
     for line, (t,) in zip(lines, found):
         n_src = max(word_starts([piece(i) for i in translator.encode(line)])) + 1
@@ -200,7 +202,7 @@ def test_alignments_are_word_pairs_in_range(sample_model_dir):
         assert t.alignment and all(0 <= i < n_src and 0 <= j < n_tgt for i, j in t.alignment)
         assert {j for _, j in t.alignment} == set(range(n_tgt))  # every output word is linked
     with pytest.raises(DecodeError, match=r"decoder layers 1\.\.2"):
-        translator.translations(lines[:1], DecodeOptions(beam=1), alignment_layer=3)
+        add_alignments(translator, [translator.encode(lines[0])], found[:1], 3)
 
 
 def test_word_starts_merge_pieces():

@@ -13,6 +13,7 @@ from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
+from aiayn.inspect.maps import attention, attention_maps
 from aiayn.translator import Translator
 
 # Only the tests that draw need matplotlib (a dev dependency: under `make test` nothing
@@ -32,7 +33,7 @@ def test_attention_maps_cover_every_kind_layer_and_head(translator):
     cfg = translator.model.cfg
     src = [translator.encode(s) for s in SENTENCES]
     outs = [o[0].tokens for o in translator.hypotheses(src, DecodeOptions(beam=2))]
-    batched = translator.attention_maps(src, outs)
+    batched = attention_maps(translator, src, outs)
     for s_ids, o_ids, amap in zip(src, outs, batched):
         S, T = len(s_ids), len(o_ids) + 1
         assert amap.source == [translator.tokenizer.id_to_piece(i) for i in s_ids]
@@ -48,25 +49,25 @@ def test_attention_maps_cover_every_kind_layer_and_head(translator):
             assert torch.equal(w, w.tril())
     # Padding in the batch changes no sentence's weights: each equals its own pass.
     for s_ids, o_ids, amap in zip(src, outs, batched):
-        alone = translator.attention_maps([s_ids], [o_ids])[0]
+        alone = attention_maps(translator, [s_ids], [o_ids])[0]
         for kind in amap.weights:
             for a, b in zip(amap.weights[kind], alone.weights[kind]):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_attention_is_of_the_translation_it_shows(translator):
-    amap = translator.attention(SENTENCES[0], beam=4)
+    amap = attention(translator, SENTENCES[0], beam=4)
     ids = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
     assert translator.tokenizer.decode(ids) == translator.translate(SENTENCES[:1])[0][0]
     with pytest.raises(AiaynError, match="empty"):
-        translator.attention("   ")
+        attention(translator, "   ")
 
 
 @draws
 def test_plots_of_one_head_a_grid_and_a_folder(translator, tmp_path):
     from aiayn.inspect.attention import plot_all, plot_attention
 
-    amap = translator.attention(SENTENCES[1])
+    amap = attention(translator, SENTENCES[1])
     one = plot_attention(amap, tmp_path / "one.png", "encoder", layer=1, head=2)
     grid = plot_attention(amap, tmp_path / "grid.png", "decoder_self", layer=-1)
     assert one.read_bytes()[:8] == PNG and grid.read_bytes()[:8] == PNG

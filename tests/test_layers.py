@@ -1,7 +1,7 @@
 """The package's dependency contract: layers import only from layers to their left.
 
     errors -> {config, metrics, progress, distributed} -> model -> {decode, quantize, tour}
-    -> data -> checkpoint -> translator -> train -> {inspect, export, serve, marian} -> cli
+    -> data -> checkpoint -> translator -> train -> inspect -> {export, serve, marian} -> cli
 
 Checked on the source (every import statement, also those inside functions), so a change
 that makes inference depend on training, or the model on data, fails `make test`.
@@ -25,7 +25,8 @@ LAYERS = [
     {"checkpoint"},
     {"translator"},
     {"train"},
-    {"inspect", "export", "serve", "marian"},
+    {"inspect"},  # attention maps: the server's too
+    {"export", "serve", "marian"},
     {"cli"},
     {"__main__"},  # python -m aiayn: the CLI
 ]

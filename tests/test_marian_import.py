@@ -23,7 +23,7 @@ from aiayn.checkpoint import (
     load_model,
 )
 from aiayn.cli import main
-from aiayn.decode import generate
+from aiayn.decode import DecodeOptions, search
 from aiayn.marian import import_marian
 from aiayn.translator import Translator
 from marian_util import corpus_lines, make_marian, write_tokenizer
@@ -124,7 +124,8 @@ def test_greedy_equals_generate_with_one_beam(folders, name):
     model, tokenizer = load_model(model_dir / BEST)
     src, _, _ = batch(tokenizer, n=8)
     steps = 12
-    ours = generate(model, src, beam_size=1, max_len_a=0, max_len_b=steps)
+    found = search(model, src, DecodeOptions(beam=1, max_len_a=0, max_len_b=steps))
+    ours = [[h.tokens for h in hyps] for hyps in found]
     pad, eos = tokenizer.pad_id, tokenizer.eos_id
     with torch.no_grad():
         out = hf.generate(
@@ -195,9 +196,8 @@ def test_prefixes_are_target_text_and_alignments_source_pieces(folders):
     translator = Translator.from_dir(folders["separate"][1])
     tokenizer = translator.tokenizer
     prefix = "A man"
-    found = translator.translations(
-        ["Ein Mann fährt."], beam=1, prefixes=[prefix], alignment_layer=-1
-    )
+    found = translator.translations(["Ein Mann fährt."], beam=1, prefixes=[prefix])
+    add_alignments(translator, [translator.encode("Ein Mann fährt.")], found, -1)
     ids = found[0][0].ids
     assert ids[: len(tokenizer.encode_target(prefix))] == tokenizer.encode_target(prefix)
     assert tokenizer.eos_id not in ids and found[0][0].text.startswith(prefix)

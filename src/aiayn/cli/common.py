@@ -89,8 +89,13 @@ def translate_lines(
             prefixes=prefixes[share.start : share.stop] if prefixes is not None else None,
             first_line=share.start,
             on_batch=bar.update,
-            alignment_layer=alignment_layer,
             scores=getattr(args, "format", "text") == "jsonl",  # text output prints none
+        )
+    if alignment_layer is not None:
+        from aiayn.inspect.maps import add_alignments
+
+        add_alignments(
+            translator, [translator.encode(line) for line in mine], outputs, alignment_layer
         )
     return world.gather(outputs)
 

@@ -30,9 +30,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
+    from aiayn.inspect.maps import attention
 
     translator = translator_for(args)
-    amap = translator.attention(args.sentence, beam=args.beam, alpha=args.alpha)
+    amap = attention(translator, args.sentence, beam=args.beam, alpha=args.alpha)
     pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
     print("translation: " + translator.tokenizer.decode(pieces))
     layer = -1 if args.layer is None else args.layer  # the last layer unless one is chosen

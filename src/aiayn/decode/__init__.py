@@ -6,7 +6,7 @@ sentence at once) and in the server (continuous batching) alike."""
 from aiayn.decode.core import DecodeStep, inference, length_limits
 from aiayn.decode.engine import BeamEngine, Hypothesis, length_penalty
 from aiayn.decode.options import LENGTH_PENALTIES, DecodeOptions
-from aiayn.decode.search import beam_search, generate, greedy, search
+from aiayn.decode.search import beam_search, greedy, search
 
 __all__ = [
     "LENGTH_PENALTIES",
@@ -15,7 +15,6 @@ __all__ = [
     "DecodeStep",
     "Hypothesis",
     "beam_search",
-    "generate",
     "greedy",
     "inference",
     "length_limits",

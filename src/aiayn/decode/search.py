@@ -1,6 +1,6 @@
 """One entry point over every search, :func:`search`: token ids and one
-:class:`DecodeOptions` in, scored n-best hypotheses out. :func:`greedy`,
-:func:`beam_search` and :func:`generate` are keyword conveniences over it.
+:class:`DecodeOptions` in, scored n-best hypotheses out. :func:`greedy` and
+:func:`beam_search` are keyword conveniences over it.
 
 Beam search runs on the :class:`~aiayn.decode.engine.BeamEngine` the server steps too
 (every sentence added at once, stepped until none is left). Greedy decoding and sampling
@@ -145,29 +145,3 @@ def _beam(
         for i, hypotheses in engine.step():
             found[i] = hypotheses[: options.n_best]
     return found
-
-
-def generate(
-    model: Models,
-    src: Tensor,
-    options: DecodeOptions | None = None,
-    *,
-    beam_size: int | None = None,
-    alpha: float | None = None,
-    n_best: int | None = None,
-    max_len_a: float | None = None,
-    max_len_b: int | None = None,
-) -> list[list[list[int]]]:
-    """For each sentence of ``src [B, S]``, its ``n_best`` outputs best first, each a list of
-    token ids without BOS and EOS (fewer than ``n_best`` if the search finished fewer);
-    beam 1 is greedy decoding."""
-    options = resolve(
-        options,
-        beam=beam_size,
-        alpha=alpha,
-        n_best=n_best,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
-    )
-    found = search(model, src, options, scores=False)
-    return [[h.tokens for h in sentence] for sentence in found]

@@ -12,8 +12,9 @@ from torch import Tensor
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import AiaynError
+from aiayn.inspect.maps import ATTENTION_KINDS, AttentionMap, attention
 from aiayn.model.transformer import Transformer
-from aiayn.translator import ATTENTION_KINDS, AttentionMap, Translator
+from aiayn.translator import Translator
 
 TITLES = {
     "encoder": "encoder self-attention",
@@ -36,7 +37,7 @@ def attention_map(
     model: Transformer, tokenizer: Tokenizer, sentence: str, beam: int = 4
 ) -> AttentionMap:
     """Translate ``sentence`` and return every layer's attention weights for the result."""
-    return Translator(model, tokenizer).attention(sentence, beam=beam)
+    return attention(Translator(model, tokenizer), sentence, beam=beam)
 
 
 def offset_attention(weights: Tensor, offset: int = -1) -> Tensor:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiayn.errors import AiaynError
+from aiayn.inspect.maps import attention_maps
 from aiayn.serve.jobs import (
     CacheBudget,
     ContinuousKey,
@@ -363,7 +364,7 @@ class BatchWorker:
         """On the attention thread, while the batch steps on: end a job that has left it
         with the attention maps of its outputs (``finish`` touches no batch state)."""
         try:
-            maps = self.translator.attention_maps(job.src, best(outputs))
+            maps = attention_maps(self.translator, job.src, best(outputs))
             outcome = Outcome.done(Result(outputs, maps))
         except Exception as e:
             self.metrics.batch_failed()
@@ -382,7 +383,7 @@ class BatchWorker:
             outputs = self.translator.hypotheses(
                 rows, key.settings, prefixes, lines, batch_size=max(len(rows), 1)
             )
-            maps = self.translator.attention_maps(rows, best(outputs)) if key.attention else None
+            maps = attention_maps(self.translator, rows, best(outputs)) if key.attention else None
         except Exception as e:  # every job of the batch gets it; the worker carries on
             self.metrics.batch_done(len(rows), ok=False)
             for job in batch:

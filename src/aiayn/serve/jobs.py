@@ -22,7 +22,8 @@ from typing import Any
 
 from aiayn.decode import DecodeOptions, Hypothesis
 from aiayn.errors import AiaynError
-from aiayn.translator import AttentionMap, Translator
+from aiayn.inspect.maps import AttentionMap
+from aiayn.translator import Translator
 
 
 class QueueFullError(AiaynError):

@@ -21,8 +21,8 @@ from starlette.requests import ClientDisconnect
 
 from aiayn.decode import DecodeOptions
 from aiayn.errors import DecodeError
+from aiayn.inspect.maps import ATTENTION_KINDS, AttentionMap
 from aiayn.serve.metrics import Metrics
-from aiayn.translator import ATTENTION_KINDS, AttentionMap
 
 KNOWN_PATHS = {"/", "/translate", "/health", "/ready", "/info", "/metrics", "/docs"}
 CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, sent to nobody

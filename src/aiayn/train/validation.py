@@ -14,7 +14,7 @@ import torch
 
 from aiayn.data import Tokenizer, sorted_batches
 from aiayn.data.shards import PreparedSplit
-from aiayn.decode import generate
+from aiayn.decode import DecodeOptions, search
 from aiayn.distributed import World
 from aiayn.metrics import corpus_bleu
 from aiayn.model.transformer import Transformer
@@ -99,9 +99,9 @@ def translate_texts(
     training mode."""
     device, limit = next(model.parameters()).device, model.cfg.max_len - 1
     ids = [tokenizer.encode(s, limit) for s in texts]
-    hyps = [""] * len(ids)
+    hyps, options = [""] * len(ids), DecodeOptions(beam=beam)
     for index, src in sorted_batches(ids, batch_size, model.cfg.pad_id):
-        nbest = generate(model, src.to(device), beam_size=beam)  # eval mode inside, restored after
-        for i, outputs in zip(index, nbest):
-            hyps[i] = tokenizer.decode(outputs[0]) if outputs else ""
+        found = search(model, src.to(device), options, scores=False)  # eval mode inside
+        for i, outputs in zip(index, found):
+            hyps[i] = tokenizer.decode(outputs[0].tokens) if outputs else ""
     return hyps

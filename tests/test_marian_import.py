@@ -24,6 +24,7 @@ from aiayn.checkpoint import (
 )
 from aiayn.cli import main
 from aiayn.decode import DecodeOptions, search
+from aiayn.inspect.maps import add_alignments
 from aiayn.marian import import_marian
 from aiayn.translator import Translator
 from marian_util import corpus_lines, make_marian, write_tokenizer

@@ -47,12 +47,8 @@ def as_list(models: Models) -> list[Transformer]:
 def inference(models: Models) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the block, for one model or several;
     each model's training flag is restored afterwards, even if decoding raises."""
-    if isinstance(models, Transformer):
-        with _inference(models):
-            yield
-        return
     with ExitStack() as stack:
-        for model in models:
+        for model in [models] if isinstance(models, Transformer) else models:
             stack.enter_context(_inference(model))
         yield
 
@@ -234,11 +230,6 @@ class DecodeStep:
             return out[0]
         logp = torch.stack([torch.log_softmax(o.float(), dim=-1) for o in out])  # [M, n, V]
         return torch.logsumexp(logp, dim=0) - math.log(len(out))
-
-    def logprobs(self, decoded: Tensor, banned: Tensor) -> Tensor:
-        """:func:`next_logprobs` of :meth:`logits` ``[n, V]``, in reused memory (valid
-        until the next call)."""
-        return self.normalise(self.logits(decoded), banned)
 
     def normalise(self, logits: Tensor, banned: Tensor) -> Tensor:
         """:func:`next_logprobs` of ``logits [n, V]`` (left as they are), in reused memory

@@ -168,7 +168,7 @@ class BeamEngine(Generic[Tag]):
 
     def _step(self, rows: DecodeStep) -> list[tuple[Tag, list[Hypothesis]]]:
         K, decoded, sentences = self.K, self.decoded, self.sentences
-        logp = rows.logprobs(decoded, self._banned)  # [n*K, V]
+        logp = rows.normalise(rows.logits(decoded), self._banned)  # [n*K, V]
         now, self.forced = next_forced(self.forced)  # one per sentence, the same for its beams
         force(logp, now.repeat_interleave(K) if now is not None else None)
         ending = [s.steps + 1 >= s.limit for s in sentences]  # these must end now

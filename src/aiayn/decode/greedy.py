@@ -59,73 +59,56 @@ def one_per_row(
     forced = forced_ids(prefix, cfg, src.size(0), src.device)
     limits = search_limits(cfg, src, options, forced).repeat_interleave(n)
     forced = forced.repeat_interleave(n, dim=0) if forced is not None and n > 1 else forced
+    R, device = limits.numel(), src.device
+    steps = int(limits.max()) if R else 0
     uniforms = None
     if options.sampling:
         lines = range(src.size(0)) if lines is None else lines
         if len(lines) != src.size(0):
             raise DecodeError(f"{len(lines)} line indices for {src.size(0)} sentences")
-        steps = int(limits.max()) if limits.numel() else 0
-        uniforms = row_uniforms(options.seed, lines, n, steps).to(src.device)
-    with inference(models):
-        return _one_per_row(models, src, options, n, limits, forced, uniforms, use_cache, scores)
-
-
-def _one_per_row(
-    models: Models,
-    src: Tensor,
-    options: DecodeOptions,
-    n: int,
-    limits: Tensor,
-    forced: Tensor | None,
-    uniforms: Tensor | None,
-    use_cache: bool,
-    scores: bool,
-) -> RowOutputs:
-    cfg = as_list(models)[0].cfg
-    R, device = limits.numel(), src.device
-    steps = int(limits.max()) if R else 0
+        uniforms = row_uniforms(options.seed, lines, n, steps).to(device)
     out = torch.full((R, steps), cfg.pad_id, dtype=torch.long, device=device)
     total = torch.zeros(R, dtype=torch.float64, device=device)
     ended = torch.zeros(R, dtype=torch.bool, device=device)
-    step = DecodeStep(models, src, expand=n, use_cache=use_cache)  # encodes, checks src
     alive = torch.arange(R, device=device)  # original row of each decoding row
     decoded = torch.full((R, 1), cfg.bos_id, dtype=torch.long, device=device)
-    banned = banned_ids(cfg, device)
-    length = 0
-    for t in range(steps):
-        logits = step.logits(decoded)  # [R', V]
-        force_now, forced = next_forced(forced)
-        # Log-probs normalised over the whole vocabulary, before the ban (as in beam
-        # search); one fused log_softmax, into reused memory.
-        logp = step.normalise(logits, banned) if scores or options.sampling else None
-        if options.sampling:
-            assert logp is not None and uniforms is not None  # both made when sampling
-            probs = sampling_probs(logp, options.temperature, options.top_k, options.top_p)
-            token = draw(probs, uniforms[alive, t])
-        else:
-            token = ban(logits, banned).argmax(dim=-1)  # [R']: on the logits, as always
-        if force_now is not None:
-            token = torch.where(force_now >= 0, force_now, token)
-        last = limits[alive] == t + 1  # rows taking their last token
-        if options.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
-            token = torch.where(last, cfg.eos_id, token)
-        if scores:
-            assert logp is not None
-            token_logp = logp.gather(1, token[:, None]).squeeze(1).double()  # never banned
-            if options.forced_eos:
-                token_logp = token_logp.masked_fill(last, 0.0)
-            total[alive] += token_logp
-        out[alive, t] = token
-        length = t + 1
-        is_eos = token == cfg.eos_id
-        ended[alive] = is_eos
-        running = ~is_eos & ~last
-        if not bool(running.all()):
-            keep = running.nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            alive, token, decoded = alive[keep], token[keep], decoded[keep]
-            step.keep(keep)
-            forced = forced[keep] if forced is not None else None
-        decoded = torch.cat([decoded, token[:, None]], dim=1)
+    banned, length = banned_ids(cfg, device), 0
+    with inference(models):
+        step = DecodeStep(models, src, expand=n, use_cache=use_cache)  # encodes, checks src
+        for t in range(steps):
+            logits = step.logits(decoded)  # [R', V]
+            force_now, forced = next_forced(forced)
+            # Log-probs normalised over the whole vocabulary, before the ban (as in beam
+            # search); one fused log_softmax, into reused memory.
+            logp = step.normalise(logits, banned) if scores or options.sampling else None
+            if options.sampling:
+                assert logp is not None and uniforms is not None  # both made when sampling
+                probs = sampling_probs(logp, options.temperature, options.top_k, options.top_p)
+                token = draw(probs, uniforms[alive, t])
+            else:
+                token = ban(logits, banned).argmax(dim=-1)  # [R']: on the logits, as always
+            if force_now is not None:
+                token = torch.where(force_now >= 0, force_now, token)
+            last = limits[alive] == t + 1  # rows taking their last token
+            if options.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
+                token = torch.where(last, cfg.eos_id, token)
+            if scores:
+                assert logp is not None
+                token_logp = logp.gather(1, token[:, None]).squeeze(1).double()  # never banned
+                if options.forced_eos:
+                    token_logp = token_logp.masked_fill(last, 0.0)
+                total[alive] += token_logp
+            out[alive, t] = token
+            length = t + 1
+            is_eos = token == cfg.eos_id
+            ended[alive] = is_eos
+            running = ~is_eos & ~last
+            if not bool(running.all()):
+                keep = running.nonzero().squeeze(1)
+                if keep.numel() == 0:
+                    break
+                alive, token, decoded = alive[keep], token[keep], decoded[keep]
+                step.keep(keep)
+                forced = forced[keep] if forced is not None else None
+            decoded = torch.cat([decoded, token[:, None]], dim=1)
     return RowOutputs(out[:, :length], total, ended)

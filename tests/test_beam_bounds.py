@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from aiayn.decode import DecodeOptions, Hypothesis, length_penalty
-from aiayn.decode.engine import hypothesis, is_done, stop_bound
+from aiayn.decode.beam import hypothesis, is_done, stop_bound
 
 
 def finished(*scores: float) -> list[Hypothesis]:

@@ -160,7 +160,7 @@ def test_remove_and_a_failing_step(varied_model):
     search.add(padded(rows, cfg.pad_id), ["a", "b", "c"])
     search.step()
     search.remove({"b"})
-    assert len(search) == 2 and [s.tag for s in search.sentences] == ["a", "c"]
+    assert len(search) == 2 and [u.tag for u in search.units] == ["a", "c"]
     results = {}
     while len(search):
         results.update(search.step())
@@ -181,8 +181,8 @@ def test_remove_and_a_failing_step(varied_model):
     assert len(search) == 0 and search.step() == []  # dropped, ready for a new batch
     with pytest.raises(DecodeError):
         BeamEngine(varied_model, 2)  # type: ignore[arg-type]  # options, not a beam size
-    with pytest.raises(DecodeError):
-        BeamEngine(varied_model, DecodeOptions(sampling=True, beam=1))
+    with pytest.raises(DecodeError, match="beam search does not sample"):
+        BeamEngine(varied_model, DecodeOptions(sampling=True, beam=1), one_per_row=False)
 
 
 def test_a_pad_id_inside_a_source_is_not_cropped(tiny_model):

@@ -4,7 +4,7 @@ banned-token set, forced prefixes, and one incremental decode step that drops fi
 
 Like fairseq's and OpenNMT-py's generators, the searches feed the decoder one token per
 step through a key/value cache (:class:`~aiayn.model.transformer.DecoderState`), so step t
-costs O(t) attention instead of recomputing the whole prefix.
+costs O(t) attention instead of recomputing the whole output so far.
 """
 
 from __future__ import annotations
@@ -121,12 +121,12 @@ def forced_ids(
         return None
     if len(prefix) != rows:
         raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")
-    width = max(len(p) for p in prefix)
-    if width >= cfg.max_len:
+    longest = max(len(p) for p in prefix)
+    if longest >= cfg.max_len:
         raise DecodeError(
-            f"prefix: {width} tokens leave no room for EOS within max_len={cfg.max_len}"
+            f"prefix: {longest} tokens leave no room for EOS within max_len={cfg.max_len}"
         )
-    ids = torch.full((rows, width), -1, dtype=torch.long)
+    ids = torch.full((rows, longest), -1, dtype=torch.long)
     for i, p in enumerate(prefix):
         if p:
             ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)

@@ -1,19 +1,25 @@
-"""The beam search engine (Section 6.1: beam 4, alpha 0.6): sentences join between two
-decoding steps and leave as soon as they are done.
+"""The decoding engine: sentences join between two decoding steps and leave as soon as they
+are done, under every search (beam search, greedy decoding and sampling).
 
-One engine under both users, as vLLM's: offline beam search
+One engine under every user, as vLLM's: offline decoding
 (:func:`~aiayn.decode.search.search`) adds every sentence and steps until none is left;
 the server (:mod:`aiayn.serve.running`) adds requests' sentences while others run (the
 continuous batching of Hugging Face TGI and vLLM, here for an encoder-decoder model).
 
+Beam search keeps K rows per sentence that move together (the rules are
+:mod:`aiayn.decode.beam`'s). Greedy decoding and sampling are the same engine with one row
+per output that never moves: a greedy sentence has one, a sampled one ``n_best`` (its
+samples share the encoder pass and leave one by one), each taking the argmax of the raw
+logits (no softmax when no score is asked for) or a token drawn from its own stream.
+
 Each sentence keeps its own step count, length limit, forced prefix, length penalty and
-finished hypotheses; its K beams share one source row, and its rows sit at their own
-target positions in a ragged :class:`~aiayn.model.transformer.DecoderState`. So a
-sentence's result does not depend on when it joined: the same choice per step
-(:func:`select`), the same length and stopping rules. Only the padding differs (sources
-padded to the longest one running, target keys left-padded for the sentences that joined
-late), all of it masked: float noise in the last bits, as between two offline batches of
-different widths. Sentences that all join at once decode exactly as one offline batch.
+finished hypotheses; its rows sit at their own target positions in a ragged
+:class:`~aiayn.model.transformer.DecoderState`. So a sentence's result does not depend on
+when it joined: the same choice per step, the same length and stopping rules. Only the
+padding differs (sources padded to the longest one running, target keys left-padded for
+the sentences that joined late), all of it masked: float noise in the last bits, as
+between two offline batches of different widths. Sentences that all join at once decode
+exactly as one offline batch.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from aiayn.decode.beam import Hypothesis, eos_hits, hypothesis, is_done, select, stop_bound
 from aiayn.decode.core import (
     DecodeStep,
     Models,
     as_list,
+    ban,
     banned_ids,
     force,
     forced_ids,
@@ -38,68 +46,74 @@ from aiayn.decode.core import (
     search_limits,
 )
 from aiayn.decode.options import DecodeOptions
+from aiayn.decode.sampling import draw, row_uniforms, sampling_probs
 from aiayn.errors import DecodeError
 
 Tag = TypeVar("Tag", bound=Hashable)  # what a caller names its sentences by
+Done = list[tuple[Tag, list[Hypothesis]]]  # sentences that are done, with their outputs
 
 
 @dataclass
-class Hypothesis:
-    """One finished output: ``tokens`` without BOS/EOS, ``log_prob`` its total log-prob
-    under the model (the EOS's included where ``eos``), ``score`` = log_prob / lp(length)."""
+class _Unit(Generic[Tag]):
+    """What moves through the batch together: a sentence's K beams, or one output of greedy
+    decoding or sampling (``sample``: its index among the sentence's samples)."""
 
-    tokens: list[int]
-    score: float
-    log_prob: float
-    eos: bool = True  # False: it ran to its length limit without EOS (greedy, sampling)
-
-
-def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
-    """lp(Y) for an output of ``length`` tokens (EOS included): "gnmt" ((5 + |Y|) / 6) **
-    alpha (Wu et al. 2016, used by the paper), "hf" |Y| ** alpha (Hugging Face)."""
-    if kind == "hf":
-        return float(length) ** alpha
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-@dataclass
-class _Sentence(Generic[Tag]):
-    tag: Tag  # the caller's name for it
+    tag: Tag  # the caller's name for its sentence
     limit: int  # the most tokens it may produce, EOS included
     width: int  # its source length (padding excluded; a pad id inside it counts)
     options: DecodeOptions  # the engine's, with this sentence's length penalty alpha
+    sample: int = 0
     steps: int = 0  # tokens decoded so far: its rows' decoded tokens: BOS + this many
-    finished: list[Hypothesis] = field(default_factory=list)
+    log_prob: float = 0.0  # one row per unit: its total so far
+    finished: list[Hypothesis] = field(default_factory=list)  # beam search
 
 
 class BeamEngine(Generic[Tag]):
-    """Beam search over a batch that changes between steps, for one model or an ensemble.
+    """Decoding over a batch that changes between steps, for one model or an ensemble.
 
-    :meth:`add` encodes new sentences (with their forced prefixes) and appends them, K =
-    ``options.beam`` rows each; :meth:`step` advances every sentence by one token and
-    returns those that are done; :meth:`remove` drops sentences nobody waits for. The
-    options (beam, length rule, stopping) hold for every sentence; the length penalty
-    ``alpha`` only scores finished hypotheses, so each :meth:`add` may set its own.
+    :meth:`add` encodes new sentences (with their forced prefixes) and appends them;
+    :meth:`step` advances every sentence by one token and returns those that are done;
+    :meth:`remove` drops sentences nobody waits for. The options (search, length rule,
+    stopping) hold for every sentence; the length penalty ``alpha`` only scores finished
+    outputs, so each :meth:`add` may set its own. ``scores=False`` lets greedy decoding
+    skip the log-probs (then 0). Beam 1 is greedy decoding unless ``one_per_row=False``
+    (beam search of one beam: it goes on past a first EOS that an active beam may beat).
 
-    Tensors, for n running sentences and rows = n * K (sentence-major, K beams each):
-    ``rows`` (:class:`~aiayn.decode.core.DecodeStep`: source, encoder output and cache,
-    one source row per sentence); ``decoded [rows, P]`` BOS + tokens, left-padded with PAD
-    so that its columns line up with the self-attention cache; ``scores [n, K]``;
-    ``forced [n, F]`` what each sentence's next steps force (-1: free; None: nothing).
+    Tensors, for n running units of K rows (K = ``options.beam`` in beam search, else 1;
+    rows sentence-major): ``rows`` (:class:`~aiayn.decode.core.DecodeStep`: source,
+    encoder output and cache, one source row per unit); ``decoded [n*K, P]`` BOS + tokens,
+    left-padded with PAD so that its columns line up with the self-attention cache;
+    ``scores [n, K]`` the beams' log-probs; ``forced [n, F]`` what each unit's next steps
+    force (-1: free; None: nothing); ``uniforms [n, L]`` each sample's random stream.
     """
 
-    def __init__(self, models: Models, options: DecodeOptions, *, use_cache: bool = True):
-        if not isinstance(options, DecodeOptions) or options.sampling:
-            raise DecodeError("beam search takes DecodeOptions without sampling")
-        self.models, self.options, self.K = as_list(models), options, options.beam
+    def __init__(
+        self,
+        models: Models,
+        options: DecodeOptions,
+        *,
+        use_cache: bool = True,
+        scores: bool = True,
+        one_per_row: bool | None = None,
+    ):
+        if not isinstance(options, DecodeOptions):
+            raise DecodeError(f"options must be a DecodeOptions, got {type(options).__name__}")
+        if options.sampling and one_per_row is False:
+            raise DecodeError("beam search does not sample")
+        self.models, self.options = as_list(models), options
+        self.one_per_row = (
+            options.greedy or options.sampling if one_per_row is None else one_per_row
+        )
+        self.K = 1 if self.one_per_row else options.beam
         self.cfg, self.use_cache = self.models[0].cfg, use_cache
+        self.want_scores = scores or options.sampling
         self.device = next(self.models[0].parameters()).device
         self._banned = banned_ids(self.cfg, self.device)
         self._clear()
 
     def __len__(self) -> int:
         """Sentences running."""
-        return len(self.sentences)
+        return len({u.tag for u in self.units}) if self.options.sampling else len(self.units)
 
     @property
     def width(self) -> int:
@@ -107,11 +121,13 @@ class BeamEngine(Generic[Tag]):
         return self.rows.width if self.rows is not None else 0
 
     def _clear(self) -> None:
-        self.sentences: list[_Sentence[Tag]] = []
+        self.units: list[_Unit[Tag]] = []
         self.rows: DecodeStep | None = None
         self.decoded = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self.scores = torch.zeros(0, self.K, device=self.device)
         self.forced: Tensor | None = None
+        self.uniforms: Tensor | None = None
+        self._samples: dict[Tag, list[Hypothesis | None]] = {}  # a sampled sentence's so far
 
     def add(
         self,
@@ -120,42 +136,61 @@ class BeamEngine(Generic[Tag]):
         *,
         prefix: Sequence[Sequence[int]] | None = None,
         alpha: float | None = None,
+        lines: Sequence[int] | None = None,
     ) -> None:
         """Encode ``src [m, S]`` (right-padded token ids) and let those sentences join the
         running batch; ``tags[i]`` names sentence i in :meth:`step`'s results,
         ``prefix[i]`` (ids) is forced as the start of its outputs (and counts in the
-        score), ``alpha`` is their length penalty (default: the engine's). A source the
-        model rejects raises before the running batch changes."""
+        score), ``alpha`` is their length penalty (default: the engine's), ``lines[i]``
+        (default i) seeds its samples. A source the model rejects raises before the
+        running batch changes."""
         if src.size(0) != len(tags) or not len(tags):
             raise DecodeError(f"add: {src.size(0)} sentences but {len(tags)} tags")
         options = self.options if alpha is None else self.options.replace(alpha=alpha)
-        src, K = src.to(self.device), self.K
-        forced = forced_ids(prefix, self.cfg, len(tags), self.device)
+        n = options.n_best if options.sampling else 1  # units per sentence
+        src, K, m = src.to(self.device), self.K, len(tags)
+        forced = forced_ids(prefix, self.cfg, m, self.device)
         limits = search_limits(self.cfg, src, options, forced).tolist()
         real = src != self.cfg.pad_id  # a source's width: up to its last real id
         widths = torch.where(real.any(dim=1), src.size(1) - real.flip(1).int().argmax(1), 0)
+        uniforms = None
+        if options.sampling:
+            lines = range(m) if lines is None else lines
+            if len(lines) != m:
+                raise DecodeError(f"{len(lines)} line indices for {m} sentences")
+            uniforms = row_uniforms(options.seed, lines, n, max(limits)).to(self.device)
         with inference(self.models):
-            rows = DecodeStep(self.models, src, group=K, use_cache=self.use_cache)
-        scores = torch.full((len(tags), K), float("-inf"), device=self.device)
+            rows = DecodeStep(self.models, src, group=K, expand=n, use_cache=self.use_cache)
+        if forced is not None and n > 1:
+            forced = forced.repeat_interleave(n, dim=0)
+        scores = torch.full((m * n, K), float("-inf"), device=self.device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first
-        bos = torch.full((len(tags) * K, 1), self.cfg.bos_id, dtype=torch.long, device=src.device)
-        new = [_Sentence(t, n, w, options) for t, n, w in zip(tags, limits, widths.tolist())]
+        bos = torch.full((m * n * K, 1), self.cfg.bos_id, dtype=torch.long, device=self.device)
+        new = [
+            _Unit(t, limit, w, options, j)
+            for t, limit, w in zip(tags, limits, widths.tolist())
+            for j in range(n)
+        ]
+        for tag in tags if options.sampling else ():
+            self._samples[tag] = [None] * n
         if self.rows is None:
             self.rows, self.decoded, self.scores, self.forced = rows, bos, scores, forced
-            self.sentences = new
+            self.uniforms, self.units = uniforms, new
             return
         with inference(self.models):
             self.rows.join(rows)
         P = self.decoded.size(1)
         self.decoded = torch.cat([self.decoded, F.pad(bos, (P - 1, 0), value=self.cfg.pad_id)])
         self.scores = torch.cat([self.scores, scores])
-        self.forced = _stack_forced(self.forced, forced, len(self.sentences), len(new))
-        self.sentences += new
+        self.forced = _stack(self.forced, forced, len(self.units), len(new), -1)
+        self.uniforms = _stack(self.uniforms, uniforms, len(self.units), len(new), 0.0)
+        self.units += new
 
-    def step(self) -> list[tuple[Tag, list[Hypothesis]]]:
+    def step(self) -> Done:
         """Decode one token for every running sentence; returns ``(tag, hypotheses)`` of
-        the sentences that are done (they leave the batch), hypotheses best first: all the
-        finished ones (callers keep the first ``n_best``). If this raises, the running
+        the sentences that are done (they leave the batch): in beam search all its
+        finished hypotheses, best first (callers keep the first ``n_best``); else its
+        output, or its ``n_best`` samples in the order drawn. If this raises, the running
         sentences are dropped (the state may be half updated)."""
         if self.rows is None:
             return []
@@ -166,54 +201,123 @@ class BeamEngine(Generic[Tag]):
             self._clear()
             raise
 
-    def _step(self, rows: DecodeStep) -> list[tuple[Tag, list[Hypothesis]]]:
-        K, decoded, sentences = self.K, self.decoded, self.sentences
-        logp = rows.normalise(rows.logits(decoded), self._banned)  # [n*K, V]
-        now, self.forced = next_forced(self.forced)  # one per sentence, the same for its beams
+    def _step(self, rows: DecodeStep) -> Done:
+        K, decoded, units = self.K, self.decoded, self.units
+        logits = rows.logits(decoded)  # [n*K, V]
+        now, self.forced = next_forced(self.forced)  # one per unit, the same for its beams
+        ending = [u.steps + 1 >= u.limit for u in units]  # these must end now
+        choose = self._choose_one if self.one_per_row else self._choose_beams
+        scores, parent, token, keep, out = choose(rows, logits, now, ending)
+        if len(keep) == len(units):  # nobody leaves: beams move within their sentences
+            self.scores = scores
+            if parent is not None:
+                decoded = decoded.index_select(0, parent)
+                rows.reorder(parent)
+            self.decoded = torch.cat([decoded, token], dim=1)
+            return out
+        if not keep:
+            self._clear()
+            return out
+        # The units that are done leave in the same gather as the beam moves.
+        kept = torch.tensor(keep, device=self.device)
+        parent = parent.view(-1, K)[kept].view(-1) if parent is not None else kept
+        self.scores = scores[kept]
+        token = token.view(-1, K)[kept].view(-1, 1)
+        self.decoded = torch.cat([decoded.index_select(0, parent), token], dim=1)
+        rows.keep(parent, kept)
+        self._leave(keep, kept)
+        return out
+
+    def _choose_beams(
+        self, rows: DecodeStep, logits: Tensor, now: Tensor | None, ending: list[bool]
+    ) -> tuple[Tensor, Tensor | None, Tensor, list[int], Done]:
+        """Beam search's step (:mod:`aiayn.decode.beam`): the beams' new ``scores [n, K]``,
+        their ``parent`` rows and new ``token [n*K, 1]``, the units that go on, and the
+        sentences that are done."""
+        K, units = self.K, self.units
+        logp = rows.normalise(logits, self._banned)  # [n*K, V]
         force(logp, now.repeat_interleave(K) if now is not None else None)
-        ending = [s.steps + 1 >= s.limit for s in sentences]  # these must end now
         top_scores, beam, is_eos, scores, parent, token = select(
             self.scores, logp, ending, self.cfg.eos_id, self.options.forced_eos
         )
         groups, hit_rows, log_probs = eos_hits(beam, is_eos, top_scores)
         if groups:
-            P, hits = decoded.size(1), decoded.index_select(0, hit_rows).tolist()
+            P, hits = self.decoded.size(1), self.decoded.index_select(0, hit_rows).tolist()
             for g, row, log_prob in zip(groups, hits, log_probs):
-                sentence = sentences[g]  # its tokens: the last `steps` columns
-                o = sentence.options
-                tokens = row[P - sentence.steps :]
-                sentence.finished.append(hypothesis(tokens, log_prob, o.alpha, o.length_penalty))
+                unit, o = units[g], units[g].options  # its tokens: the last `steps` columns
+                tokens = row[P - unit.steps :]
+                unit.finished.append(hypothesis(tokens, log_prob, o.alpha, o.length_penalty))
         best = scores.max(dim=1).values.tolist()
         keep: list[int] = []
-        out: list[tuple[Tag, list[Hypothesis]]] = []
-        for i, (sentence, b, end) in enumerate(zip(sentences, best, ending)):
-            sentence.steps += 1
-            bound = stop_bound(sentence.options, sentence.limit, sentence.steps)
-            if end or is_done(sentence.finished, b, bound, K):
-                out.append((sentence.tag, sorted(sentence.finished, key=_score, reverse=True)))
+        out: Done = []
+        for i, (unit, b, end) in enumerate(zip(units, best, ending)):
+            unit.steps += 1
+            bound = stop_bound(unit.options, unit.limit, unit.steps)
+            if end or is_done(unit.finished, b, bound, K):
+                out.append((unit.tag, sorted(unit.finished, key=_score, reverse=True)))
             else:
                 keep.append(i)
-        if not keep:
-            self._clear()
-            return out
-        if not out:  # beams move within their sentences: the source side stays
-            self.scores = scores
-            self.decoded = torch.cat([decoded.index_select(0, parent), token], dim=1)
-            rows.reorder(parent)
-            return out
-        # The sentences that are done leave in the same gather as the beam moves.
-        kept = torch.tensor(keep, device=self.device)
-        parent, token = parent.view(-1, K)[kept].view(-1), token.view(-1, K)[kept]
-        self.scores = scores[kept]
-        self.decoded = torch.cat([decoded.index_select(0, parent), token.view(-1, 1)], dim=1)
-        rows.keep(parent, kept)
-        self._leave(keep, kept)
-        return out
+        return scores, parent, token, keep, out
+
+    def _choose_one(
+        self, rows: DecodeStep, logits: Tensor, now: Tensor | None, ending: list[bool]
+    ) -> tuple[Tensor, Tensor | None, Tensor, list[int], Done]:
+        """Greedy decoding's or sampling's step: each row's token (``[n, 1]``; forced,
+        else the argmax or a draw), the rows that go on (not at EOS or their limit), and
+        the sentences that are done."""
+        o, units, eos = self.options, self.units, self.cfg.eos_id
+        # Log-probs normalised over the whole vocabulary, before the ban (as in beam
+        # search); one fused log_softmax, into reused memory.
+        logp = rows.normalise(logits, self._banned) if self.want_scores else None
+        if o.sampling:
+            assert logp is not None and self.uniforms is not None  # both made when sampling
+            steps = torch.tensor([u.steps for u in units], device=self.device)
+            probs = sampling_probs(logp, o.temperature, o.top_k, o.top_p)
+            token = draw(probs, self.uniforms.gather(1, steps[:, None]).squeeze(1))
+        else:
+            token = ban(logits, self._banned).argmax(dim=-1)  # [n]: on the logits, as always
+        if now is not None:
+            token = torch.where(now >= 0, now, token)
+        last = torch.tensor(ending, device=self.device)
+        if o.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
+            token = torch.where(last, eos, token)
+        gained = [0.0] * len(units)
+        if logp is not None:
+            token_logp = logp.gather(1, token[:, None]).squeeze(1).double()  # never banned
+            gained = (token_logp.masked_fill(last, 0.0) if o.forced_eos else token_logp).tolist()
+        tokens, is_eos = token.tolist(), (token == eos).tolist()
+        keep: list[int] = []
+        out: Done = []
+        P = self.decoded.size(1)
+        for i, (unit, g, end) in enumerate(zip(units, gained, ending)):
+            unit.steps += 1
+            unit.log_prob += g
+            if not (end or is_eos[i]):
+                keep.append(i)
+                continue
+            alpha, kind = unit.options.alpha, unit.options.length_penalty
+            if not unit.limit:  # no token allowed: it decoded one for nothing
+                h = hypothesis([], 0.0, alpha, kind, eos=False)
+            else:  # its tokens: the last `steps - 1` columns, then this one (not EOS)
+                row = self.decoded[i, P - unit.steps + 1 :].tolist()
+                row += [] if is_eos[i] else [tokens[i]]
+                h = hypothesis(row, unit.log_prob, alpha, kind, bool(is_eos[i]))
+            samples = self._samples.get(unit.tag)
+            if samples is None:
+                out.append((unit.tag, [h]))
+                continue
+            samples[unit.sample] = h
+            if all(x is not None for x in samples):
+                out.append((unit.tag, [x for x in samples if x is not None]))
+                del self._samples[unit.tag]
+        return self.scores, None, token[:, None], keep, out
 
     def remove(self, tags: set[Tag]) -> None:
         """Drop the running sentences named in ``tags`` (their requests went away)."""
-        keep = [i for i, s in enumerate(self.sentences) if s.tag not in tags]
-        if len(keep) == len(self.sentences) or self.rows is None:
+        for tag in tags:
+            self._samples.pop(tag, None)
+        keep = [i for i, u in enumerate(self.units) if u.tag not in tags]
+        if len(keep) == len(self.units) or self.rows is None:
             return
         if not keep:
             self._clear()
@@ -226,116 +330,30 @@ class BeamEngine(Generic[Tag]):
             self._leave(keep, kept)
 
     def _leave(self, keep: list[int], kept: Tensor) -> None:
-        """Keep only sentences ``keep`` (their rows already kept), and drop the columns
-        that are padding for every row left: the longest source and the longest running
-        output may have been among the sentences that left."""
+        """Keep only units ``keep`` (their rows already kept), and drop the columns that
+        are padding for every row left: the longest source and the longest running output
+        may have been among the units that left."""
         assert self.rows is not None
-        self.sentences = [self.sentences[i] for i in keep]
+        self.units = [self.units[i] for i in keep]
         self.forced = self.forced[kept] if self.forced is not None else None
-        width, states = max(s.width for s in self.sentences), self.rows.states
+        self.uniforms = self.uniforms[kept] if self.uniforms is not None else None
+        width, states = max(u.width for u in self.units), self.rows.states
         if width < self.rows.width or (states is not None and states[0].keys is not None):
             self.rows.crop(width)
         if states is not None:
             self.decoded = self.decoded[:, self.decoded.size(1) - states[0].offset - 1 :]
 
 
-def _stack_forced(a: Tensor | None, b: Tensor | None, n_a: int, n_b: int) -> Tensor | None:
-    """The forced ids of ``n_a`` running sentences (``a``) then ``n_b`` joining ones."""
+def _stack(a: Tensor | None, b: Tensor | None, n_a: int, n_b: int, fill: float) -> Tensor | None:
+    """Per-unit rows of ``n_a`` running units (``a``) then ``n_b`` joining ones (forced
+    ids, random streams; None: no unit has any), right-padded with ``fill``."""
     if a is None and b is None:
         return None
-    parts = [t if t is not None else torch.full((n, 1), -1) for t, n in ((a, n_a), (b, n_b))]
-    width = max(t.size(1) for t in parts)
-    device = (a if a is not None else b).device  # type: ignore[union-attr]
-    return torch.cat([F.pad(t.to(device), (0, width - t.size(1)), value=-1) for t in parts])
-
-
-def select(
-    scores: Tensor,
-    logp: Tensor,
-    ending: list[bool],
-    eos_id: int,
-    eos_scores_zero: bool = False,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """One step's choice for n sentences of K beams.
-
-    ``scores [n, K]`` are the beams' log-probs so far; ``logp [n*K, V]`` the next-token
-    log-probs (:func:`~aiayn.decode.core.next_logprobs`; banned ids at -inf). The beams of
-    sentences with ``ending[i]`` may only take EOS (``logp`` is changed in place for
-    them), which adds its log-prob to the score, or 0 with ``eos_scores_zero`` (Hugging
-    Face's ``forced_eos_token_id``). Returns the 2K best candidates of each sentence
-    (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``) and
-    the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
-    ``[n*K]`` and ``token [n*K, 1]``.
-
-    The 2K best of a sentence's K x V candidates are among the 2K best of each beam's own
-    V (one beam's candidates all shift by its score), so each row's top 2K are found
-    first and only those K x 2K are ranked: the K x V sums are never formed.
-    """
-    n, K = scores.shape
-    device = scores.device
-    if any(ending):
-        at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
-        eos = 0.0 if eos_scores_zero else logp[at_limit, eos_id]
-        logp[at_limit] = float("-inf")
-        logp[at_limit, eos_id] = eos
-    k = min(2 * K, logp.size(-1))
-    top_logp, top_tokens = logp.topk(k, dim=-1)  # [n*K, k]
-    cand = (scores.view(-1, 1) + top_logp).view(n, K * k)
-    top_scores, pos = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
-    beam, token = pos // k, top_tokens.view(n, K * k).gather(1, pos)
-    is_eos = token == eos_id
-    # The best K non-EOS candidates continue.
-    rank = torch.where(is_eos, 2 * K, torch.arange(2 * K, device=device))
-    pick = rank.argsort(dim=1, stable=True)[:, :K]  # [n, K]
-    next_scores = top_scores.gather(1, pick)
-    parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
-    return top_scores, beam, is_eos, next_scores, parent, token.gather(1, pick).view(-1, 1)
-
-
-def eos_hits(
-    beam: Tensor, is_eos: Tensor, top_scores: Tensor
-) -> tuple[list[int], Tensor, list[float]]:
-    """EOS among the best K candidates of a sentence ends that hypothesis (as fairseq
-    does). Returns, for each such hit in order, its sentence index (a list), the row of its
-    parent beam (a LongTensor, to gather the parents' tokens at once) and its log-prob."""
-    K = beam.size(1) // 2
-    hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
-    if not hits.numel():
-        return [], hits.new_empty(0), []
-    g, j = hits[:, 0], hits[:, 1]
-    return g.tolist(), g * K + beam[g, j], top_scores[g, j].tolist()
-
-
-def hypothesis(tokens: list[int], log_prob: float, alpha: float, kind: str = "gnmt") -> Hypothesis:
-    """A finished hypothesis (``tokens`` without BOS/EOS), scored with the length penalty
-    of its length with the EOS."""
-    return Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha, kind), log_prob)
-
-
-def is_done(finished: list[Hypothesis], best_active: float, lp_max: float, K: int) -> bool:
-    """A sentence is done when K hypotheses have finished and no active beam can still
-    beat the K-th best of them (so an early, poor EOS cannot end the search): its best
-    log-prob over ``lp_max``, the largest length penalty it can reach (0: K finished is
-    enough). With log-probs <= 0 an active beam's final score can never exceed that."""
-    if best_active == float("-inf"):
-        return True
-    if len(finished) < K:
-        return False
-    if lp_max == 0:
-        return True
-    kth = sorted((h.score for h in finished), reverse=True)[K - 1]
-    return kth >= best_active / lp_max
-
-
-def stop_bound(options: DecodeOptions, limit: int, steps: int) -> float:
-    """The length penalty :func:`is_done` divides the best active log-prob by, after
-    ``steps`` tokens of a sentence that may produce ``limit``: the penalty at the limit
-    (``early_stopping="never"``: exact), at the current length (False: Hugging Face's
-    default heuristic), or 0 (True: stop once ``beam`` hypotheses finished)."""
-    if options.early_stopping is True:
-        return 0.0
-    length = limit if options.early_stopping == "never" else steps
-    return length_penalty(length, options.alpha, options.length_penalty)
+    like = a if a is not None else b
+    assert like is not None
+    parts = [t if t is not None else like.new_full((n, 1), fill) for t, n in ((a, n_a), (b, n_b))]
+    columns = max(t.size(1) for t in parts)
+    return torch.cat([F.pad(t, (0, columns - t.size(1)), value=fill) for t in parts])
 
 
 def _score(h: Hypothesis) -> float:

@@ -9,7 +9,7 @@ top-p of 0) or two that contradict each other (sampling with a beam) is one clea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiayn.errors import DecodeError
@@ -123,9 +123,6 @@ class DecodeOptions:
         """A copy with the ``settings`` that are not None (flags or request fields that
         were given; the others keep these options' values), checked like a new one."""
         return self.replace(**{k: v for k, v in settings.items() if v is not None})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_generation(cls, settings: dict[str, Any]) -> DecodeOptions:

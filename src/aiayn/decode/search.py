@@ -1,22 +1,20 @@
 """One entry point over every search, :func:`search`: token ids and one
-:class:`DecodeOptions` in, scored n-best hypotheses out. :func:`greedy` and
-:func:`beam_search` are keyword conveniences over it.
-
-Beam search runs on the :class:`~aiayn.decode.engine.BeamEngine` the server steps too
-(every sentence added at once, stepped until none is left). Greedy decoding and sampling
-run :func:`~aiayn.decode.greedy.one_per_row`, a second loop of the same shape: one row per
-output that never moves between rows, so it needs none of the engine's reselection.
+:class:`DecodeOptions` in, scored n-best hypotheses out, from the
+:class:`~aiayn.decode.engine.BeamEngine` the server steps too (every sentence added at
+once, stepped until none is left). :func:`greedy` and :func:`beam_search` are keyword
+conveniences over it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
+from aiayn.decode.beam import Hypothesis
 from aiayn.decode.core import Models, as_list
-from aiayn.decode.engine import BeamEngine, Hypothesis, length_penalty
-from aiayn.decode.greedy import one_per_row
+from aiayn.decode.engine import BeamEngine
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
 
@@ -42,33 +40,25 @@ def search(
     i. Each hypothesis carries its tokens (no BOS/EOS), its total log-prob under the model
     (forced tokens and EOS included) and its score, the log-prob over the length penalty;
     ``scores=False`` lets greedy decoding skip them (log-prob 0), for callers that only
-    need the tokens. ``use_cache=False`` recomputes the whole prefix every step (the slow
-    reference the cache is tested against).
+    need the tokens. ``use_cache=False`` recomputes the whole output so far every step
+    (the slow reference the cache is tested against).
     """
-    if not isinstance(options, DecodeOptions):
-        raise DecodeError(f"options must be a DecodeOptions, got {type(options).__name__}")
-    if not options.greedy and not options.sampling:
-        return _beam(models, src, options, prefix, use_cache)
-    out = one_per_row(models, src, options, prefix, lines, use_cache, scores or options.sampling)
-    cfg = as_list(models)[0].cfg
-    n = options.n_best if options.sampling else 1
-    rows = []
-    for tokens, log_prob, ended in zip(
-        out.tokens.tolist(), out.log_probs.tolist(), out.ended.tolist()
-    ):
-        tokens = _until(tokens, cfg.eos_id, cfg.pad_id)
-        lp = length_penalty(len(tokens) + int(ended), options.alpha, options.length_penalty)
-        rows.append(Hypothesis(tokens, log_prob / lp, log_prob, eos=ended))
-    return [rows[i : i + n] for i in range(0, len(rows), n)]
+    engine: BeamEngine[int] = BeamEngine(models, options, use_cache=use_cache, scores=scores)
+    return _run(engine, src, prefix, lines)
 
 
-def _until(row: list[int], eos: int, pad: int) -> list[int]:
-    """The ids before the first EOS or PAD (rows that ended early are padded; neither id
-    is ever produced elsewhere)."""
-    for i, token in enumerate(row):
-        if token in (eos, pad):
-            return row[:i]
-    return row
+def _run(
+    engine: BeamEngine[int], src: Tensor, prefix: Prefix, lines: Sequence[int] | None = None
+) -> list[list[Hypothesis]]:
+    """Every sentence of ``src`` joins ``engine`` at once, which then steps until none is
+    left (each leaves as soon as it is done): per sentence its first ``n_best`` outputs."""
+    found: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    if src.size(0):
+        engine.add(src, range(src.size(0)), prefix=prefix, lines=lines)
+    while len(engine):
+        for i, hypotheses in engine.step():
+            found[i] = hypotheses[: engine.options.n_best]
+    return found
 
 
 def greedy(
@@ -96,7 +86,20 @@ def greedy(
     )
     if options.sampling:
         raise DecodeError("greedy decoding does not sample: use aiayn.decode.search")
-    return one_per_row(model, src, options, prefix, None, use_cache, scores=False).tokens
+    found = search(
+        model,
+        src,
+        options.replace(beam=1, n_best=1),
+        prefix=prefix,
+        use_cache=use_cache,
+        scores=False,
+    )
+    cfg = as_list(model)[0].cfg
+    rows = [h.tokens + [cfg.eos_id] * h.eos for (h,) in found]  # the EOS where reached
+    out = torch.full((len(rows), max(map(len, rows), default=0)), cfg.pad_id, device=src.device)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row)
+    return out
 
 
 def beam_search(
@@ -129,19 +132,4 @@ def beam_search(
     )
     if options.sampling:
         raise DecodeError("beam search does not sample: use aiayn.decode.search")
-    return _beam(model, src, options, prefix, use_cache)
-
-
-def _beam(
-    models: Models, src: Tensor, options: DecodeOptions, prefix: Prefix, use_cache: bool
-) -> list[list[Hypothesis]]:
-    """Offline beam search: every sentence joins the engine at once, which then steps
-    until none is left (each leaves as soon as it is done)."""
-    engine: BeamEngine[int] = BeamEngine(models, options, use_cache=use_cache)
-    found: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-    if src.size(0):
-        engine.add(src, range(src.size(0)), prefix=prefix)
-    while len(engine):
-        for i, hypotheses in engine.step():
-            found[i] = hypotheses[: options.n_best]
-    return found
+    return _run(BeamEngine(model, options, use_cache=use_cache, one_per_row=False), src, prefix)

@@ -10,7 +10,6 @@ worker ends them (its one ``finish`` path). Used by the worker thread only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiayn.data.batching import pad
@@ -73,13 +72,6 @@ class RunningBatch:
     def longest_prefix(self) -> int:
         """The longest forced prefix running (0 when none)."""
         return max((job.longest_prefix for job in self._jobs), default=0)
-
-    def cost(self, joining: Sequence[Job] = ()) -> int:
-        """Decoder-cache positions the batch holds at most, with ``joining`` in it too."""
-        if self.key is None and not joining:
-            return 0
-        beam = self.key.beam if self.key is not None else joining[0].settings.beam
-        return self.budget.cost_of([*self._jobs, *joining], beam)
 
     def admit(self, jobs: list[Job]) -> list[Left]:
         """Let ``jobs`` (of this batch's beam size; any when empty) join between two steps.

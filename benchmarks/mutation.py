@@ -54,7 +54,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "loss": ("train/loss.py", ["test_train_parts.py"]),
     "schedule": ("train/schedule.py", ["test_train_parts.py"]),
     # The beam engine (decode/engine.py since issue 41; decode/beam.py before it).
-    "beam": ("decode/engine.py", [*DECODE_TESTS, "test_continuous.py"]),
+    "beam": ("decode/engine.py", [*DECODE_TESTS, "test_continuous.py", "test_engine_units.py"]),
     "greedy": ("decode/greedy.py", DECODE_TESTS),
     "bleu": ("metrics/bleu.py", ["test_bleu.py"]),
 }

@@ -53,9 +53,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "loss": ("train/loss.py", ["test_train_parts.py"]),
     "schedule": ("train/schedule.py", ["test_train_parts.py"]),
-    # The beam engine (decode/engine.py since issue 41; decode/beam.py before it).
-    "beam": ("decode/engine.py", [*DECODE_TESTS, "test_continuous.py", "test_engine_units.py"]),
-    "greedy": ("decode/greedy.py", DECODE_TESTS),
+    # Since issue 41 one engine runs every search (decode/engine.py; greedy.py is gone) and
+    # beam.py holds beam search's rules.
+    "beam": ("decode/beam.py", [*DECODE_TESTS, "test_engine_units.py"]),
+    "engine": (
+        "decode/engine.py",
+        [*DECODE_TESTS, "test_continuous.py", "test_engine_units.py", "test_sampling.py"],
+    ),
     "bleu": ("metrics/bleu.py", ["test_bleu.py"]),
 }
 

@@ -16,11 +16,9 @@ import torch
 
 from aiayn import Transformer
 from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, length_penalty, search
+from aiayn.decode.beam import eos_hits, select
 from aiayn.errors import DecodeError
 from conftest import random_batch, tiny_config
-
-# The engine's pure steps, imported here only (they may move within aiayn.decode).
-from aiayn.decode.engine import eos_hits, select  # isort: skip
 
 INF = float("inf")
 

@@ -110,7 +110,7 @@ def test_removing_a_sentence_keeps_the_others_on_their_own_rows(model: Transform
         assert engine.step() == []  # nobody is done yet: the limit is 10
     assert bool(torch.isfinite(engine.scores[1]).all())  # b's beams have all diverged
     engine.remove({"a"})
-    assert [s.tag for s in engine.sentences] == ["b", "c"]
+    assert [u.tag for u in engine.units] == ["b", "c"]
     done = run(engine)
     assert set(done) == {"b", "c"}
     for tag, src in (("b", b), ("c", c)):
@@ -165,12 +165,15 @@ def test_an_engine_without_a_cache_takes_no_sentence_while_others_run(model: Tra
 
 def test_the_refusals_say_what_is_wrong(model: Transformer) -> None:
     """The server and the command line show these messages as they are: each names the
-    mistake (sampling options for a beam search; a source count that is not the tag
+    mistake (sampling options for a beam search, a beam size for options; a source count that is not the tag
     count, an empty batch included) and the engine stays empty."""
     (src,) = sources(model, [5], seed=8)
     with pytest.raises(DecodeError) as e:
-        BeamEngine(model, DecodeOptions(beam=1, sampling=True))
-    assert str(e.value) == "beam search takes DecodeOptions without sampling"
+        BeamEngine(model, DecodeOptions(beam=1, sampling=True), one_per_row=False)
+    assert str(e.value) == "beam search does not sample"
+    with pytest.raises(DecodeError) as e:
+        BeamEngine(model, 2)  # type: ignore[arg-type]
+    assert str(e.value) == "options must be a DecodeOptions, got int"
     engine: BeamEngine[str] = BeamEngine(model, DecodeOptions(beam=2))
     with pytest.raises(DecodeError) as e:
         engine.add(src.expand(2, 5), ["only one tag"])

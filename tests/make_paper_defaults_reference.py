@@ -20,7 +20,7 @@ import sys
 import torch
 
 from aiayn import Transformer, TransformerConfig
-from aiayn.decode import generate, greedy
+from aiayn.decode import beam_search, greedy
 from aiayn.train.loss import label_smoothed_cross_entropy
 
 CONFIGS = {
@@ -56,7 +56,8 @@ def run(cfg_dict: dict, state: dict) -> dict:
     with torch.no_grad():
         out["logits"] = model(src, tgt_in)
     out["greedy"] = greedy(model, src, max_new_tokens=9)
-    out["beam"] = generate(model, src, beam_size=4, alpha=0.6, n_best=2, max_len_b=6)
+    found = beam_search(model, src, beam_size=4, alpha=0.6, n_best=2, max_len_b=6)
+    out["beam"] = [[h.tokens for h in hyps] for hyps in found]
     torch.manual_seed(3)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -165,8 +165,8 @@ def test_an_engine_without_a_cache_takes_no_sentence_while_others_run(model: Tra
 
 def test_the_refusals_say_what_is_wrong(model: Transformer) -> None:
     """The server and the command line show these messages as they are: each names the
-    mistake (sampling options for a beam search, a beam size for options; a source count that is not the tag
-    count, an empty batch included) and the engine stays empty."""
+    mistake (sampling options for a beam search, a beam size for options; a source count
+    that is not the tag count, an empty batch included) and the engine stays empty."""
     (src,) = sources(model, [5], seed=8)
     with pytest.raises(DecodeError) as e:
         BeamEngine(model, DecodeOptions(beam=1, sampling=True), one_per_row=False)

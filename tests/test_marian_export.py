@@ -15,7 +15,7 @@ from aiayn import Transformer, TransformerConfig
 from aiayn.checkpoint import BEST, load_checkpoint, load_model, save_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
-from aiayn.decode import generate
+from aiayn.decode import DecodeOptions, search
 from aiayn.marian import export_marian, import_marian
 from marian_util import make_marian, write_tokenizer
 from sample_data import PAIRS
@@ -52,7 +52,8 @@ def test_generate_gives_our_greedy_output(exported):
     model, tokenizer = load_model(model_dir / BEST)
     src = pad([tokenizer.encode(s) for s, _ in PAIRS[:16]], tokenizer.pad_id)
     steps = 20
-    ours = [o[0] for o in generate(model, src, beam_size=1, max_len_a=0, max_len_b=steps)]
+    found = search(model, src, DecodeOptions(beam=1, max_len_a=0, max_len_b=steps))
+    ours = [hyps[0].tokens for hyps in found]
     with torch.no_grad():  # the exported generation config bans pad and <s>, as aiayn does
         out = hf.generate(
             input_ids=src, attention_mask=src != tokenizer.pad_id, num_beams=1,

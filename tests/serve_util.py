@@ -16,9 +16,8 @@ from aiayn.translator import Translator
 
 
 class ControlledTranslator(Translator):
-    """A Translator whose batches (whole batches, and each step of a continuous batch) can
-    be held at a gate (to fill the queue) or made to raise (to check that every waiting
-    request gets an error)."""
+    """A Translator whose running batch's steps can be held at a gate (to fill the queue)
+    or made to raise (to check that every waiting request gets an error)."""
 
     def __init__(self, model, tokenizer):
         super().__init__(model, tokenizer)
@@ -26,12 +25,19 @@ class ControlledTranslator(Translator):
         self.gate.set()
         self.entered = threading.Event()  # set when a batch reaches the gate
         self.fail = False
-        self.batches: list[int] = []  # sentences per whole batch
-        self.steps: list[int] = []  # sentences per continuous decoding step
+        self.batches: list[int] = []  # sentences per batch, at its first step
+        self.steps: list[int] = []  # sentences per decoding step
         self.widths: list[int] = []  # longest source running, per step
         self.joins: list[tuple[int, int]] = []  # (sentences running, joining) per add
+        self.late_joins = 0  # adds to a batch that had stepped already
         self.left: list[tuple[list, int]] = []  # (tags done, sentences still running)
         self.fail_at_running: int | None = None  # a step with this many sentences raises
+
+    def forget(self) -> None:
+        """Forget the batches recorded so far (the server's warm-up translation)."""
+        for record in (self.batches, self.steps, self.widths, self.joins, self.left):
+            record.clear()
+        self.late_joins = 0
 
     def _hold(self) -> None:
         self.entered.set()
@@ -40,20 +46,19 @@ class ControlledTranslator(Translator):
         if self.fail:
             raise RuntimeError("the model fell over")
 
-    def hypotheses(self, ids, *args, **kwargs):
-        self.batches.append(len(ids))
-        self._hold()
-        return super().hypotheses(ids, *args, **kwargs)
-
     def continuous_search(self, *args, **kwargs):
         search = super().continuous_search(*args, **kwargs)
-        add, step = search.add, search.step
+        add, step, stepped = search.add, search.step, []
 
         def held_add(src, tags, *args, **kwargs):
             self.joins.append((len(search), len(tags)))
+            self.late_joins += bool(stepped)
             return add(src, tags, *args, **kwargs)
 
         def held_step():
+            if not stepped:
+                self.batches.append(len(search))
+                stepped.append(True)
             self.steps.append(len(search))
             self.widths.append(search.width)
             self._hold()
@@ -120,9 +125,6 @@ def serving(app, ready: bool = True):
 class BrokenTranslator(Translator):
     """A picklable Translator whose model always raises: for the worker process, which
     gets a copy of its translator (a ControlledTranslator's events do not pickle)."""
-
-    def hypotheses(self, *args, **kwargs):
-        raise RuntimeError("the model fell over")
 
     def continuous_search(self, *args, **kwargs):
         raise RuntimeError("the model fell over")
@@ -212,10 +214,6 @@ class GatedTranslator(Translator):
             if time.monotonic() > deadline:
                 raise TimeoutError("the test never opened the gate")
             time.sleep(0.01)
-
-    def hypotheses(self, *args, **kwargs):
-        self._hold()
-        return super().hypotheses(*args, **kwargs)
 
     def continuous_search(self, *args, **kwargs):
         search = super().continuous_search(*args, **kwargs)

@@ -217,6 +217,7 @@ def _held_server(sample_model_dir, **settings):
     with live_server(translator, ServeConfig(worker="thread", **settings)) as base:
         translator.gate.clear()
         translator.entered.clear()
+        translator.forget()
         yield translator, base
 
 

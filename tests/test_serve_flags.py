@@ -90,14 +90,23 @@ def test_a_small_max_batch_tokens_bounds_each_batch(sample_model_dir):
     them per batch they run in batches of at most three; a request over the limit alone
     runs alone, whole."""
     translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
-    shapes: list[tuple[int, int]] = []  # (sentences, longest source) per model batch
-    hypotheses = translator.hypotheses
+    shapes: list[tuple[int, int]] = []  # (sentences, longest source) per batch started
+    continuous_search = translator.continuous_search
 
-    def recording(ids, *args, **kwargs):
-        shapes.append((len(ids), max(map(len, ids))))
-        return hypotheses(ids, *args, **kwargs)
+    def recording(*args, **kwargs):
+        search = continuous_search(*args, **kwargs)
+        add = search.add
 
-    translator.hypotheses = recording
+        def recorded(src, tags, **settings):
+            if len(search):  # continuous batching is off: jobs join an empty batch only
+                raise AssertionError(f"{len(tags)} sentences joined a running batch")
+            shapes.append((len(tags), src.size(1)))
+            return add(src, tags, **settings)
+
+        search.add = recorded
+        return search
+
+    translator.continuous_search = recording
     sentence = PAIRS[0][0]
     length = len(translator.encode(sentence)) + 1  # with its EOS
     limit = 3 * length

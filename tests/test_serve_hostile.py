@@ -131,7 +131,7 @@ def test_a_bad_prefix_fails_only_its_request_in_a_shared_batch(parts):
     assert "EOS must still fit" in answers["bad"].json()["error"]["message"]
     for name in ("first", "good", "also good"):
         assert answers[name].status_code == 200, answers[name].text
-    assert translator.batches[-1] == 2  # the two good ones shared the batch
+    assert translator.joins[-1][1] == 2  # the two good ones joined the batch together
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,17 @@ from aiayn import Transformer
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.decode import DecodeOptions
 from aiayn.decode.core import forced_ids, length_limits, search_limits
+from aiayn.inspect.maps import attention_maps
 from aiayn.serve.batching import BatchWorker
 from aiayn.serve.jobs import (
+    BatchKey,
     CacheBudget,
-    ContinuousKey,
     Job,
     Outcome,
     Settings,
     Status,
     StoppedError,
     TooLargeError,
-    WholeKey,
     batch_key,
 )
 from aiayn.serve.metrics import Metrics
@@ -108,15 +108,17 @@ def test_batch_keys_are_frozen_dataclasses():
     outcomes = Outcomes()
     a, b = outcomes.job([[5]], beam=4, alpha=0.2), outcomes.job([[6]], beam=4, alpha=1.0)
     # alpha may differ (and n_best): the search's other settings may not
-    assert batch_key(a, True) == batch_key(b, True) == ContinuousKey(Settings(4, 0.0))
+    assert batch_key(a) == batch_key(b) == BatchKey(Settings(4, 0.0))
     c = outcomes.job([[6]], beam=4, length_penalty="hf")
-    assert batch_key(c, True) != batch_key(a, True) and batch_key(c, True).beam == 4
-    assert batch_key(a, False) == WholeKey(Settings(4, 0.2), False) != batch_key(b, False)
-    greedy = outcomes.job([[5]], beam=1)
-    assert isinstance(batch_key(greedy, True), WholeKey)
-    assert len({batch_key(a, True), batch_key(b, True), batch_key(greedy, True)}) == 2
+    assert batch_key(c) != batch_key(a) and batch_key(c).rows == 4
+    greedy = outcomes.job([[5]], beam=1, alpha=0.2)
+    assert batch_key(greedy) == BatchKey(Settings(1, 0.0)) != batch_key(a)
+    # sampling: n_best is the rows per sentence, so it is part of the key
+    sample = outcomes.job([[5]], beam=1, n_best=3, sampling=True)
+    assert batch_key(sample).rows == 3
+    assert batch_key(sample) != batch_key(outcomes.job([[5]], beam=1, n_best=2, sampling=True))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        batch_key(a, True).search = Settings(5)  # type: ignore[misc]
+        batch_key(a).search = Settings(5)  # type: ignore[misc]
 
 
 def test_a_running_batch_admits_steps_and_cancels(translator):
@@ -127,7 +129,7 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
     c = outcomes.job([ids[3], ids[4]], beam=3)
     blank = outcomes.job([[]], beam=3)
     batch = RunningBatch(translator, CacheBudget.for_translator(10**6, translator))
-    assert batch.admit([a, blank]) and batch.key == ContinuousKey(Settings(3, 0.0))  # blank leaves
+    assert batch.admit([a, blank]) and batch.key == BatchKey(Settings(3, 0.0))  # blank leaves
     assert len(batch) == 2 and batch.jobs == [a]
     batch.step()
     assert batch.admit([b, c]) == []  # two length penalties: two adds
@@ -226,22 +228,18 @@ def test_a_worker_that_dies_fails_every_job_and_refuses_new_ones(translator):
     assert set(worker.held().values()) == {0}
 
 
-class SlowMapsTranslator(Translator):
-    """Attention maps that wait for ``release``: the worker must go on stepping."""
-
+def test_attention_maps_are_made_beside_the_running_batch(translator, monkeypatch):
+    """A job that asks for attention leaves the batch for the attention thread: while its
+    maps are being made (held here until ``release``), the worker goes on decoding."""
     entered, release = threading.Event(), threading.Event()
 
-    def attention_maps(self, *args, **kwargs):
-        self.entered.set()
-        assert self.release.wait(30), "the test never released the maps"
-        return super().attention_maps(*args, **kwargs)
+    def slow_maps(*args, **kwargs):
+        entered.set()
+        assert release.wait(30), "the test never released the maps"
+        return attention_maps(*args, **kwargs)
 
-
-def test_attention_maps_are_made_beside_the_running_batch(translator):
-    """A continuous job that asks for attention leaves the batch for the attention
-    thread: while its maps are being made, the worker goes on decoding other jobs."""
-    slow = SlowMapsTranslator(translator.model, translator.tokenizer)
-    worker = BatchWorker(slow, Metrics(), batch_wait_ms=0, join_ratio=0)
+    monkeypatch.setattr("aiayn.serve.batching.attention_maps", slow_maps)
+    worker = BatchWorker(translator, Metrics(), batch_wait_ms=0, join_ratio=0)
     outcomes = Outcomes()
     ids = [translator.encode(de) for de, _ in PAIRS[:2]]
     mapped, plain = outcomes.job([ids[0]], beam=2), outcomes.job([ids[1]], beam=2)
@@ -249,15 +247,15 @@ def test_attention_maps_are_made_beside_the_running_batch(translator):
     worker.start()
     try:
         worker.submit(mapped)
-        assert slow.entered.wait(30)  # its maps are being made, and held
+        assert entered.wait(30)  # its maps are being made, and held
         worker.submit(plain)
         assert outcomes.wait(plain, timeout=10).status is Status.DONE
         assert mapped.id not in outcomes.got
-        slow.release.set()
+        release.set()
         done = outcomes.wait(mapped)
         assert done.status is Status.DONE and done.value.attention[0] is not None
     finally:
-        slow.release.set()
+        release.set()
         worker.stop()
 
 
@@ -276,7 +274,7 @@ def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
     free = outcomes.job(ids[:2], beam=3, n_best=2)
     forced = outcomes.job(ids[2:], beam=3, n_best=2)
     forced.prefix = prefix
-    assert batch_key(free, True) == batch_key(forced, True)  # one continuous batch
+    assert batch_key(free) == batch_key(forced)  # one running batch
     batch = RunningBatch(ensemble, CacheBudget.for_translator(10**6, ensemble))
     batch.admit([free])
     batch.step()

@@ -69,7 +69,7 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, 
     # default 8): long enough, with these short runs of mixed settings, to see joins.
     cfg = ServeConfig(worker=worker, batch_wait_ms=30, continuous=continuous, join_wait_steps=100)
     with live_server(served, cfg) as base:
-        translator.batches.clear()
+        translator.forget()
         with httpx.Client(timeout=60) as client, ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda r: client.post(f"{base}/translate", json=r), requests))
         metrics = httpx.get(f"{base}/metrics").text
@@ -80,10 +80,9 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, 
         assert body["translations"] == [c[0] for c in want], req
         if req.get("n_best", 1) > 1:
             assert body["n_best"] == want
-    # Requests really were batched together: a model batch held more sentences than any
-    # single request, and fewer batches ran than there were requests; continuously, the
-    # beam-search sentences joined batches that were running, greedy ones (beam 1) went
-    # in whole batches.
+    # Requests really were batched together: a batch held more sentences than any single
+    # request, and fewer batches ran than there were requests; continuously, sentences
+    # joined batches that were running, and without, never.
     most = max(len(r["src"]) for r in requests)
     if worker == "process":
         assert most <= 4
@@ -92,12 +91,12 @@ def test_parallel_requests_get_exactly_their_own_translations(sample_model_dir, 
         assert int(at_most.group(1)) < int(batches.group(1)), metrics  # bigger ones ran
     elif continuous:
         assert max(translator.steps) > most, translator.steps
-        assert sum(running > 0 for running, _ in translator.joins) >= 5, translator.joins
+        assert translator.late_joins >= 5, translator.joins
         assert 0 < len(translator.batches) < len(requests) // 4, translator.batches
     else:
         assert max(translator.batches) > most, translator.batches
         assert len(translator.batches) < len(requests), translator.batches
-        assert not translator.steps
+        assert translator.late_joins == 0, translator.joins
     sentences = sum(len(r["src"]) for r in requests) + 1  # + the warm-up sentence
     assert f"aiayn_sentences_translated_total {sentences}\n" in metrics
     assert re.search(r'aiayn_requests_total\{path="/translate",status="200"\} 60\n', metrics)

@@ -209,11 +209,11 @@ class Translator:
         return results
 
     def continuous_search(self, options: DecodeOptions) -> BeamEngine:
-        """The beam engine of these models (an ensemble too) that sentences join and leave
+        """The engine of these models (an ensemble too) that sentences join and leave
         between decoding steps (``aiayn serve``'s continuous batching): feed it
-        right-padded source ids, with forced prefixes and their own ``alpha`` per add.
-        Each sentence's hypotheses are those :meth:`hypotheses` gives it with ``options``
-        (``beam >= 2``; beam 1 there is greedy decoding, which this is not)."""
+        right-padded source ids, with forced prefixes, their own ``alpha`` and line
+        indices per add. Each sentence's outputs are those :meth:`hypotheses` gives it
+        with ``options``."""
         return BeamEngine(self.models, options)
 
 

@@ -78,7 +78,7 @@ class ServeConfig:
     max_batch_tokens: int = 4096  # padded source tokens of a batch
     max_cache_tokens: int = DEFAULT_CACHE_TOKENS  # decoder-cache positions of a batch
     batch_wait_ms: float = 5.0
-    continuous: bool = True  # beam search: sentences join and leave between steps
+    continuous: bool = True  # sentences join a running batch between steps (else: whole)
     join_ratio: float = 0.25  # queued sentences join once they are this x those running
     join_wait_steps: int = 8  # ... or once the oldest has waited this many steps
     max_queue: int = 1024  # sentences waiting; more -> 429

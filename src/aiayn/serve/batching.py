@@ -5,13 +5,13 @@ settings) on a queue and await its reply (:func:`~aiayn.serve.jobs.future_reply`
 event loop never runs model code. The worker runs in a process of its own by default
 (:mod:`aiayn.serve.process`), or in a thread beside the event loop.
 
-Beam search (beam >= 2, forced prefixes too) is batched *continuously*: between two
-decoding steps of the one :class:`~aiayn.serve.running.RunningBatch`, queued jobs of the
-same search settings join it (within the budgets), and a job is answered as soon as its
-last sentence is done. Greedy decoding and sampling, and every job when continuous
-batching is off, go in *whole batches* of equal settings, translated in one length-sorted
-pass. Either way each sentence gets what the Translator gives it offline. Attention maps
-of continuous jobs are made on a thread of their own, so the batch never waits for them.
+Every job runs in the one :class:`~aiayn.serve.running.RunningBatch`, stepped by the
+engine that decodes offline too, and is answered as soon as its last sentence is done.
+Batching is *continuous*: between two decoding steps, queued jobs of the same search
+settings join it (within the budgets); with continuous batching off, jobs join only an
+empty batch (whole batches, the scheduler before continuous batching, kept for
+comparison). Either way each sentence gets what the Translator gives it offline.
+Attention maps are made on a thread of their own, so the batch never waits for them.
 
 Every job ends in :meth:`BatchWorker.finish`, whatever the ending; if anything goes wrong
 in the worker thread outside a model call, it fails every job it holds and stops, saying
@@ -31,16 +31,13 @@ from aiayn.errors import AiaynError
 from aiayn.inspect.maps import attention_maps
 from aiayn.serve.jobs import (
     CacheBudget,
-    ContinuousKey,
     Job,
     Outcome,
     QueueFullError,
     Result,
     Status,
     StoppedError,
-    WholeKey,
     batch_key,
-    rows_per_sentence,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.running import Left, Outputs, RunningBatch, best
@@ -60,8 +57,8 @@ class BatchWorker:
     :class:`~aiayn.serve.jobs.CacheBudget`): a job that alone is over it is refused at
     :meth:`submit`, so memory stays bounded whatever the beam and lengths.
     ``batch_wait_ms`` is how long to wait for more jobs when a batch starts with room;
-    ``max_queue`` bounds the sentences waiting; ``continuous=False`` batches whole
-    requests only (the scheduler before continuous batching, kept for comparison).
+    ``max_queue`` bounds the sentences waiting; ``continuous=False`` lets jobs join an
+    empty batch only.
 
     Joining a running batch costs a copy of its decoder cache, so queued sentences join
     together once they number ``join_ratio`` x the sentences running, or once the oldest
@@ -96,7 +93,7 @@ class BatchWorker:
         self.join_ratio, self.join_wait_steps = join_ratio, join_wait_steps
         self.on_death = on_death
         self.failure: str | None = None  # why the worker thread died
-        self._steps = 0  # decoding steps of continuous batches so far
+        self._steps = 0  # decoding steps so far
         # Under the lock: the queue (oldest first), every job not ended yet, and the
         # cancellations of running jobs that the worker thread has still to apply.
         self._queue: dict[Job, None] = {}
@@ -107,7 +104,7 @@ class BatchWorker:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
         self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
-        # Attention maps of finished continuous jobs are computed here, off the step loop.
+        # Attention maps of finished jobs are computed here, off the step loop.
         self._maps = ThreadPoolExecutor(1, thread_name_prefix="aiayn-attention")
 
     def start(self) -> None:
@@ -175,8 +172,7 @@ class BatchWorker:
 
     def cancel(self, job: Job, why: Status = Status.CANCELLED) -> None:
         """Nobody waits for ``job`` any more (``why``: CANCELLED or TIMED_OUT). A queued
-        job ends here; a running one leaves its batch before the worker's next step (a
-        whole batch being translated runs to its end, and the job's answer is dropped)."""
+        job ends here; a running one leaves its batch before the worker's next step."""
         with self._cond:
             if job.status is Status.RUNNING:
                 self._cancels.append((job, why))
@@ -234,24 +230,18 @@ class BatchWorker:
             self._die(f"{type(e).__name__}: {e}")
 
     def _turn(self) -> bool:
-        """One decoding step of the continuous batch (queued jobs joining it first), or
-        one whole batch; False once stopping with nothing left to do."""
+        """One decoding step of the running batch (queued jobs joining it first, or
+        starting it); False once stopping with nothing left to do."""
         self._apply_cancels()
         if len(self._batch):
-            self._continue(self._admit())
+            self._continue(self._admit() if self.continuous else [])
             return True
         batch = self._next_batch()
         if not batch:
             with self._cond:
                 return not (self._stopping and not self._queue)
         self._apply_cancels()  # of jobs taken while the batch gathered
-        batch = [job for job in batch if not job.status.ended]
-        if not batch:
-            return True
-        if isinstance(batch_key(batch[0], self.continuous), ContinuousKey):
-            self._continue(batch)
-        else:
-            self._translate(batch)
+        self._continue([job for job in batch if not job.status.ended])
         return True
 
     def _apply_cancels(self) -> None:
@@ -286,17 +276,16 @@ class BatchWorker:
                 return []  # stopping and drained
             first = next(iter(self._queue))
             self._take(first)
-            key, batch = batch_key(first, self.continuous), [first]
-            beam = rows_per_sentence(first.settings)
+            key, batch = batch_key(first), [first]
             rows, longest, prefix = first.rows, first.longest, first.longest_prefix
             deadline = time.perf_counter() + self.wait_s
             full = False
             while not full:
                 for job in list(self._queue):
-                    if batch_key(job, self.continuous) != key:
+                    if batch_key(job) != key:
                         continue
                     grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
-                    if not self._fits(rows + job.rows, grow, beam, forced):
+                    if not self._fits(rows + job.rows, grow, key.rows, forced):
                         full = True  # keep arrival order: no smaller job jumps ahead
                         break
                     self._take(job)
@@ -308,22 +297,22 @@ class BatchWorker:
                 self._cond.wait(left)
         return batch
 
-    # -- continuous batching -----------------------------------------------------------
+    # -- the running batch -------------------------------------------------------------
     def _admit(self) -> list[Job]:
-        """The queued jobs that join the running continuous batch now: from the oldest on,
-        those with its beam size while the budgets allow; none until enough of them wait
+        """The queued jobs that join the running batch now: from the oldest on, those of
+        its search settings while the budgets allow; none until enough of them wait
         or the oldest has waited long enough (see the class). Never blocks."""
         key = self._batch.key
         running = rows = len(self._batch)
         longest, prefix, joining = self._batch.width, self._batch.longest_prefix, []
         with self._cond:
             for job in self._queue:
-                if batch_key(job, self.continuous) != key:
+                if batch_key(job) != key:
                     if self._steps - job.queued_step >= self.join_wait_steps:
                         break  # it has waited enough: let the batch drain, it starts next
                     continue  # it may wait a few steps while later jobs join
                 grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
-                if key is None or not self._fits(rows + job.rows, grow, key.beam, forced):
+                if key is None or not self._fits(rows + job.rows, grow, key.rows, forced):
                     break
                 joining.append(job)
                 rows, longest, prefix = rows + job.rows, grow, forced
@@ -335,8 +324,8 @@ class BatchWorker:
         return joining
 
     def _continue(self, joining: list[Job]) -> None:
-        """Let ``joining`` into the continuous batch, run one decoding step, and end the
-        jobs whose last sentence is done."""
+        """Let ``joining`` into the running batch, run one decoding step, and end the jobs
+        whose last sentence is done."""
         self._leave(self._batch.admit(joining))
         running = len(self._batch)
         self.metrics.set_running(running)
@@ -370,30 +359,3 @@ class BatchWorker:
             self.metrics.batch_failed()
             outcome = Outcome.failed(e)
         self.finish(job, outcome)
-
-    # -- whole batches -----------------------------------------------------------------
-    def _translate(self, batch: list[Job]) -> None:
-        rows = [src for job in batch for src in job.src]
-        key = batch_key(batch[0], self.continuous)
-        assert isinstance(key, WholeKey)
-        # Each sentence's forced prefix, and its index in its request (what seeds samples).
-        prefixes = [p for job in batch for p in (job.prefix or [[]] * len(job.src))]
-        lines = [i for job in batch for i in range(len(job.src))]
-        try:
-            outputs = self.translator.hypotheses(
-                rows, key.settings, prefixes, lines, batch_size=max(len(rows), 1)
-            )
-            maps = attention_maps(self.translator, rows, best(outputs)) if key.attention else None
-        except Exception as e:  # every job of the batch gets it; the worker carries on
-            self.metrics.batch_done(len(rows), ok=False)
-            for job in batch:
-                self.finish(job, Outcome.failed(e))
-            return
-        self.metrics.batch_ran(len(rows))
-        self._apply_cancels()  # jobs cancelled meanwhile end as such, not as done
-        start = 0
-        for job in batch:
-            end = start + len(job.src)
-            result = Result(outputs[start:end], maps[start:end] if maps else None)
-            self.finish(job, Outcome.done(result))
-            start = end

@@ -48,7 +48,7 @@ class DeadlineError(AiaynError):
 
 class Status(Enum):
     QUEUED = "queued"
-    RUNNING = "running"  # in the continuous batch, or in a whole batch being translated
+    RUNNING = "running"  # in the running batch
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -73,28 +73,18 @@ def rows_per_sentence(options: DecodeOptions) -> int:
 
 
 @dataclass(frozen=True)
-class ContinuousKey:
-    """Beam search, continuously batched: sentences whose options differ at most in alpha
-    (which only scores a sentence's finished hypotheses) and n_best (which only picks
-    among them) share the search; ``search`` holds those options, alpha 0 and n_best 1."""
+class BatchKey:
+    """Jobs with equal keys decode in one running batch: their options differ at most in
+    alpha (which only scores a sentence's finished outputs) and, but in sampling, n_best
+    (which only picks among them); ``search`` holds the options they share (alpha 0;
+    n_best 1, or in sampling the samples per sentence)."""
 
     search: DecodeOptions
 
     @property
-    def beam(self) -> int:
-        return self.search.beam
-
-
-@dataclass(frozen=True)
-class WholeKey:
-    """A whole batch: requests with equal settings (and attention or not) are translated
-    together, start to end."""
-
-    settings: DecodeOptions
-    attention: bool
-
-
-BatchKey = ContinuousKey | WholeKey
+    def rows(self) -> int:
+        """Decoder rows per sentence."""
+        return rows_per_sentence(self.search)
 
 
 @dataclass
@@ -157,7 +147,7 @@ class Job:
     prefix: list[list[int]] | None = None  # forced target ids per sentence
     id: int = field(default_factory=lambda: next(_ids))  # unique in this process
     status: Status = Status.QUEUED
-    queued_step: int = 0  # the continuous batch's step count when it was queued
+    queued_step: int = 0  # the running batch's step count when it was queued
 
     @property
     def longest(self) -> int:
@@ -174,14 +164,11 @@ class Job:
         return sum(1 for s in self.src if s)
 
 
-def batch_key(job: Job, continuous: bool) -> BatchKey:
-    """Jobs with equal keys may share a batch: beam search (forced prefix or not) joins
-    the continuous batch of its search settings (when ``continuous``); greedy decoding
-    and sampling go in whole batches of equal settings."""
+def batch_key(job: Job) -> BatchKey:
+    """Jobs with equal keys may share a running batch (forced prefixes or not, attention
+    maps or not): see :class:`BatchKey`."""
     s = job.settings
-    if continuous and s.beam > 1 and not s.sampling:
-        return ContinuousKey(s.replace(alpha=0.0, n_best=1))
-    return WholeKey(s, job.attention)
+    return BatchKey(s.replace(alpha=0.0) if s.sampling else s.replace(alpha=0.0, n_best=1))
 
 
 def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:

@@ -58,7 +58,7 @@ class Metrics:
         self.sentences = 0
         self.batch_errors = 0
         self.queue_sentences = 0  # set by the worker's queue
-        self.running_sentences = 0  # in the continuous batch
+        self.running_sentences = 0  # in the running batch
         self.jobs_open = 0  # jobs the batching worker holds (queued or running)
         self.jobs_ended: dict[str, int] = dict.fromkeys(JOB_ENDINGS, 0)
         self.jobs_pending = 0  # sent to a worker process, not answered yet
@@ -70,16 +70,8 @@ class Metrics:
             if seconds is not None:
                 self.latency.observe(seconds)
 
-    def batch_done(self, n_sentences: int, ok: bool) -> None:
-        """A whole batch ran: its size, then its sentences or an error."""
-        self.batch_ran(n_sentences)
-        if ok:
-            self.sentences_done(n_sentences)
-        else:
-            self.batch_failed()
-
     def batch_ran(self, n_sentences: int) -> None:
-        """One model batch: a whole batch, or a decoding step of the continuous batch."""
+        """One model batch: a decoding step of the running batch."""
         with self._lock:
             self.batch_sentences.observe(n_sentences)
 
@@ -138,8 +130,8 @@ class Metrics:
                 "# HELP aiayn_request_duration_seconds Latency of POST /translate.",
                 "# TYPE aiayn_request_duration_seconds histogram",
                 *self.latency.lines("aiayn_request_duration_seconds"),
-                "# HELP aiayn_batch_sentences Sentences per model batch "
-                "(continuous batching: per decoding step).",
+                "# HELP aiayn_batch_sentences Sentences per model batch (one decoding "
+                "step of the running batch).",
                 "# TYPE aiayn_batch_sentences histogram",
                 *self.batch_sentences.lines("aiayn_batch_sentences"),
                 "# HELP aiayn_sentences_translated_total Sentences translated.",
@@ -151,7 +143,7 @@ class Metrics:
                 "# HELP aiayn_queue_sentences Sentences waiting for the model.",
                 "# TYPE aiayn_queue_sentences gauge",
                 f"aiayn_queue_sentences {self.queue_sentences}",
-                "# HELP aiayn_running_sentences Sentences in the continuous batch.",
+                "# HELP aiayn_running_sentences Sentences in the running batch.",
                 "# TYPE aiayn_running_sentences gauge",
                 f"aiayn_running_sentences {self.running_sentences}",
                 "# HELP aiayn_jobs_total Jobs (requests given to the model worker) ended, by "

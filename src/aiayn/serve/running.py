@@ -1,4 +1,4 @@
-"""The continuous batch: which jobs are in it, what they cost, and their outputs so far.
+"""The running batch: which jobs are in it and their outputs so far.
 
 One :class:`RunningBatch` owns one :class:`~aiayn.decode.BeamEngine` and the
 jobs whose sentences are in it, so there is one record of what is running: a job joins
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiayn.data.batching import pad
 from aiayn.decode import BeamEngine, Hypothesis
-from aiayn.serve.jobs import CacheBudget, ContinuousKey, Job, batch_key
+from aiayn.serve.jobs import BatchKey, CacheBudget, Job, batch_key
 from aiayn.translator import Translator
 
 Outputs = list[list[Hypothesis]]  # per sentence of a job, its n-best hypotheses
@@ -43,12 +43,12 @@ class Left:
 
 
 class RunningBatch:
-    """The jobs of one beam size that decode together, a step at a time (see the module).
-    Empty, it holds no search; the first job admitted sets the key (its beam size)."""
+    """The jobs of one search setting that decode together, a step at a time (see the
+    module). Empty, it holds no search; the first job admitted sets the key."""
 
     def __init__(self, translator: Translator, budget: CacheBudget):
         self.translator, self.budget = translator, budget
-        self.key: ContinuousKey | None = None
+        self.key: BatchKey | None = None
         self._search: BeamEngine[tuple[Job, int]] | None = None  # tags: (job, row)
         self._jobs: dict[Job, _Running] = {}
 
@@ -74,14 +74,13 @@ class RunningBatch:
         return max((job.longest_prefix for job in self._jobs), default=0)
 
     def admit(self, jobs: list[Job]) -> list[Left]:
-        """Let ``jobs`` (of this batch's beam size; any when empty) join between two steps.
+        """Let ``jobs`` (of this batch's key; any when empty) join between two steps.
         Returns those that leave at once: all-blank jobs (done, no outputs) and jobs whose
         sentences the model rejected (with the error; the running ones are unchanged)."""
         if not jobs:
             return []
         if self._search is None:
-            key = batch_key(jobs[0], continuous=True)
-            assert isinstance(key, ContinuousKey)
+            key = batch_key(jobs[0])
             try:
                 self._search = self.translator.continuous_search(key.search)
             except Exception as e:  # these jobs fail; nothing was running
@@ -91,18 +90,13 @@ class RunningBatch:
         # One add (one copy of the batch's cache) per length penalty among them.
         for alpha in dict.fromkeys(job.settings.alpha for job in jobs):
             group = [job for job in jobs if job.settings.alpha == alpha]
-            rows = [src for job in group for src in job.src if src]
             tags = [(job, i) for job in group for i, src in enumerate(job.src) if src]
-            prefix = [
-                job.prefix[i] if job.prefix else []
-                for job in group
-                for i, src in enumerate(job.src)
-                if src
-            ]
+            prefix = [job.prefix[i] if job.prefix else [] for job, i in tags]
             try:
-                if rows:
-                    src = pad(rows, self.translator.model.cfg.pad_id)
-                    self._search.add(src, tags, prefix=prefix, alpha=alpha)
+                if tags:  # a sentence's index in its request seeds its samples
+                    src = pad([job.src[i] for job, i in tags], self.translator.model.cfg.pad_id)
+                    lines = [i for _, i in tags]
+                    self._search.add(src, tags, prefix=prefix, alpha=alpha, lines=lines)
             except Exception as e:
                 left += [Left(job, error=e) for job in group]
                 continue

@@ -174,8 +174,8 @@ def test_remove_and_a_failing_step(varied_model):
     with pytest.raises(ModelInputError):  # a bad source is refused; the batch goes on
         search.add(torch.full((1, 3), 10_000, dtype=torch.long), [4])
     assert len(search) == 3
-    cache = search.rows.states[0].layers[0]["self"]
-    cache["k"] = cache["k"][:1]  # break the state: the next step raises
+    cache = search.rows.states[0].layers[0].self_attn
+    cache.keys = cache.keys[:1]  # break the state: the next step raises
     with pytest.raises((RuntimeError, IndexError)):
         search.step()
     assert len(search) == 0 and search.step() == []  # dropped, ready for a new batch

@@ -270,16 +270,19 @@ def test_cache_reuses_its_memory_and_equals_recomputation_across_growth():
     with torch.inference_mode():
         memory = model.encode(src)
         for t in range(60):
-            layer = state.layers[0]["self"] if state.layers else {}
-            in_place = bool(layer) and "order" not in layer  # no reorder pending
-            in_place = in_place and layer["k_buf"].size(2) > layer["k"].size(2)  # and room
-            before = layer["k"].data_ptr() if layer else None
+            cache = state.layers[0].self_attn if state.layers else None
+            buffer = cache.key_buffer if cache is not None else None
+            in_place = cache is not None and cache.order is None  # no reorder pending
+            in_place = in_place and buffer is not None and buffer.size(2) > cache.keys.size(2)
+            before = cache.keys.data_ptr() if cache is not None else None
             step = model.decode(prefix[:, -1:], memory, src, state)[:, -1]
             full = model.decode(prefix, memory, src)[:, -1]
             torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
-            buffers.add(state.layers[0]["self"]["k_buf"].data_ptr())
+            cache = state.layers[0].self_attn
+            assert cache.key_buffer is not None
+            buffers.add(cache.key_buffer.data_ptr())
             if in_place:
-                assert state.layers[0]["self"]["k"].data_ptr() == before
+                assert cache.keys.data_ptr() == before
                 appended_in_place += 1
             token = torch.randint(3, cfg.tgt_vocab_size, (prefix.size(0), 1), generator=g)
             prefix = torch.cat([prefix, token], dim=1)

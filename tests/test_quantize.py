@@ -10,7 +10,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
-from aiayn.model import MultiHeadAttention
+from aiayn.model import CrossAttentionCache, MultiHeadAttention
 from aiayn.quantize import SplitCrossAttention, is_quantized, quantize_dynamic_int8
 from aiayn.translator import Translator
 from numerics_util import log_probs, margins_and_shift
@@ -29,7 +29,8 @@ def test_split_cross_attention_changes_no_result():
     split = SplitCrossAttention(mha).eval()
     with torch.no_grad():
         before, after = mha(x, memory)[0], split(x, memory)[0]
-        cached = split(x[:, :1], memory, cache={})[0]
+        cache = CrossAttentionCache(*split.memory_kv(memory))  # through the split layers
+        cached = split(x[:, :1], memory, cache=cache)[0]
     assert not hasattr(split, "in_proj") and hasattr(mha, "in_proj")  # the original is kept
     assert {"q_proj.weight", "kv_proj.weight"} <= set(split.state_dict())
     assert set(mha.state_dict()) == {

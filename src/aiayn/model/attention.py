@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.errors import ModelInputError
+from aiayn.model.cache import CrossAttentionCache, SelfAttentionCache
 
 try:  # torch >= 2.3
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -58,62 +59,6 @@ def scaled_dot_product_attention(
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return weights @ v, weights
-
-
-# Self-attention caches grow by this many columns at a time: most steps then write their
-# keys into memory that is already there, instead of a fresh allocation per step, whose
-# first touch costs a page fault per 4 KiB (it was 20% of a beam search; BENCHMARKS.md).
-_GROW = 32
-
-
-def _append(cache: dict[str, Tensor], name: str, new: Tensor, order: Tensor | None) -> Tensor:
-    """``cache[name]`` (keys or values ``[B', h, L, d_k]``, or nothing yet) then this
-    step's ``new [B, h, T, d_k]`` along the time axis; ``order [B]`` first picks the cached
-    rows (a beam reorder left pending by the decoder state). Returns ``[B, h, L + T, d_k]``,
-    also stored as ``cache[name]``.
-
-    The result is a view of a buffer with room for more columns (``cache[name + "_buf"]``),
-    so the next step without a reorder writes only its own column; a reorder gathers into a
-    second buffer kept from the step before (``name + "_spare"``), and the two swap roles.
-    Either buffer may hold more rows than the view: rows only leave a search."""
-    B, h, T, d_k = new.shape
-    cached = cache.get(name, new[:, :, :0])  # a first step: nothing cached yet
-    L = cached.size(2)
-    buf = cache.get(name + "_buf")
-    if order is None and buf is not None and _fits(buf, B, L + T) and _is_prefix(cached, buf):
-        dst = buf  # append in place: the cached columns are where they should be
-    else:
-        spare = cache.pop(name + "_spare", None)
-        if spare is None or not _fits(spare, B, L + T):
-            spare = new.new_empty(B, h, L + T + _GROW, d_k)
-        dst = spare
-        if order is None:
-            dst[:B, :, :L] = cached
-        else:
-            torch.index_select(cached, 0, order, out=dst[:B, :, :L])
-        if buf is not None:
-            cache[name + "_spare"] = buf
-        cache[name + "_buf"] = dst
-    dst[:B, :, L : L + T] = new
-    out = cache[name] = dst[:B, :, : L + T]
-    return out
-
-
-def forget_buffers(cache: dict[str, Tensor]) -> None:
-    """Drop the buffers :func:`_append` keeps in a self-attention ``cache`` (for when its
-    keys and values are replaced by tensors of other rows)."""
-    for name in ("k", "v"):
-        cache.pop(name + "_buf", None)
-        cache.pop(name + "_spare", None)
-
-
-def _fits(buf: Tensor, rows: int, columns: int) -> bool:
-    return buf.size(0) >= rows and buf.size(2) >= columns
-
-
-def _is_prefix(view: Tensor, buf: Tensor) -> bool:
-    """Is ``view`` the first rows and columns of ``buf``?"""
-    return view.data_ptr() == buf.data_ptr() and view.stride() == buf.stride()
 
 
 def _ungroup(x: Tensor, group: int, T: int) -> Tensor:
@@ -176,34 +121,28 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         memory: Tensor | None = None,
         mask: Tensor | None = None,
-        cache: dict[str, Tensor] | None = None,
+        cache: SelfAttentionCache | CrossAttentionCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """x ``[B, T, d_model]``, memory ``[B, S, d_model]`` or None -> ``[B, T, d_model]``.
 
-        ``cache`` (incremental decoding) is a dict this layer owns: for self-attention the
-        keys/values of earlier steps are kept and extended by this call's steps; for
-        encoder-decoder attention K and V are projected from ``memory`` once and reused.
-        A cached K/V with B/G rows serves G consecutive rows of x each (the beams of one
-        sentence, in continuous batching), without G copies of it. A self-attention cache
-        may hold a pending row order (``"order"``, see ``DecoderState.reorder``), applied
-        while appending.
+        ``cache`` (incremental decoding): for self-attention a :class:`SelfAttentionCache`,
+        whose keys/values of earlier steps this call's steps extend (its pending row order
+        applied first); for encoder-decoder attention a :class:`CrossAttentionCache`, whose
+        keys/values, projected from ``memory`` once, are used instead of projecting it
+        again. A cached K/V with B/G rows serves G consecutive rows of x each (the beams of
+        one sentence, in continuous batching), without G copies of it.
         """
         d = self.d_model
         if memory is None:
             q, k, v = map(self._split_heads, self.in_proj(x).chunk(3, dim=-1))
             if cache is not None:
-                order = cache.pop("order", None)
-                k, v = _append(cache, "k", k, order), _append(cache, "v", v, order)
+                assert isinstance(cache, SelfAttentionCache)
+                k, v = cache.append(k, v)
         else:
             project_q, _ = self._cross_projections()
             q = self._split_heads(project_q(x))
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                k, v = self.memory_kv(memory)
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
+            k, v = (cache.keys, cache.values) if cache is not None else self.memory_kv(memory)
         dropout_p = self.attention_dropout if self.training else 0.0
         B, h, T, d_k = q.shape
         group = B // k.size(0) if k.size(0) else 1  # an empty batch: nothing shares

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from aiayn.config import TransformerConfig
 from aiayn.errors import ConfigError
 from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.cache import CrossAttentionCache, DecoderLayerCache, SelfAttentionCache
 
 
 class FeedForward(nn.Module):
@@ -132,16 +133,16 @@ class DecoderLayer(nn.Module):
         memory: Tensor,
         self_mask: Tensor | None,
         cross_mask: Tensor | None,
-        cache: dict[str, dict[str, Tensor]] | None = None,
+        cache: DecoderLayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x ``[B, T, d_model]``, memory ``[B, S, d_model]`` -> (x, self weights, cross weights).
 
-        ``cache`` holds this layer's incremental state: ``{"self": {...}, "cross": {...}}``.
+        ``cache`` holds this layer's incremental state (incremental decoding: x holds only
+        the new steps), one cache per attention sub-layer.
         """
-        self_cache = cross_cache = None
-        if cache is not None:
-            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
+        self_cache = cache.self_attn if cache is not None else None
+        cross_cache = cache.cross_attn if cache is not None else None
         if self.norm_first:
             y, self_w = self._sa_block(self.self_attn_norm(x), self_mask, self_cache, need_weights)
             x = x + y
@@ -159,7 +160,11 @@ class DecoderLayer(nn.Module):
         return x, self_w, cross_w
 
     def _sa_block(
-        self, x: Tensor, mask: Tensor | None, cache: dict[str, Tensor] | None, need_weights: bool
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        cache: SelfAttentionCache | None,
+        need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         y, weights = self.self_attn(x, None, mask, cache, need_weights)
         return self.dropout(y), weights
@@ -169,7 +174,7 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         memory: Tensor,
         mask: Tensor | None,
-        cache: dict[str, Tensor] | None,
+        cache: CrossAttentionCache | None,
         need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         y, weights = self.cross_attn(x, memory, mask, cache, need_weights)

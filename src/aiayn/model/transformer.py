@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -12,7 +11,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.errors import ModelInputError
-from aiayn.model.attention import forget_buffers
+from aiayn.model.cache import CrossAttentionCache, DecoderLayerCache, SelfAttentionCache
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import decoder_self_mask, padding_mask
@@ -20,8 +19,9 @@ from aiayn.model.masks import decoder_self_mask, padding_mask
 
 @dataclass
 class DecoderState:
-    """Incremental-decoding state (fairseq-style): one cache dict per decoder layer holding
-    self-attention keys/values of the steps so far and the encoder-decoder keys/values.
+    """Incremental-decoding state (fairseq-style): per decoder layer, a
+    :class:`~aiayn.model.cache.DecoderLayerCache` of the self-attention keys/values of the
+    steps so far and the encoder-decoder keys/values.
 
     ``offset`` is the number of target positions already fed (cached key columns).
     ``reorder`` selects rows (beam parents, dropping finished sentences), :meth:`join`
@@ -36,7 +36,7 @@ class DecoderState:
     row per ``group`` target rows: the beams of one sentence share them.
     """
 
-    layers: list[dict[str, dict[str, Tensor]]] = field(default_factory=list)
+    layers: list[DecoderLayerCache] = field(default_factory=list)
     offset: int = 0
     positions: Tensor | None = None  # [B] padded only: each row's next target position
     keys: Tensor | None = None  # [B, offset] padded only: True at the row's real keys
@@ -52,17 +52,9 @@ class DecoderState:
         every step. The self-attention rows' order is left pending: the next step gathers
         them as it appends its keys (one copy of the cache per step, not two).
         """
+        rows = None if not cross else sources if self.group > 1 else index
         for layer in self.layers:
-            for kind, cache in layer.items():
-                if kind == "self":
-                    cache["order"] = cache["order"][index] if "order" in cache else index
-                    continue
-                if kind == "cross" and not cross:
-                    continue
-                rows = sources if kind == "cross" and self.group > 1 else index
-                if rows is not None:
-                    for name in ("k", "v"):
-                        cache[name] = cache[name].index_select(0, rows)
+            layer.reorder(index, rows)
         if self.positions is not None and self.keys is not None:
             self.positions, self.keys = self.positions[index], self.keys[index]
 
@@ -72,9 +64,8 @@ class DecoderState:
             return self.positions, self.keys
         if not self.layers:
             raise ModelInputError("an empty DecoderState (see Transformer.start_state)")
-        cache = self.layers[0]["self"]
-        rows = len(cache["order"]) if "order" in cache else cache["k"].size(0)
-        device = cache["k"].device
+        cache = self.layers[0].self_attn
+        rows, device = cache.rows, cache.keys.device
         positions = torch.full((rows,), self.offset, dtype=torch.long, device=device)
         return positions, torch.ones(rows, self.offset, dtype=torch.bool, device=device)
 
@@ -88,13 +79,7 @@ class DecoderState:
         aligned = self.keys is None and other.keys is None and self.offset == other.offset
         padding = None if aligned else (self._padding(), other._padding())
         for mine, theirs in zip(self.layers, other.layers, strict=True):
-            for kind, left in (("self", True), ("cross", False)):
-                a, b = mine[kind], theirs[kind]
-                orders = a.pop("order", None), b.pop("order", None)  # pending reorders
-                forget_buffers(a)  # they hold the old rows
-                size = width if left else max(a["k"].size(2), b["k"].size(2))
-                for name in ("k", "v"):
-                    a[name] = _stack([a[name], b[name]], orders, size, left)
+            mine.join(theirs, width)
         if padding is not None:
             (my_positions, my_keys), (their_positions, their_keys) = padding
             self.keys = torch.cat(
@@ -111,34 +96,11 @@ class DecoderState:
             used = self.keys.any(dim=0)
             first = int(used.int().argmax()) if bool(used.any()) else self.offset
         for layer in self.layers:
-            for name in ("k", "v"):
-                layer["self"][name] = layer["self"][name][:, :, first:]
-                layer["cross"][name] = layer["cross"][name][:, :, :src_len]
+            layer.crop(first, src_len)
         if self.keys is not None:
             self.keys, self.offset = self.keys[:, first:], self.offset - first
             if bool(self.keys.all()):
                 self.positions = self.keys = None
-
-
-def _stack(parts: list[Tensor], orders: Sequence[Tensor | None], size: int, left: bool) -> Tensor:
-    """Rows of ``parts`` (each ``[B_i, h, L_i, d_k]``, taken in ``orders[i]`` when given)
-    one after the other in a ``[sum B_i, h, size, d_k]`` tensor, each zero-padded to
-    ``size`` columns on the left or the right: written once, with no intermediate copy."""
-    rows = [len(o) if o is not None else t.size(0) for t, o in zip(parts, orders)]
-    _, h, _, d_k = parts[0].shape
-    out = parts[0].new_empty(sum(rows), h, size, d_k)
-    start = 0
-    for t, order, n in zip(parts, orders, rows):
-        L = t.size(2)
-        block = out[start : start + n]
-        dst = block[:, :, size - L :] if left else block[:, :, :L]
-        (block[:, :, : size - L] if left else block[:, :, L:]).zero_()  # masked columns
-        if order is None:
-            dst.copy_(t)
-        else:
-            torch.index_select(t, 0, order, out=dst)
-        start += n
-    return out
 
 
 def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int, values: bool = True) -> None:
@@ -203,8 +165,8 @@ class Decoder(nn.Module):
         weights: dict[str, list[Tensor]] | None = None,
     ) -> Tensor:
         """x ``[B, T, d_model]``, memory ``[B, S, d_model]`` -> ``[B, T, d_model]``."""
-        if state is not None and not state.layers:
-            state.layers = [{} for _ in self.layers]
+        if state is not None and not state.layers:  # a bare DecoderState(): its first step
+            state.layers = self.start(memory, state.group)
         for i, layer in enumerate(self.layers):
             cache = state.layers[i] if state is not None else None
             x, self_w, cross_w = layer(
@@ -214,6 +176,19 @@ class Decoder(nn.Module):
                 weights["decoder_self"].append(self_w)
                 weights["cross"].append(cross_w)
         return self.norm(x) if self.norm is not None else x
+
+    def start(self, memory: Tensor, group: int = 1) -> list[DecoderLayerCache]:
+        """Per layer, the caches of ``group`` target rows per row of ``memory [B, S,
+        d_model]`` before their first step: encoder-decoder keys/values projected once per
+        source row, no self-attention keys yet (``[B * group, h, 0, d_k]``)."""
+        rows, caches = memory.size(0) * group, []
+        for layer in cast("list[DecoderLayer]", self.layers):  # an nn.ModuleList
+            k, v = layer.cross_attn.memory_kv(memory)
+            empty = k.new_zeros(rows, k.size(1), 0, k.size(3))
+            caches.append(
+                DecoderLayerCache(SelfAttentionCache(empty, empty), CrossAttentionCache(k, v))
+            )
+        return caches
 
 
 class Transformer(nn.Module):
@@ -322,12 +297,7 @@ class Transformer(nn.Module):
         [B, S, d_model]`` (B * group rows: the beams of each sentence, side by side), about
         to take their first step: encoder-decoder keys/values projected once per source,
         no self-attention keys yet. :meth:`DecoderState.join` adds it to a running batch."""
-        rows, layers = memory.size(0) * group, []
-        for layer in cast("list[DecoderLayer]", self.decoder.layers):  # an nn.ModuleList
-            k, v = layer.cross_attn.memory_kv(memory)
-            empty = k.new_zeros(rows, k.size(1), 0, k.size(3))
-            layers.append({"self": {"k": empty, "v": empty}, "cross": {"k": k, "v": v}})
-        return DecoderState(layers, 0, group=group)
+        return DecoderState(self.decoder.start(memory, group), 0, group=group)
 
     def projection_buffers(self, x: Tensor) -> int:
         """How many ``[n, tgt_vocab_size]`` buffers :meth:`project` writes into for a 2-D

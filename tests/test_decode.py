@@ -16,7 +16,7 @@ from aiayn.decode import (
     search,
 )
 from aiayn.decode.core import DecodeStep
-from aiayn.errors import AiaynError, DecodeError
+from aiayn.errors import AiaynError, DecodeError, ModelInputError
 from aiayn.model import DecoderState
 from aiayn.train.loss import label_smoothed_cross_entropy
 from conftest import random_batch, tiny_config
@@ -134,6 +134,29 @@ def test_incremental_logits_equal_full_recomputation(tiny_model):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-5, rtol=1e-5)
     assert state.offset == 7
+
+
+def test_a_state_gives_the_positions_and_mask_of_its_new_steps():
+    """DecoderState.advance, for each kind of state: one step sees every key (no mask),
+    several steps are causal over cached and new keys, a padded state's rows sit at their
+    own positions and see their own keys; a refused call counts nothing."""
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    state = DecoderState(offset=2)
+    assert state.advance(ids[:, :1]) == (2, None) and state.offset == 3
+    positions, mask = state.advance(ids[:, :2])
+    assert positions == 3 and state.offset == 5 and mask is not None
+    assert mask.tolist() == [[[[True] * 4 + [False], [True] * 5]]]
+    keys = torch.tensor([[True, True], [False, True]])
+    padded = DecoderState(offset=2, positions=torch.tensor([2, 1]), keys=keys)
+    with pytest.raises(ModelInputError, match="one step at a time"):
+        padded.advance(ids[:, :2])
+    assert padded.offset == 2 and padded.keys is keys
+    positions, mask = padded.advance(ids[:, :1])
+    assert isinstance(positions, torch.Tensor) and positions.tolist() == [2, 1]
+    assert padded.offset == 3 and padded.positions is not None
+    assert padded.positions.tolist() == [3, 2]
+    assert mask is not None and mask.shape == (2, 1, 1, 3)
+    assert mask[:, 0, 0].tolist() == [[True, True, True], [False, True, True]]
 
 
 def test_beam_of_one_is_greedy(tiny_model):

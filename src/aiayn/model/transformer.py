@@ -42,6 +42,30 @@ class DecoderState:
     keys: Tensor | None = None  # [B, offset] padded only: True at the row's real keys
     group: int = 1  # target rows per source row
 
+    def advance(self, tgt_in: Tensor) -> tuple[int | Tensor, Tensor | None]:
+        """Count the T new steps ``tgt_in [B, T]`` (only its shape and device are read) as
+        fed, before the decoder appends their keys to every layer's cache (a failure there
+        leaves the state unusable). Returns their positions (an int, the first step's,
+        shared by all rows; ``[B]`` per row when padded) and their self-attention mask over
+        the cached and new keys, True where a query may attend: None for one step of an
+        unpadded state, causal ``[1, 1, T, offset + T]`` for several, ``[B, 1, 1, offset +
+        1]`` (each row's own keys) when padded."""
+        rows, steps = tgt_in.shape
+        offset, positions, keys = self.offset, self.positions, self.keys
+        if positions is not None and keys is not None:  # padded: each row at its own place
+            if steps != 1:  # the mask below is one query's
+                raise ModelInputError(f"a padded state takes one step at a time, got {steps}")
+            self.keys = torch.cat([keys, keys.new_ones(rows, 1)], dim=1)  # the new key is real
+            self.positions, self.offset = positions + 1, offset + 1
+            return positions, self.keys[:, None, None, :]
+        self.offset = offset + steps
+        if steps == 1:  # one query, the latest position: it may see every key
+            return offset, None
+        # Several new steps: each sees the cached keys and the new ones up to its own.
+        q_pos = torch.arange(offset, offset + steps, device=tgt_in.device)
+        k_pos = torch.arange(offset + steps, device=tgt_in.device)
+        return offset, (k_pos[None, :] <= q_pos[:, None])[None, None]
+
     def reorder(self, index: Tensor, sources: Tensor | None = None, cross: bool = True) -> None:
         """Keep batch rows ``index [B']`` (in that order) of every cached tensor. With
         ``group > 1`` the encoder-decoder keys/values keep the source rows ``sources``
@@ -251,10 +275,9 @@ class Transformer(nn.Module):
         own outputs, and checking them would synchronise a GPU at every step.
         """
         offset = state.offset if state is not None else 0
-        padded = None if state is None or state.positions is None else state._padding()
-        vocab = self.cfg.tgt_vocab_size
-        room = self.cfg.max_len - (0 if padded is not None else offset)
-        _check_ids("tgt_in", tgt_in, vocab, room, values=offset == 0)
+        padded = state is not None and state.positions is not None  # rows at their own steps
+        room = self.cfg.max_len - (0 if padded else offset)
+        _check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, room, values=offset == 0)
         group = state.group if state is not None else 1  # target rows per source row
         rows = tgt_in.size(0)
         if memory.dim() != 3 or memory.size(0) * group != rows or src.size(0) * group != rows:
@@ -267,29 +290,14 @@ class Transformer(nn.Module):
             raise ModelInputError(
                 f"memory covers {memory.size(1)} source positions but src has {src.size(1)}"
             )
-        T = tgt_in.size(1)
-        positions: int | Tensor = offset
+        positions: int | Tensor
         self_mask: Tensor | None
-        if padded is not None:  # each row at its own position; its cached keys only
-            if T != 1:
-                raise ModelInputError(f"a padded state takes one step at a time, got {T}")
-            positions, cached = padded
-            keys = torch.cat([cached, cached.new_ones(tgt_in.size(0), 1)], dim=1)
-            self_mask = keys[:, None, None, :]  # [B, 1, 1, L + 1]
-        elif state is None:
-            self_mask = decoder_self_mask(tgt_in, self.cfg.pad_id)  # [B, 1, T, T]
-        elif T == 1:
-            self_mask = None  # one new query may see every cached key
-        else:  # several new steps: causal over [cached + new] keys
-            q_pos = torch.arange(offset, offset + T, device=tgt_in.device)
-            k_pos = torch.arange(offset + T, device=tgt_in.device)
-            self_mask = (k_pos[None, :] <= q_pos[:, None])[None, None]
+        if state is None:  # all T steps at once: causal, and pad keys masked
+            positions, self_mask = 0, decoder_self_mask(tgt_in, self.cfg.pad_id)
+        else:  # the new steps after the cached ones
+            positions, self_mask = state.advance(tgt_in)
         x = self.tgt_pos(self.tgt_embed(tgt_in), offset=positions)
         x = self.decoder(x, memory, self_mask, padding_mask(src, self.cfg.pad_id), state, weights)
-        if state is not None:
-            state.offset += T
-            if padded is not None:
-                state.keys, state.positions = keys, padded[0] + 1
         return self.project(x) if project else x
 
     def start_state(self, memory: Tensor, group: int = 1) -> DecoderState:

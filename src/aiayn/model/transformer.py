@@ -76,9 +76,9 @@ class DecoderState:
         every step. The self-attention rows' order is left pending: the next step gathers
         them as it appends its keys (one copy of the cache per step, not two).
         """
-        rows = None if not cross else sources if self.group > 1 else index
+        sources = index if self.group == 1 else sources  # a source row per target row
         for layer in self.layers:
-            layer.reorder(index, rows)
+            layer.reorder(index, sources if cross else None)
         if self.positions is not None and self.keys is not None:
             self.positions, self.keys = self.positions[index], self.keys[index]
 

@@ -47,6 +47,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "attention": ("model/attention.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
     "layers": ("model/layers.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
     "embedding": ("model/embedding.py", MODEL_TESTS),
+    # The decoder's key/value cache, out of attention.py and transformer.py since issue 41.
+    "cache": (
+        "model/cache.py",
+        [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py", "test_continuous.py"],
+    ),
     "transformer": (
         "model/transformer.py",
         [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py", "test_continuous.py"],

@@ -164,3 +164,37 @@ def test_attention_dropout_drops_weights_and_keeps_the_mean(need_weights):
     torch.testing.assert_close(dropped[kept], 2 * plain[kept])
     if need_weights:
         torch.testing.assert_close(weights, dropped)  # v is the identity
+
+
+def test_attention_dropout_share_is_the_one_given():
+    """The weights path drops the share asked for (0.25 here), not a default one."""
+    torch.manual_seed(1)
+    q, k = torch.randn(8, 2, 16, 4), torch.randn(8, 2, 16, 4)
+    v = torch.eye(16).expand(8, 2, 16, 16)
+    dropped, _ = scaled_dot_product_attention(q, k, v, None, 0.25, need_weights=True)
+    assert 0.2 < (dropped == 0).float().mean().item() < 0.3  # 4096 weights
+
+
+def test_multihead_defaults_and_refusal():
+    """No attention dropout unless asked (train mode changes nothing then), no weights
+    unless asked, dropout only in train mode, and a d_model that heads cannot split is
+    refused by name."""
+    torch.manual_seed(0)
+    mha, x = MultiHeadAttention(16, 4), torch.randn(2, 5, 16)
+    out, weights = mha.train()(x)
+    assert weights is None
+    torch.testing.assert_close(out, mha.eval()(x)[0], rtol=0, atol=0)
+    dropping = MultiHeadAttention(16, 4, attention_dropout=0.5)
+    dropping.load_state_dict(mha.state_dict())
+    assert not torch.equal(dropping.train()(x)[0], out)  # half the weights dropped
+    torch.testing.assert_close(dropping.eval()(x)[0], out, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=4"):
+        MultiHeadAttention(10, 4)
+
+
+def test_an_empty_batch_attends_to_nothing():
+    """Zero rows in, zero rows out, for self- and encoder-decoder attention alike."""
+    mha = MultiHeadAttention(16, 4).eval()
+    empty = torch.zeros(0, 3, 16)
+    assert mha(empty)[0].shape == (0, 3, 16)
+    assert mha(empty, torch.zeros(0, 5, 16))[0].shape == (0, 3, 16)

@@ -151,3 +151,31 @@ def test_a_pre_ln_model_decodes_the_same_with_and_without_its_cache():
     for a, b in zip(cached, plain):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_a_shared_source_row_equals_its_copies_over_several_steps(tiny_model):
+    """A state of G target rows per source row (the beams of a sentence sharing its
+    encoder-decoder keys/values) gives the logits and the attention weights of a state
+    holding G copies of each source, also when several steps are fed at once (G*T
+    queries attend together, then split back to their rows)."""
+    cfg, G = tiny_model.cfg, 2
+    src, _ = random_batch(cfg, [5, 3], [1, 1], seed=4)  # two sentences
+    _, tgt_in = random_batch(cfg, [1] * 4, [4] * 4, seed=5)  # G = 2 rows each: [4, 4]
+    with torch.inference_mode():
+        memory = tiny_model.encode(src)
+        shared, copies = (
+            tiny_model.start_state(memory, G),
+            tiny_model.start_state(memory.repeat_interleave(G, dim=0), 1),
+        )
+        want: dict[str, list[torch.Tensor]] = {"decoder_self": [], "cross": []}
+        got: dict[str, list[torch.Tensor]] = {"decoder_self": [], "cross": []}
+        for a, b in ((0, 1), (1, 4)):  # one step, then three at once
+            step = tgt_in[:, a:b]
+            reps = memory.repeat_interleave(G, dim=0), src.repeat_interleave(G, dim=0)
+            expected = tiny_model.decode(step, *reps, copies, weights=want)
+            found = tiny_model.decode(step, memory, src, shared, weights=got)
+            torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-5)
+    for kind in want:
+        for w_got, w_want in zip(got[kind], want[kind], strict=True):
+            assert w_got.shape == w_want.shape
+            torch.testing.assert_close(w_got, w_want, rtol=1e-5, atol=1e-6)

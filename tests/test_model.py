@@ -376,3 +376,68 @@ def test_projection_into_reused_memory_is_bit_identical(output_bias):
             assert torch.equal(
                 got, torch.nn.functional.linear(x, model.tgt_embed.weight, model.out_bias)
             )
+
+
+def test_refusals_are_whole_sentences(tiny_model):
+    """The exact messages (a user reads them as they are): the ids' type and length, the
+    first id out of range named over the last, every batch-size mismatch of decode with
+    its grouping, and the decoder states that cannot be joined or are empty."""
+    m, ok = tiny_model, torch.ones(2, 3, dtype=torch.long)
+
+    def message(call) -> str:
+        with pytest.raises(ValueError) as e:
+            call()
+        return str(e.value)
+
+    assert message(lambda: m([[1, 2]], ok)) == ("src must be a torch.Tensor of token ids, got list")
+    assert message(lambda: m(torch.ones(2, 65, dtype=torch.long), ok)) == (
+        "src has length 65, longer than max_len=64"
+    )
+    m(torch.ones(2, 64, dtype=torch.long), ok)  # max_len itself fits
+    low_and_high = torch.tensor([[0, 23, 4]])  # id 0 is fine; 23 is one past the vocabulary
+    assert message(lambda: m.encode(low_and_high)) == (
+        "src holds id 23, outside the vocabulary [0, 23)"
+    )
+    assert message(lambda: m.encode(torch.tensor([[-1, 30]]))) == (
+        "src holds id -1, outside the vocabulary [0, 23)"
+    )
+    memory, tgt = m.encode(ok), torch.ones(4, 1, dtype=torch.long)
+    assert message(lambda: m.decode(tgt, memory, ok)) == (
+        "batch sizes differ: tgt_in (4, 1), memory (2, 3, 32), src (2, 3)"
+    )
+    assert message(lambda: m.decode(ok, memory[0], ok)) == (
+        "batch sizes differ: tgt_in (2, 3), memory (3, 32), src (2, 3)"
+    )
+    assert message(lambda: m.decode(ok, memory, ok[:1])) == (
+        "batch sizes differ: tgt_in (2, 3), memory (2, 3, 32), src (1, 3)"
+    )
+    grouped = m.start_state(memory, group=3)
+    assert message(lambda: m.decode(tgt, memory, ok, grouped)) == (
+        "batch sizes differ: tgt_in (4, 1), memory (2, 3, 32), src (2, 3) "
+        "(3 target rows per source row)"
+    )
+    assert message(lambda: m.decode(ok, memory[:, :2], ok)) == (
+        "memory covers 2 source positions but src has 3"
+    )
+    assert message(lambda: m.start_state(memory).join(m.start_state(memory, group=2))) == (
+        "only states of one group size can be joined"
+    )
+    assert message(lambda: DecoderState(offset=2)._padding()) == (
+        "an empty DecoderState (see Transformer.start_state)"
+    )
+
+
+def test_states_at_the_same_step_join_without_padding(tiny_model):
+    """Rows that started together stay on the plain cached path when joined (no per-row
+    positions, no key mask); rows of another step make the state padded."""
+    src = torch.ones(2, 3, dtype=torch.long)
+    memory = tiny_model.encode(src)
+    a, b = tiny_model.start_state(memory), tiny_model.start_state(memory)
+    a.join(b)
+    assert a.positions is None and a.keys is None and a.offset == 0
+    tiny_model.decode(
+        torch.ones(4, 1, dtype=torch.long), memory.repeat(2, 1, 1), src.repeat(2, 1), a
+    )
+    a.join(tiny_model.start_state(memory))  # these rows are one step behind
+    assert a.keys is not None and a.positions is not None
+    assert a.positions.tolist() == [1, 1, 1, 1, 0, 0] and a.keys.tolist()[-1] == [False]

@@ -158,7 +158,8 @@ class BeamEngine(Generic[Tag]):
             lines = range(m) if lines is None else lines
             if len(lines) != m:
                 raise DecodeError(f"{len(lines)} line indices for {m} sentences")
-            uniforms = row_uniforms(options.seed, lines, n, max(limits)).to(self.device)
+            steps = max(max(limits), 1)  # a unit allowed no token still draws once
+            uniforms = row_uniforms(options.seed, lines, n, steps).to(self.device)
         with inference(self.models):
             rows = DecodeStep(self.models, src, group=K, expand=n, use_cache=self.use_cache)
         if forced is not None and n > 1:

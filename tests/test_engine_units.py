@@ -444,8 +444,13 @@ def test_sentences_that_leave_leave_nothing_behind(model: Transformer) -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"beam": 2, "n_best": 2}, {"beam": 1}, {"beam": 1, "sampling": True, "n_best": 2}],
-    ids=["beam", "greedy", "sampling"],
+    [
+        {"beam": 2, "n_best": 2},
+        {"beam": 1},
+        {"beam": 1, "forced_eos": True},  # the mask of the units at their limit is read
+        {"beam": 1, "sampling": True, "n_best": 2, "forced_eos": True},
+    ],
+    ids=["beam", "greedy", "greedy-forced-eos", "sampling"],
 )
 def test_the_engine_makes_its_tensors_on_the_models_device(
     model: Transformer, settings: dict[str, Any]

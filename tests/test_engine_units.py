@@ -1,13 +1,17 @@
-"""The beam engine's parts that the end-to-end decode tests leave unchecked (issue 45, the
-mutation score of decode/engine.py): sentences that join or leave with forced prefixes
-still pending, the removal of the first of three sentences, a source of padding only, a
-length penalty per added batch, an engine without a cache, the refusals' messages, and
-the pure steps of the search (choosing the beams that continue, finding the EOS hits) on
-tensors built by hand.
+"""The engine's parts that the end-to-end decode tests leave unchecked (issue 45, the
+mutation score of decode/engine.py and decode/beam.py): sentences that join or leave with
+forced prefixes still pending, the removal of the first of three sentences, a source of
+padding only, a length penalty per added batch, an engine without a cache, the refusals'
+messages, the pure steps of beam search (choosing the beams that continue, finding the
+EOS hits) on tensors built by hand; greedy decoding and sampling as units of one row
+(joining, leaving early, ``scores=False``, units allowed no token); and the device every
+tensor the engine makes goes on.
 
-Each sentence run through the engine is checked against offline beam search of that
-sentence alone (its whole list of hypotheses, not only the best one): a sentence's result
-must not depend on what ran beside it. Tiny random models, fixed seeds, milliseconds."""
+Each beam-search sentence run through the engine is checked against offline beam search
+of that sentence alone (its whole list of hypotheses, not only the best one), each greedy
+or sampled one against a plain uncached loop over ``model.decode`` of that sentence alone:
+a sentence's result must not depend on what ran beside it. Tiny random models, fixed
+seeds, milliseconds."""
 
 from __future__ import annotations
 
@@ -366,8 +370,8 @@ def test_a_sentence_allowed_no_token_gets_one_empty_output_per_unit(
 @pytest.mark.xfail(
     strict=True,
     raises=RuntimeError,
-    reason="engine.add draws max(limits) = 0 random numbers per sample, but the first step "
-    "still reads column 0 (a bug in src/aiayn/decode/engine.py; see issue 45's report)",
+    reason="a bug in BeamEngine.add: it draws max(limits) = 0 random numbers per sample, but "
+    "the first step still reads column 0 (fix: draw max(max(limits), 1))",
 )
 def test_sampling_with_no_token_allowed_at_all_gives_empty_samples(model: Transformer) -> None:
     """``max_new_tokens=0`` with sampling: every sample is empty, as with greedy."""

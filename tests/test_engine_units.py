@@ -367,14 +367,9 @@ def test_a_sentence_allowed_no_token_gets_one_empty_output_per_unit(
         assert greedy(model, src, options.replace(max_new_tokens=0)).shape == (2, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="a bug in BeamEngine.add: it draws max(limits) = 0 random numbers per sample, but "
-    "the first step still reads column 0 (fix: draw max(max(limits), 1))",
-)
 def test_sampling_with_no_token_allowed_at_all_gives_empty_samples(model: Transformer) -> None:
-    """``max_new_tokens=0`` with sampling: every sample is empty, as with greedy."""
+    """``max_new_tokens=0`` with sampling: every sample is empty, as with greedy (the
+    engine once drew no random number for a step it still took)."""
     src = padded(sources(model, [5, 3], seed=14), model.cfg.pad_id)
     options = DecodeOptions(beam=1, sampling=True, n_best=2, seed=3, max_new_tokens=0)
     found = search(model, src, options)
@@ -484,3 +479,19 @@ def test_the_engine_makes_its_tensors_on_the_models_device(
     want = decode("cpu")
     assert set(want) == {"a", "b"}
     assert decode("meta") == want
+
+
+def test_tags_are_one_per_sentence_and_one_row_is_beam_one(model: Transformer) -> None:
+    """A tag names one running sentence (the results are keyed by it): a repeated tag, or
+    one already running, is refused before the batch changes; asking for one row per
+    sentence with a beam is refused too."""
+    src = padded(sources(model, [4, 3], seed=15), model.cfg.pad_id)
+    engine: BeamEngine[str] = BeamEngine(model, DecodeOptions(beam=2))
+    with pytest.raises(DecodeError, match="a tag of its own"):
+        engine.add(src, ["a", "a"])
+    engine.add(src, ["a", "b"])
+    with pytest.raises(DecodeError, match="a tag of its own"):
+        engine.add(src[:1], ["b"])
+    assert [u.tag for u in engine.units] == ["a", "b"]
+    with pytest.raises(DecodeError, match="one row per sentence is beam 1, got beam 2"):
+        BeamEngine(model, DecodeOptions(beam=2), one_per_row=True)

@@ -126,17 +126,19 @@ def forced_ids(
         raise DecodeError(
             f"prefix: {longest} tokens leave no room for EOS within max_len={cfg.max_len}"
         )
-    ids = torch.full((rows, longest), -1, dtype=torch.long)
+    ids = torch.full((rows, longest), -1, dtype=torch.long, device="cpu")
     for i, p in enumerate(prefix):
         if p:
-            ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+            ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long, device="cpu")
     real = ids[ids >= 0]
     if real.numel() and int(real.max()) >= cfg.tgt_vocab_size:
         raise DecodeError(
             f"prefix: id {int(real.max())} is outside the target vocabulary "
             f"[0, {cfg.tgt_vocab_size})"
         )
-    if bool(torch.isin(real, torch.tensor([cfg.eos_id, cfg.pad_id, cfg.bos_id])).any()):
+    if bool(
+        torch.isin(real, torch.tensor([cfg.eos_id, cfg.pad_id, cfg.bos_id], device="cpu")).any()
+    ):
         raise DecodeError("prefix: EOS, PAD and BOS cannot be forced")
     return ids.to(device)
 

@@ -100,6 +100,8 @@ class BeamEngine(Generic[Tag]):
             raise DecodeError(f"options must be a DecodeOptions, got {type(options).__name__}")
         if options.sampling and one_per_row is False:
             raise DecodeError("beam search does not sample")
+        if one_per_row and options.beam > 1:
+            raise DecodeError(f"one row per sentence is beam 1, got beam {options.beam}")
         self.models, self.options = as_list(models), options
         self.one_per_row = (
             options.greedy or options.sampling if one_per_row is None else one_per_row
@@ -146,6 +148,8 @@ class BeamEngine(Generic[Tag]):
         running batch changes."""
         if src.size(0) != len(tags) or not len(tags):
             raise DecodeError(f"add: {src.size(0)} sentences but {len(tags)} tags")
+        if len(set(tags) | {u.tag for u in self.units}) != len(tags) + len(self):
+            raise DecodeError("add: every sentence needs a tag of its own (one is running)")
         options = self.options if alpha is None else self.options.replace(alpha=alpha)
         n = options.n_best if options.sampling else 1  # units per sentence
         src, K, m = src.to(self.device), self.K, len(tags)
@@ -279,13 +283,13 @@ class BeamEngine(Generic[Tag]):
             token = ban(logits, self._banned).argmax(dim=-1)  # [n]: on the logits, as always
         if now is not None:
             token = torch.where(now >= 0, now, token)
-        last = torch.tensor(ending, device=self.device)
-        if o.forced_eos:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
+        last = torch.tensor(ending, device=self.device) if o.forced_eos else None
+        if last is not None:  # as Hugging Face's forced_eos_token_id: EOS, scored 0
             token = torch.where(last, eos, token)
         gained = [0.0] * len(units)
         if logp is not None:
             token_logp = logp.gather(1, token[:, None]).squeeze(1).double()  # never banned
-            gained = (token_logp.masked_fill(last, 0.0) if o.forced_eos else token_logp).tolist()
+            gained = (token_logp if last is None else token_logp.masked_fill(last, 0.0)).tolist()
         tokens, is_eos = token.tolist(), (token == eos).tolist()
         keep: list[int] = []
         out: Done = []

@@ -23,12 +23,14 @@ def row_uniforms(seed: int | None, lines: Sequence[int], samples: int, steps: in
     pure function of (seed, lines[i], j); ``seed=None`` draws one seed at random."""
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item())
-    out = torch.empty(len(lines) * samples, steps, dtype=torch.float64)
+    out = torch.empty(len(lines) * samples, steps, dtype=torch.float64, device="cpu")
     generator = torch.Generator()
     for i, line in enumerate(lines):
         for j in range(samples):
             generator.manual_seed(_row_seed(seed, line, j))
-            out[i * samples + j] = torch.rand(steps, generator=generator, dtype=torch.float64)
+            out[i * samples + j] = torch.rand(
+                steps, generator=generator, dtype=torch.float64, device="cpu"
+            )
     return out
 
 

@@ -441,3 +441,43 @@ def test_states_at_the_same_step_join_without_padding(tiny_model):
     a.join(tiny_model.start_state(memory))  # these rows are one step behind
     assert a.keys is not None and a.positions is not None
     assert a.positions.tolist() == [1, 1, 1, 1, 0, 0] and a.keys.tolist()[-1] == [False]
+
+
+def test_every_config_field_reaches_its_module():
+    """The fields for pretrained models land where they act: separate, unscaled target
+    embeddings, learned positions with the configured dropout, the pre-LN stacks' final
+    LayerNorm epsilon, and no output bias unless asked."""
+    cfg = tiny_config(scale_embeddings=False, learned_positions=True, dropout=0.2, norm_first=True)
+    cfg = TransformerConfig(**{**cfg.to_dict(), "layer_norm_eps": 1e-3})
+    model = Transformer(cfg)
+    assert model.tgt_embed is not model.src_embed and model.tgt_embed.scale is None
+    for pos in (model.src_pos, model.tgt_pos):
+        assert pos.learned is not None and pos.dropout.p == 0.2
+    assert model.encoder.norm is not None and model.encoder.norm.eps == 1e-3
+    assert model.decoder.norm is not None and model.decoder.norm.eps == 1e-3
+    assert model.out_bias is None and "out_bias" not in model.state_dict()
+    x = torch.randn(3, cfg.d_model)  # a plain 2-D projection, no buffers given
+    torch.testing.assert_close(model.project(x), x @ model.tgt_embed.weight.t())
+
+
+def test_a_state_may_not_step_past_max_len(tiny_model):
+    """The positions a state has fed count against max_len (64 here): a state at 62 has
+    room for 2 more, not 3; and the batch-size refusals of forward and decode, word for
+    word (a 2-D memory; two target rows per source row)."""
+    src = torch.ones(2, 3, dtype=torch.long)
+    memory = tiny_model.encode(src)
+    state = tiny_model.start_state(memory)
+    state.offset = 62  # as if 62 steps were fed (their keys are not needed to check this)
+    with pytest.raises(ValueError, match="tgt_in has length 3, longer than max_len=2"):
+        tiny_model.decode(torch.ones(2, 3, dtype=torch.long), memory, src, state)
+    with pytest.raises(ValueError) as e:
+        tiny_model(src, torch.ones(3, 3, dtype=torch.long))
+    assert str(e.value) == "batch sizes differ: src has 2 rows, tgt_in 3"
+    with pytest.raises(ValueError) as e:
+        tiny_model.decode(src, memory[:, 0], src)
+    assert str(e.value) == "batch sizes differ: tgt_in (2, 3), memory (2, 32), src (2, 3)"
+    with pytest.raises(ValueError) as e:
+        tiny_model.decode(
+            torch.ones(3, 1, dtype=torch.long), memory, src, tiny_model.start_state(memory, 2)
+        )
+    assert str(e.value).endswith("(2 target rows per source row)")

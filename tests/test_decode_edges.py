@@ -5,6 +5,8 @@ every row ending at once, and samples seeded by their line index."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -179,3 +181,22 @@ def test_a_shared_source_row_equals_its_copies_over_several_steps(tiny_model):
         for w_got, w_want in zip(got[kind], want[kind], strict=True):
             assert w_got.shape == w_want.shape
             torch.testing.assert_close(w_got, w_want, rtol=1e-5, atol=1e-6)
+
+
+def test_states_that_stepped_apart_join_and_go_on_as_alone(tiny_model):
+    """Rows with cached keys of different lengths join one state (the shorter cache is
+    left-padded with masked columns): the next step of each row gives the logits it would
+    have given alone."""
+    src, tgt = random_batch(tiny_model.cfg, [5, 3], [4, 4], seed=6)
+    with torch.inference_mode():
+        memory = tiny_model.encode(src)
+        a, b = tiny_model.start_state(memory[:1]), tiny_model.start_state(memory[1:])
+        for t in range(3):  # a takes three steps, b one
+            tiny_model.decode(tgt[:1, t : t + 1], memory[:1], src[:1], a)
+        tiny_model.decode(tgt[1:, :1], memory[1:], src[1:], b)
+        alone_a = tiny_model.decode(tgt[:1, 3:4], memory[:1], src[:1], copy.deepcopy(a))
+        alone_b = tiny_model.decode(tgt[1:, 1:2], memory[1:], src[1:], copy.deepcopy(b))
+        a.join(b)
+        both = tiny_model.decode(torch.cat([tgt[:1, 3:4], tgt[1:, 1:2]]), memory, src, a)
+    torch.testing.assert_close(both[:1], alone_a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(both[1:], alone_b, rtol=1e-5, atol=1e-5)

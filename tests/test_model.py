@@ -471,7 +471,7 @@ def test_a_state_may_not_step_past_max_len(tiny_model):
     with pytest.raises(ValueError, match="tgt_in has length 3, longer than max_len=2"):
         tiny_model.decode(torch.ones(2, 3, dtype=torch.long), memory, src, state)
     with pytest.raises(ValueError) as e:
-        tiny_model(src, torch.ones(3, 3, dtype=torch.long))
+        tiny_model(src, torch.ones(3, 4, dtype=torch.long))  # rows, not lengths, differ
     assert str(e.value) == "batch sizes differ: src has 2 rows, tgt_in 3"
     with pytest.raises(ValueError) as e:
         tiny_model.decode(src, memory[:, 0], src)

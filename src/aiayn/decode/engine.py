@@ -114,8 +114,8 @@ class BeamEngine(Generic[Tag]):
         self._clear()
 
     def __len__(self) -> int:
-        """Sentences running."""
-        return len({u.tag for u in self.units}) if self.options.sampling else len(self.units)
+        """Sentences running (a sampled one has a slot in ``_samples`` until it is done)."""
+        return len(self._samples) if self.options.sampling else len(self.units)
 
     @property
     def width(self) -> int:
@@ -292,21 +292,22 @@ class BeamEngine(Generic[Tag]):
             gained = (token_logp if last is None else token_logp.masked_fill(last, 0.0)).tolist()
         tokens, is_eos = token.tolist(), (token == eos).tolist()
         keep: list[int] = []
-        out: Done = []
-        P = self.decoded.size(1)
+        done: list[int] = []
         for i, (unit, g, end) in enumerate(zip(units, gained, ending)):
             unit.steps += 1
             unit.log_prob += g
-            if not (end or is_eos[i]):
-                keep.append(i)
-                continue
+            (done if end or is_eos[i] else keep).append(i)
+        # The rows that end, copied to the host at once (one transfer per step, not per row).
+        P, ended = self.decoded.size(1), self.decoded[done].tolist() if done else []
+        out: Done = []
+        for i, row in zip(done, ended):
+            unit = units[i]
             alpha, kind = unit.options.alpha, unit.options.length_penalty
             if not unit.limit:  # no token allowed: it decoded one for nothing
                 h = hypothesis([], 0.0, alpha, kind, eos=False)
             else:  # its tokens: the last `steps - 1` columns, then this one (not EOS)
-                row = self.decoded[i, P - unit.steps + 1 :].tolist()
-                row += [] if is_eos[i] else [tokens[i]]
-                h = hypothesis(row, unit.log_prob, alpha, kind, bool(is_eos[i]))
+                output = row[P - unit.steps + 1 :] + ([] if is_eos[i] else [tokens[i]])
+                h = hypothesis(output, unit.log_prob, alpha, kind, bool(is_eos[i]))
             samples = self._samples.get(unit.tag)
             if samples is None:
                 out.append((unit.tag, [h]))

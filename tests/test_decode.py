@@ -105,15 +105,17 @@ def test_greedy_shape_and_padding_contract():
             assert cfg.pad_id not in row, out  # a running row is never padded
 
 
-def test_cached_and_uncached_greedy_and_beam_agree(tiny_model):
-    cfg = tiny_model.cfg
-    src, _ = random_batch(cfg, [6, 3, 5, 1], [1] * 4, seed=4)
+@pytest.mark.parametrize("norm_first", [False, True])  # the post-LN and pre-LN cache paths
+def test_cached_and_uncached_greedy_and_beam_agree(norm_first):
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(norm_first=norm_first)).eval()
+    src, _ = random_batch(model.cfg, [6, 3, 5, 1], [1] * 4, seed=4)
     assert torch.equal(
-        greedy(tiny_model, src, max_new_tokens=15),
-        greedy(tiny_model, src, max_new_tokens=15, use_cache=False),
+        greedy(model, src, max_new_tokens=15),
+        greedy(model, src, max_new_tokens=15, use_cache=False),
     )
-    cached = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3)
-    plain = beam_search(tiny_model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
+    cached = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3)
+    plain = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
     for a, b in zip(cached, plain):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)

@@ -141,20 +141,6 @@ def test_searching_longer_never_finds_worse():
     assert any(n > f + 1e-3 for f, n in zip(best[True], best["never"]))  # it matters here
 
 
-def test_a_pre_ln_model_decodes_the_same_with_and_without_its_cache():
-    """The cache path of the pre-LN layers (norm_first), as test_decode checks post-LN."""
-    torch.manual_seed(0)
-    model = Transformer(tiny_config(norm_first=True)).eval()
-    src, _ = random_batch(model.cfg, [6, 3, 5], [1, 1, 1], seed=4)
-    cached_greedy = greedy(model, src, max_new_tokens=12)
-    assert torch.equal(cached_greedy, greedy(model, src, max_new_tokens=12, use_cache=False))
-    cached = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3)
-    plain = beam_search(model, src, beam_size=3, max_len_b=8, n_best=3, use_cache=False)
-    for a, b in zip(cached, plain):
-        assert [h.tokens for h in a] == [h.tokens for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
-
-
 def test_a_shared_source_row_equals_its_copies_over_several_steps(tiny_model):
     """A state of G target rows per source row (the beams of a sentence sharing its
     encoder-decoder keys/values) gives the logits and the attention weights of a state

@@ -94,9 +94,9 @@ def test_the_budget_counts_a_forced_prefix_as_the_searches_do():
     options = DecodeOptions(max_len_a=0.0, max_len_b=5)  # outputs of at most 5 tokens
     budget = CacheBudget(90, 64, 0.0, 5)
     prefix = [[4] * 20]  # ... but a forced prefix of 20 needs 21, EOS included
-    forced = forced_ids(prefix, cfg, 1, torch.device("cpu"))
+    forced = forced_ids(prefix, cfg, 1)
     src = torch.full((1, 3), 3)
-    assert budget.output_limit(3, 20) == int(search_limits(cfg, src, options, forced)[0]) == 21
+    assert budget.output_limit(3, 20) == search_limits(cfg, src, options, forced)[0] == 21
     free = Outcomes().job([[3] * 3])
     budget.check(free)  # 1 x beam 4 x (3 + 5) = 32
     with pytest.raises(TooLargeError, match=r"1 sentences x beam 4 x \(3 source \+ 21 output"):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
+from aiayn.decode.core import inference
 from aiayn.errors import DecodeError
 from aiayn.model.transformer import Transformer
 
@@ -27,13 +27,8 @@ def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int)
     heads, from one teacher-forced pass over ``src [B, S]`` and ``tgt_in [B, T]`` (BOS +
     output): ``[B, T, S]``, row t the step that produced output token t."""
     index = layer_index(layer, model.cfg.decoder_layers)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            _, weights = model.forward_with_attention(src, tgt_in)
-    finally:
-        model.train(was_training)
+    with inference(model):
+        _, weights = model.forward_with_attention(src, tgt_in)
     return weights["cross"][index].float().mean(dim=1)
 
 

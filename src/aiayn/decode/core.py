@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -47,22 +47,15 @@ def as_list(models: Models) -> list[Transformer]:
 def inference(models: Models) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the block, for one model or several;
     each model's training flag is restored afterwards, even if decoding raises."""
-    with ExitStack() as stack:
-        for model in [models] if isinstance(models, Transformer) else models:
-            stack.enter_context(_inference(model))
-        yield
-
-
-@contextmanager
-def _inference(model: Transformer) -> Iterator[None]:
-    was_training = model.training
-    if was_training:  # train()/eval() walk every module: skip them when nothing changes
+    # train()/eval() walk every module: only the models in training mode are switched.
+    training = [m for m in ([models] if isinstance(models, Transformer) else models) if m.training]
+    for model in training:
         model.eval()
     try:
         with torch.inference_mode():
             yield
     finally:
-        if was_training:
+        for model in training:
             model.train()
 
 
@@ -90,14 +83,12 @@ def length_limits(
 
 
 def search_limits(
-    cfg: TransformerConfig, src: Tensor, options: DecodeOptions, forced: Tensor | None
-) -> Tensor:
-    """:func:`length_limits` under ``options``, raised where needed so that every sentence
-    can take its whole forced prefix (:func:`forced_ids`) and then EOS: ``[B]``."""
+    cfg: TransformerConfig, src: Tensor, options: DecodeOptions, forced: Sequence[Sequence[int]]
+) -> list[int]:
+    """:func:`length_limits` under ``options``, raised where a sentence's forced prefix
+    (``forced[i]``, :func:`forced_ids`) needs more: the whole prefix, then EOS."""
     limits = length_limits(cfg, src, options.max_new_tokens, options.max_len_a, options.max_len_b)
-    if forced is not None:
-        limits = torch.maximum(limits, (forced >= 0).sum(dim=1).to(limits.device) + 1)
-    return limits
+    return [max(limit, len(p) + 1) if p else limit for limit, p in zip(limits.tolist(), forced)]
 
 
 def banned_ids(cfg: TransformerConfig, device: torch.device) -> Tensor:
@@ -111,44 +102,30 @@ def ban(scores: Tensor, banned: Tensor) -> Tensor:
 
 
 def forced_ids(
-    prefix: Sequence[Sequence[int]] | None, cfg: TransformerConfig, rows: int, device: torch.device
-) -> Tensor | None:
+    prefix: Sequence[Sequence[int]] | None, cfg: TransformerConfig, rows: int
+) -> list[list[int]]:
     """The forced first output tokens of each of ``rows`` sentences (a target prefix, as
-    CTranslate2's ``target_prefix``): ``[rows, P]``, padded with -1 past each prefix; None
-    when nothing is forced. Each prefix is checked against the target vocabulary and the
-    model's positions. The searches read column 0 at each step, then drop it."""
-    if prefix is None or not any(len(p) for p in prefix):
-        return None
+    CTranslate2's ``target_prefix``; [] where none), each checked against the target
+    vocabulary and the model's positions."""
+    if prefix is None:
+        return [[] for _ in range(rows)]
     if len(prefix) != rows:
         raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")
-    longest = max(len(p) for p in prefix)
+    forced = [[int(i) for i in p] for p in prefix]
+    longest = max(map(len, forced), default=0)
     if longest >= cfg.max_len:
         raise DecodeError(
             f"prefix: {longest} tokens leave no room for EOS within max_len={cfg.max_len}"
         )
-    ids = torch.full((rows, longest), -1, dtype=torch.long, device="cpu")
-    for i, p in enumerate(prefix):
-        if p:
-            ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long, device="cpu")
-    real = ids[ids >= 0]
-    if real.numel() and int(real.max()) >= cfg.tgt_vocab_size:
+    ids = {i for p in forced for i in p}
+    outside = sorted(i for i in ids if not 0 <= i < cfg.tgt_vocab_size)
+    if outside:
         raise DecodeError(
-            f"prefix: id {int(real.max())} is outside the target vocabulary "
-            f"[0, {cfg.tgt_vocab_size})"
+            f"prefix: id {outside[-1]} is outside the target vocabulary [0, {cfg.tgt_vocab_size})"
         )
-    if bool(
-        torch.isin(real, torch.tensor([cfg.eos_id, cfg.pad_id, cfg.bos_id], device="cpu")).any()
-    ):
+    if ids & {cfg.eos_id, cfg.pad_id, cfg.bos_id}:
         raise DecodeError("prefix: EOS, PAD and BOS cannot be forced")
-    return ids.to(device)
-
-
-def next_forced(forced: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """``(column 0, the rest)`` of :func:`forced_ids`: this step's forced token per row
-    (-1: free) and what later steps force (None once nothing is left)."""
-    if forced is None:
-        return None, None
-    return forced[:, 0], forced[:, 1:] if forced.size(1) > 1 else None
+    return forced
 
 
 def force(logp: Tensor, forced: Tensor | None) -> Tensor:

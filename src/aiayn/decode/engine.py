@@ -42,7 +42,6 @@ from aiayn.decode.core import (
     force,
     forced_ids,
     inference,
-    next_forced,
     search_limits,
 )
 from aiayn.decode.options import DecodeOptions
@@ -62,6 +61,8 @@ class _Unit(Generic[Tag]):
     limit: int  # the most tokens it may produce, EOS included
     width: int  # its source length (padding excluded; a pad id inside it counts)
     options: DecodeOptions  # the engine's, with this sentence's length penalty alpha
+    prefix: list[int]  # the ids forced as the start of its output (step t forces prefix[t])
+    uniforms: list[float]  # a sample's random stream: step t draws at uniforms[t]
     sample: int = 0
     steps: int = 0  # tokens decoded so far: its rows' decoded tokens: BOS + this many
     log_prob: float = 0.0  # one row per unit: its total so far
@@ -83,8 +84,7 @@ class BeamEngine(Generic[Tag]):
     rows sentence-major): ``rows`` (:class:`~aiayn.decode.core.DecodeStep`: source,
     encoder output and cache, one source row per unit); ``decoded [n*K, P]`` BOS + tokens,
     left-padded with PAD so that its columns line up with the self-attention cache;
-    ``scores [n, K]`` the beams' log-probs; ``forced [n, F]`` what each unit's next steps
-    force (-1: free; None: nothing); ``uniforms [n, L]`` each sample's random stream.
+    ``scores [n, K]`` the beams' log-probs.
     """
 
     def __init__(
@@ -127,8 +127,6 @@ class BeamEngine(Generic[Tag]):
         self.rows: DecodeStep | None = None
         self.decoded = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self.scores = torch.zeros(0, self.K, device=self.device)
-        self.forced: Tensor | None = None
-        self.uniforms: Tensor | None = None
         self._samples: dict[Tag, list[Hypothesis | None]] = {}  # a sampled sentence's so far
 
     def add(
@@ -153,43 +151,36 @@ class BeamEngine(Generic[Tag]):
         options = self.options if alpha is None else self.options.replace(alpha=alpha)
         n = options.n_best if options.sampling else 1  # units per sentence
         src, K, m = src.to(self.device), self.K, len(tags)
-        forced = forced_ids(prefix, self.cfg, m, self.device)
-        limits = search_limits(self.cfg, src, options, forced).tolist()
+        forced = forced_ids(prefix, self.cfg, m)
+        limits = search_limits(self.cfg, src, options, forced)
         real = src != self.cfg.pad_id  # a source's width: up to its last real id
         widths = torch.where(real.any(dim=1), src.size(1) - real.flip(1).int().argmax(1), 0)
-        uniforms = None
+        streams: list[list[float]] = [[]] * (m * n)
         if options.sampling:
             lines = range(m) if lines is None else lines
             if len(lines) != m:
                 raise DecodeError(f"{len(lines)} line indices for {m} sentences")
             steps = max(max(limits), 1)  # a unit allowed no token still draws once
-            uniforms = row_uniforms(options.seed, lines, n, steps).to(self.device)
+            streams = row_uniforms(options.seed, lines, n, steps).tolist()
         with inference(self.models):
             rows = DecodeStep(self.models, src, group=K, expand=n, use_cache=self.use_cache)
-        if forced is not None and n > 1:
-            forced = forced.repeat_interleave(n, dim=0)
+            if self.rows is None:
+                self.rows = rows
+            else:
+                self.rows.join(rows)
         scores = torch.full((m * n, K), float("-inf"), device=self.device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first
         bos = torch.full((m * n * K, 1), self.cfg.bos_id, dtype=torch.long, device=self.device)
-        new = [
-            _Unit(t, limit, w, options, j)
-            for t, limit, w in zip(tags, limits, widths.tolist())
+        P = self.decoded.size(1)  # the new rows' BOS lines up with the running rows' last column
+        self.decoded = torch.cat([self.decoded, F.pad(bos, (P - 1, 0), value=self.cfg.pad_id)])
+        self.scores = torch.cat([self.scores, scores])
+        self.units += [
+            _Unit(tag, limit, w, options, p, streams[i * n + j], j)
+            for i, (tag, limit, w, p) in enumerate(zip(tags, limits, widths.tolist(), forced))
             for j in range(n)
         ]
         for tag in tags if options.sampling else ():
             self._samples[tag] = [None] * n
-        if self.rows is None:
-            self.rows, self.decoded, self.scores, self.forced = rows, bos, scores, forced
-            self.uniforms, self.units = uniforms, new
-            return
-        with inference(self.models):
-            self.rows.join(rows)
-        P = self.decoded.size(1)
-        self.decoded = torch.cat([self.decoded, F.pad(bos, (P - 1, 0), value=self.cfg.pad_id)])
-        self.scores = torch.cat([self.scores, scores])
-        self.forced = _stack(self.forced, forced, len(self.units), len(new), -1)
-        self.uniforms = _stack(self.uniforms, uniforms, len(self.units), len(new), 0.0)
-        self.units += new
 
     def step(self) -> Done:
         """Decode one token for every running sentence; returns ``(tag, hypotheses)`` of
@@ -207,31 +198,27 @@ class BeamEngine(Generic[Tag]):
             raise
 
     def _step(self, rows: DecodeStep) -> Done:
-        K, decoded, units = self.K, self.decoded, self.units
+        decoded, units = self.decoded, self.units
         logits = rows.logits(decoded)  # [n*K, V]
-        now, self.forced = next_forced(self.forced)  # one per unit, the same for its beams
         ending = [u.steps + 1 >= u.limit for u in units]  # these must end now
         choose = self._choose_one if self.one_per_row else self._choose_beams
-        scores, parent, token, keep, out = choose(rows, logits, now, ending)
-        if len(keep) == len(units):  # nobody leaves: beams move within their sentences
-            self.scores = scores
-            if parent is not None:
-                decoded = decoded.index_select(0, parent)
-                rows.reorder(parent)
-            self.decoded = torch.cat([decoded, token], dim=1)
+        scores, parent, token, keep, out = choose(rows, logits, self._forced(), ending)
+        if len(keep) < len(units):  # the units that are done leave in the beams' gather
+            self._keep(keep, scores, parent, token)
             return out
-        if not keep:
-            self._clear()
-            return out
-        # The units that are done leave in the same gather as the beam moves.
-        kept = torch.tensor(keep, device=self.device)
-        parent = parent.view(-1, K)[kept].view(-1) if parent is not None else kept
-        self.scores = scores[kept]
-        token = token.view(-1, K)[kept].view(-1, 1)
-        self.decoded = torch.cat([decoded.index_select(0, parent), token], dim=1)
-        rows.keep(parent, kept)
-        self._leave(keep, kept)
+        self.scores = scores  # nobody leaves: beams move within their sentences
+        if parent is not None:
+            decoded = decoded.index_select(0, parent)
+            rows.reorder(parent)
+        self.decoded = torch.cat([decoded, token], dim=1)
         return out
+
+    def _forced(self) -> Tensor | None:
+        """This step's forced token of each unit (-1: free), or None when none is forced."""
+        if not any(u.steps < len(u.prefix) for u in self.units):
+            return None
+        now = [u.prefix[u.steps] if u.steps < len(u.prefix) else -1 for u in self.units]
+        return torch.tensor(now, device=self.device)
 
     def _choose_beams(
         self, rows: DecodeStep, logits: Tensor, now: Tensor | None, ending: list[bool]
@@ -275,10 +262,10 @@ class BeamEngine(Generic[Tag]):
         # search); one fused log_softmax, into reused memory.
         logp = rows.normalise(logits, self._banned) if self.want_scores else None
         if o.sampling:
-            assert logp is not None and self.uniforms is not None  # both made when sampling
-            steps = torch.tensor([u.steps for u in units], device=self.device)
+            assert logp is not None  # made when sampling
+            uniforms = [u.uniforms[u.steps] for u in units]
             probs = sampling_probs(logp, o.temperature, o.top_k, o.top_p)
-            token = draw(probs, self.uniforms.gather(1, steps[:, None]).squeeze(1))
+            token = draw(probs, torch.tensor(uniforms, dtype=torch.float64, device=self.device))
         else:
             token = ban(logits, self._banned).argmax(dim=-1)  # [n]: on the logits, as always
         if now is not None:
@@ -323,43 +310,42 @@ class BeamEngine(Generic[Tag]):
         for tag in tags:
             self._samples.pop(tag, None)
         keep = [i for i, u in enumerate(self.units) if u.tag not in tags]
-        if len(keep) == len(self.units) or self.rows is None:
-            return
+        if len(keep) < len(self.units):
+            with inference(self.models):
+                self._keep(keep, self.scores)
+
+    def _keep(
+        self,
+        keep: list[int],
+        scores: Tensor,
+        parent: Tensor | None = None,
+        token: Tensor | None = None,
+    ) -> None:
+        """Keep only units ``keep``, with their ``scores [n, K]``: their rows taken from
+        the ``parent`` rows (beam moves in the same gather; default: their own) and
+        extended by ``token [n*K, 1]`` when given. Then drop the columns that are padding
+        for every row left: the longest source and the longest running output may have
+        been among the units that left."""
         if not keep:
             self._clear()
             return
-        kept = torch.tensor(keep, device=self.device)
-        rows = (kept[:, None] * self.K + torch.arange(self.K, device=self.device)).view(-1)
-        self.scores, self.decoded = self.scores[kept], self.decoded[rows]
-        with inference(self.models):
-            self.rows.keep(rows, kept)
-            self._leave(keep, kept)
-
-    def _leave(self, keep: list[int], kept: Tensor) -> None:
-        """Keep only units ``keep`` (their rows already kept), and drop the columns that
-        are padding for every row left: the longest source and the longest running output
-        may have been among the units that left."""
-        assert self.rows is not None
-        self.units = [self.units[i] for i in keep]
-        self.forced = self.forced[kept] if self.forced is not None else None
-        self.uniforms = self.uniforms[kept] if self.uniforms is not None else None
+        assert self.rows is not None  # units are running
+        K, kept = self.K, torch.tensor(keep, device=self.device)
+        if parent is None:
+            parent = (kept[:, None] * K + torch.arange(K, device=self.device)).view(-1)
+        else:
+            parent = parent.view(-1, K)[kept].view(-1)
+        decoded = self.decoded.index_select(0, parent)
+        if token is not None:
+            decoded = torch.cat([decoded, token.view(-1, K)[kept].view(-1, 1)], dim=1)
+        self.scores, self.units = scores[kept], [self.units[i] for i in keep]
+        self.rows.keep(parent, kept)
         width, states = max(u.width for u in self.units), self.rows.states
         if width < self.rows.width or (states is not None and states[0].keys is not None):
             self.rows.crop(width)
         if states is not None:
-            self.decoded = self.decoded[:, self.decoded.size(1) - states[0].offset - 1 :]
-
-
-def _stack(a: Tensor | None, b: Tensor | None, n_a: int, n_b: int, fill: float) -> Tensor | None:
-    """Per-unit rows of ``n_a`` running units (``a``) then ``n_b`` joining ones (forced
-    ids, random streams; None: no unit has any), right-padded with ``fill``."""
-    if a is None and b is None:
-        return None
-    like = a if a is not None else b
-    assert like is not None
-    parts = [t if t is not None else like.new_full((n, 1), fill) for t, n in ((a, n_a), (b, n_b))]
-    columns = max(t.size(1) for t in parts)
-    return torch.cat([F.pad(t, (0, columns - t.size(1)), value=fill) for t in parts])
+            decoded = decoded[:, decoded.size(1) - states[0].offset - 1 :]
+        self.decoded = decoded
 
 
 def _score(h: Hypothesis) -> float:

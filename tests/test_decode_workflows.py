@@ -201,7 +201,7 @@ def test_alignments_are_word_pairs_in_range(sample_model_dir):
         n_tgt = max(word_starts(t.pieces)) + 1
         assert t.alignment and all(0 <= i < n_src and 0 <= j < n_tgt for i, j in t.alignment)
         assert {j for _, j in t.alignment} == set(range(n_tgt))  # every output word is linked
-    with pytest.raises(DecodeError, match=r"decoder layers 1\.\.2"):
+    with pytest.raises(DecodeError, match=r"has 2 decoder layers \(1\.\.2"):
         add_alignments(translator, [translator.encode(lines[0])], found[:1], 3)
 
 

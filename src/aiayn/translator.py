@@ -195,7 +195,7 @@ class Translator:
         lines = range(len(ids)) if lines is None else lines
         for index, src in sorted_batches(ids, batch_size, self.model.cfg.pad_id):
             found = search(
-                self.models if len(self.models) > 1 else self.model,
+                self.models,
                 src.to(self.device),
                 options,
                 prefix=[prefixes[i] for i in index] if prefixes is not None else None,

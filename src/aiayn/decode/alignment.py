@@ -32,11 +32,11 @@ def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int)
     return weights["cross"][index].float().mean(dim=1)
 
 
-def layer_index(layer: int, n: int) -> int:
-    """The 0-based index of decoder ``layer`` (from 1; negative: from the last) of ``n``."""
+def layer_index(layer: int, n: int, what: str = "decoder layers") -> int:
+    """The 0-based index of ``layer`` (from 1; negative: from the last) of ``n`` ``what``."""
     index = layer - 1 if layer > 0 else n + layer
     if not 0 <= index < n or layer == 0:
-        raise DecodeError(f"alignment layer {layer}: the model has decoder layers 1..{n}")
+        raise DecodeError(f"layer {layer}: the model has {n} {what} (1..{n}, or -1 for the last)")
     return index
 
 

@@ -41,7 +41,7 @@ def select(
     """One step's choice for n sentences of K beams.
 
     ``scores [n, K]`` are the beams' log-probs so far; ``logp [n*K, V]`` the next-token
-    log-probs (:func:`~aiayn.decode.core.next_logprobs`; banned ids at -inf). The beams of
+    log-probs (:meth:`~aiayn.decode.core.DecodeStep.normalise`; banned ids at -inf). The beams of
     sentences with ``ending[i]`` may only take EOS (``logp`` is changed in place for
     them), which adds its log-prob to the score, or 0 with ``eos_scores_zero`` (Hugging
     Face's ``forced_eos_token_id``). Returns the 2K best candidates of each sentence

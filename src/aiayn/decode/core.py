@@ -142,18 +142,6 @@ def force(logp: Tensor, forced: Tensor | None) -> Tensor:
     return logp
 
 
-def next_logprobs(logits: Tensor, banned: Tensor, out: Tensor | None = None) -> Tensor:
-    """Next-token log-probs ``[n, V]`` (float32) of ``logits [n, V]``, the banned ids at
-    -inf, written into ``out`` when given. They are normalised over the whole vocabulary,
-    before the ban (banning first would renormalise over fewer tokens and change the
-    scores). One fused log_softmax: on a CPU it is 1.5x-5x faster than logsumexp alone."""
-    logits = logits.float()
-    if out is None:
-        return ban(torch.log_softmax(logits, dim=-1), banned)
-    # The out= form of log_softmax is only exposed as torch._log_softmax.
-    return ban(torch._log_softmax(logits, -1, False, out=out), banned)
-
-
 class DecodeStep:
     """The rows being decoded, for one model or an ensemble: the source ``src [n, S]``
     (right-padded), and per model its encoder output ``memory [n, S, d_model]`` and a ragged
@@ -211,10 +199,14 @@ class DecodeStep:
         return torch.logsumexp(logp, dim=0) - math.log(len(out))
 
     def normalise(self, logits: Tensor, banned: Tensor) -> Tensor:
-        """:func:`next_logprobs` of ``logits [n, V]`` (left as they are), in reused memory
-        (valid until the next call)."""
+        """Next-token log-probs ``[n, V]`` (float32) of ``logits [n, V]`` (left as they
+        are), the ``banned`` ids at -inf, in reused memory (valid until the next call).
+        They are normalised over the whole vocabulary before the ban: banning first would
+        renormalise over fewer tokens and change the scores. One fused log_softmax (on a
+        CPU 1.5x-5x faster than logsumexp alone); its out= form is torch._log_softmax."""
         n, V = logits.shape
-        return next_logprobs(logits, banned, self._buffer("logp", n, V, torch.float32))
+        out = self._buffer("logp", n, V, torch.float32)
+        return ban(torch._log_softmax(logits.float(), -1, False, out=out), banned)
 
     def _logits(self, i: int, decoded: Tensor) -> Tensor:
         model, memory = self.models[i], self.memory[i]

@@ -74,12 +74,10 @@ def greedy(
 ) -> Tensor:
     """Decode every sentence of ``src [B, S]`` at once, taking the argmax token each step.
 
-    PAD and BOS are never produced. Returns a LongTensor ``[B, L]`` of generated ids: no
-    BOS, the EOS kept where reached, ``pad_id`` after it. Lengths follow ``options`` (see
-    :class:`DecodeOptions`; the keyword settings given override it): sentence i produces
-    at most ``max_len_a * src_len_i + max_len_b`` tokens (default: its real length + 50),
-    at most ``max_new_tokens``, never past the model's ``max_len``; ``L`` is the longest
-    output. ``prefix[i]`` (ids) is forced as the start of output i.
+    Returns a LongTensor ``[B, L]`` of generated ids (never PAD or BOS): no BOS, the EOS
+    kept where reached, ``pad_id`` after it; ``L`` is the longest output. Lengths follow
+    ``options`` (:class:`DecodeOptions`), with the keyword settings given applied;
+    ``prefix[i]`` (ids) is forced as the start of output i.
     """
     options = resolve(
         options, max_new_tokens=max_new_tokens, max_len_a=max_len_a, max_len_b=max_len_b

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode import alignment
 from aiayn.errors import AiaynError
 from aiayn.inspect.maps import ATTENTION_KINDS, AttentionMap, attention
 from aiayn.model.transformer import Transformer
@@ -65,12 +66,8 @@ def mean_attention_distance(weights: Tensor) -> Tensor:
 
 def layer_index(amap: AttentionMap, kind: str, layer: int) -> int:
     """0-based index of ``layer``, counted from 1 (negative: from the last, -1 = last)."""
-    if kind not in ATTENTION_KINDS:
-        raise AiaynError(f"attention kind must be one of {', '.join(ATTENTION_KINDS)}")
-    n = len(amap.weights[kind])
-    if not (1 <= layer <= n or -n <= layer <= -1):
-        raise AiaynError(f"layer {layer}: the model has {n} layers (1..{n}, or -1 for the last)")
-    return layer - 1 if layer > 0 else n + layer
+    amap.axes(kind)  # an unknown kind fails here
+    return alignment.layer_index(layer, len(amap.weights[kind]), "layers")
 
 
 def head_index(amap: AttentionMap, kind: str, head: int) -> int:

@@ -66,12 +66,8 @@ def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int
         rows.append((label, shapes.get(name, "--"), f"{owner.get(name, 0):,}"))
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     line = "=" * (sum(width) + 4)
-    out = [
-        line,
-        f"{rows[0][0]:<{width[0]}}  {rows[0][1]:<{width[1]}}  {rows[0][2]:>{width[2]}}",
-        line,
-    ]
-    out += [f"{a:<{width[0]}}  {b:<{width[1]}}  {c:>{width[2]}}" for a, b, c in rows[1:]]
+    table = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c:>{width[2]}}" for a, b, c in rows]
+    out = [line, table[0], line, *table[1:]]
     total = owner.get("", 0)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     out += [

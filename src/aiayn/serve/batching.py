@@ -257,8 +257,7 @@ class BatchWorker:
             return True
         batch = self._next_batch()
         if not batch:
-            with self._cond:
-                return not (self._stopping and not self._queue)
+            return False  # stopping, and the queue is drained (it takes no more jobs)
         self._apply_cancels()  # of jobs taken while the batch gathered
         self._continue([job for job in batch if not job.status.ended])
         return True

@@ -30,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from aiayn.errors import AiaynError
 from aiayn.inspect.maps import attention_maps
 from aiayn.serve.jobs import (
-    BatchKey,
     CacheBudget,
     Job,
     Outcome,
@@ -217,13 +216,12 @@ class BatchWorker:
             job.status = Status.RUNNING
         return jobs
 
-    def _joining(
-        self, key: BatchKey, rows: int, beside: list[Job], patience: int | None = None
-    ) -> list[Job]:
-        """From the oldest queued job on, those of search settings ``key`` that fit the
-        budgets beside the jobs ``beside`` (``rows`` sentences), up to the first that does
-        not. Jobs of another key are passed over, but one that has waited ``patience``
-        decoding steps ends the walk. Takes none of them."""
+    def _joining(self, beside: list[Job], rows: int, patience: int | None = None) -> list[Job]:
+        """From the oldest queued job on, those of the search settings of ``beside`` (jobs
+        of one key, ``rows`` sentences) that fit the budgets beside them, up to the first
+        that does not. Jobs of another key are passed over, but one that has waited
+        ``patience`` decoding steps ends the walk. Takes none of them."""
+        key = batch_key(beside[0])
         longest = max((job.longest for job in beside), default=0)
         prefix = max((job.longest_prefix for job in beside), default=0)
         joining: list[Job] = []
@@ -296,7 +294,7 @@ class BatchWorker:
             key, batch = batch_key(first), self._take([first])
             deadline = time.perf_counter() + self.wait_s
             while True:
-                batch += self._take(self._joining(key, sum(job.rows for job in batch), batch))
+                batch += self._take(self._joining(batch, sum(job.rows for job in batch)))
                 left = deadline - time.perf_counter()
                 full = any(batch_key(job) == key for job in self._queue)  # one did not fit
                 if full or left <= 0 or self._stopping or self._cancels:
@@ -306,10 +304,9 @@ class BatchWorker:
     # -- the running batch -------------------------------------------------------------
     def _admit(self) -> list[Job]:
         """The queued jobs that join the running batch now (see the class). Never blocks."""
-        key, running = self._batch.key, len(self._batch)
-        assert key is not None  # a batch with sentences running has its search settings
+        running = len(self._batch)
         with self._cond:
-            joining = self._joining(key, running, self._batch.jobs, self.join_wait_steps)
+            joining = self._joining(self._batch.jobs, running, self.join_wait_steps)
             few = sum(job.rows for job in joining) < self.join_ratio * running
             waited = self._steps - joining[0].queued_step if joining else 0
             if few and waited < self.join_wait_steps:

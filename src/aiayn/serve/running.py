@@ -56,9 +56,6 @@ class RunningBatch:
         """Sentences running."""
         return len(self._search) if self._search is not None else 0
 
-    def __contains__(self, job: Job) -> bool:
-        return job in self._jobs
-
     @property
     def jobs(self) -> list[Job]:
         return list(self._jobs)

@@ -286,8 +286,7 @@ class BatchWorker:
     def _next_batch(self) -> list[Job]:
         """Block for the oldest job, then gather compatible ones (see the class)."""
         with self._cond:
-            while not self._queue and not self._stopping:
-                self._cond.wait()
+            self._cond.wait_for(lambda: self._queue or self._stopping)
             if not self._queue:
                 return []  # stopping and drained
             first = next(iter(self._queue))

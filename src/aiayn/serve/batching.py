@@ -104,7 +104,6 @@ class BatchWorker:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
         self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
-        # Attention maps of finished jobs are computed here, off the step loop.
         self._maps = ThreadPoolExecutor(1, thread_name_prefix="aiayn-attention")
 
     def start(self) -> None:

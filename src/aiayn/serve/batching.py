@@ -104,7 +104,6 @@ class BatchWorker:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
         self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
-        # Attention maps of finished jobs are computed here, off the step loop.
         self._maps = ThreadPoolExecutor(1, thread_name_prefix="aiayn-attention")
 
     def start(self) -> None:
@@ -209,17 +208,34 @@ class BatchWorker:
             self._queued_sentences -= len(job.src)
             self.metrics.set_queue(self._queued_sentences)
 
-    def _take(self, job: Job) -> None:
-        """The worker takes ``job`` off the queue into a batch: from now on it is the
-        worker thread's, and only that thread ends it."""
-        self._dequeue(job)
-        job.status = Status.RUNNING
+    def _take(self, jobs: list[Job]) -> list[Job]:
+        """The worker takes ``jobs`` off the queue into a batch (see :meth:`finish`)."""
+        for job in jobs:
+            self._dequeue(job)
+            job.status = Status.RUNNING
+        return jobs
 
-    def _fits(self, rows: int, longest: int, beam: int, prefix: int = 0) -> bool:
-        return (
-            rows * longest <= self.max_batch_tokens
-            and self.budget.cost(rows, beam, longest, prefix) <= self.budget.max_tokens
-        )
+    def _joining(self, beside: list[Job], rows: int, patience: int | None = None) -> list[Job]:
+        """From the oldest queued job on, those of the search settings of ``beside`` (jobs
+        of one key, ``rows`` sentences) that fit the budgets beside them, up to the first
+        that does not. Jobs of another key are passed over, but one that has waited
+        ``patience`` decoding steps ends the walk. Takes none of them."""
+        key = batch_key(beside[0])
+        longest = max((job.longest for job in beside), default=0)
+        prefix = max((job.longest_prefix for job in beside), default=0)
+        joining: list[Job] = []
+        for job in self._queue:
+            if batch_key(job) != key:
+                if patience is not None and self._steps - job.queued_step >= patience:
+                    break  # it has waited enough: let the batch drain, it starts next
+                continue  # it may wait a few steps while later jobs join
+            rows, longest = rows + job.rows, max(longest, job.longest)
+            prefix = max(prefix, job.longest_prefix)
+            cost = self.budget.cost(rows, key.rows, longest, prefix)
+            if rows * longest > self.max_batch_tokens or cost > self.budget.max_tokens:
+                break  # keep arrival order: no smaller job jumps ahead
+            joining.append(job)
+        return joining
 
     # -- the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -238,8 +254,7 @@ class BatchWorker:
             return True
         batch = self._next_batch()
         if not batch:
-            with self._cond:
-                return not (self._stopping and not self._queue)
+            return False  # stopping, and the queue is drained (it takes no more jobs)
         self._apply_cancels()  # of jobs taken while the batch gathered
         self._continue([job for job in batch if not job.status.ended])
         return True
@@ -270,58 +285,31 @@ class BatchWorker:
     def _next_batch(self) -> list[Job]:
         """Block for the oldest job, then gather compatible ones (see the class)."""
         with self._cond:
-            while not self._queue and not self._stopping:
-                self._cond.wait()
+            self._cond.wait_for(lambda: self._queue or self._stopping)
             if not self._queue:
                 return []  # stopping and drained
             first = next(iter(self._queue))
-            self._take(first)
-            key, batch = batch_key(first), [first]
-            rows, longest, prefix = first.rows, first.longest, first.longest_prefix
+            key, batch = batch_key(first), self._take([first])
             deadline = time.perf_counter() + self.wait_s
-            full = False
-            while not full:
-                for job in list(self._queue):
-                    if batch_key(job) != key:
-                        continue
-                    grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
-                    if not self._fits(rows + job.rows, grow, key.rows, forced):
-                        full = True  # keep arrival order: no smaller job jumps ahead
-                        break
-                    self._take(job)
-                    batch.append(job)
-                    rows, longest, prefix = rows + job.rows, grow, forced
+            while True:
+                batch += self._take(self._joining(batch, sum(job.rows for job in batch)))
                 left = deadline - time.perf_counter()
+                full = any(batch_key(job) == key for job in self._queue)  # one did not fit
                 if full or left <= 0 or self._stopping or self._cancels:
-                    break
+                    return batch
                 self._cond.wait(left)
-        return batch
 
     # -- the running batch -------------------------------------------------------------
     def _admit(self) -> list[Job]:
-        """The queued jobs that join the running batch now: from the oldest on, those of
-        its search settings while the budgets allow; none until enough of them wait
-        or the oldest has waited long enough (see the class). Never blocks."""
-        key = self._batch.key
-        running = rows = len(self._batch)
-        longest, prefix, joining = self._batch.width, self._batch.longest_prefix, []
+        """The queued jobs that join the running batch now (see the class). Never blocks."""
+        running = len(self._batch)
         with self._cond:
-            for job in self._queue:
-                if batch_key(job) != key:
-                    if self._steps - job.queued_step >= self.join_wait_steps:
-                        break  # it has waited enough: let the batch drain, it starts next
-                    continue  # it may wait a few steps while later jobs join
-                grow, forced = max(longest, job.longest), max(prefix, job.longest_prefix)
-                if key is None or not self._fits(rows + job.rows, grow, key.rows, forced):
-                    break
-                joining.append(job)
-                rows, longest, prefix = rows + job.rows, grow, forced
+            joining = self._joining(self._batch.jobs, running, self.join_wait_steps)
+            few = sum(job.rows for job in joining) < self.join_ratio * running
             waited = self._steps - joining[0].queued_step if joining else 0
-            if rows - running < self.join_ratio * running and waited < self.join_wait_steps:
+            if few and waited < self.join_wait_steps:
                 return []
-            for job in joining:
-                self._take(job)
-        return joining
+            return self._take(joining)
 
     def _continue(self, joining: list[Job]) -> None:
         """Let ``joining`` into the running batch, run one decoding step, and end the jobs

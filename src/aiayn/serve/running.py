@@ -56,22 +56,9 @@ class RunningBatch:
         """Sentences running."""
         return len(self._search) if self._search is not None else 0
 
-    def __contains__(self, job: Job) -> bool:
-        return job in self._jobs
-
     @property
     def jobs(self) -> list[Job]:
         return list(self._jobs)
-
-    @property
-    def width(self) -> int:
-        """The longest source running (0 when empty)."""
-        return max((job.longest for job in self._jobs), default=0)
-
-    @property
-    def longest_prefix(self) -> int:
-        """The longest forced prefix running (0 when none)."""
-        return max((job.longest_prefix for job in self._jobs), default=0)
 
     def admit(self, jobs: list[Job]) -> list[Left]:
         """Let ``jobs`` (of this batch's key; any when empty) join between two steps.

@@ -142,12 +142,10 @@ def plot_all(
         n = len(amap.weights[kind])
         layers = [layer_index(amap, kind, layer) + 1] if layer is not None else range(1, n + 1)
         for number in layers:
-            written.append(
-                plot_attention(amap, Path(out_dir) / f"{kind}_layer{number}.png", kind, number)
-            )
+            name = Path(out_dir) / f"{kind}_layer{number}"
+            written.append(plot_attention(amap, f"{name}.png", kind, number))
             if head:
-                name = f"{kind}_layer{number}_head{head}.png"
-                written.append(plot_attention(amap, Path(out_dir) / name, kind, number, head))
+                written.append(plot_attention(amap, f"{name}_head{head}.png", kind, number, head))
     return written
 
 

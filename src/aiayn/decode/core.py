@@ -233,12 +233,12 @@ class DecodeStep:
         for state in self.states or ():
             state.reorder(rows, cross=False)
 
-    def keep(self, rows: Tensor, sources: Tensor | None = None) -> None:
-        """Keep only target ``rows [n']`` (in that order); with ``group > 1`` they are whole
-        sentences and ``sources`` their source rows (beam moves may come in the same
-        gather)."""
-        if self.group == 1 or sources is None:
-            sources = rows if self.group == 1 else rows.view(-1, self.group)[:, 0] // self.group
+    def keep(self, rows: Tensor, sources: Tensor) -> None:
+        """Keep only target ``rows [n']`` (in that order; beam moves may come in the same
+        gather); with ``group > 1`` they are whole sentences, of source rows ``sources``
+        (with ``group`` 1 each target row is its own source row)."""
+        if self.group == 1:
+            sources = rows
         self.memory, self.src = [m[sources] for m in self.memory], self.src[sources]
         for state in self.states or ():
             state.reorder(rows, sources)

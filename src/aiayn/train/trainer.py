@@ -154,13 +154,9 @@ class Trainer:
             source = TransformerConfig.from_dict(init["config"])
             return fine_tune_config(self.recipe, source, init["path"])
         t = self.tokenizer
-        return TransformerConfig.from_dict(
-            {
-                **self.recipe.model,
-                **dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size),
-                **dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id),
-            }
-        )
+        sizes = dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size)
+        ids = dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id)
+        return TransformerConfig.from_dict({**self.recipe.model, **sizes, **ids})
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:
@@ -255,13 +251,12 @@ class Trainer:
         v = self.validate()
         metrics.write("valid", self.step, epoch=self.epoch + 1, seconds=round(self.elapsed, 2), **v)
         improved = v["bleu"] > self.best_bleu
-        if improved:
-            self.best_bleu = v["bleu"]
         self.log(
             f"valid epoch {self.epoch + 1} step {self.step}: loss {v['loss']:.3f} "
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
         )
         if improved:
+            self.best_bleu = v["bleu"]
             self.save(BEST)
 
     # -- the loop -------------------------------------------------------------------------
@@ -324,9 +319,8 @@ class Trainer:
                 continue
             self.step, self.bad_in_a_row = self.step + 1, 0
             tick_tokens += result.n_tokens
-            loss = result.loss
             metrics.write(
-                "train", self.step, loss=loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
+                "train", self.step, loss=result.loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
                 epoch=self.epoch + 1, seconds=round(self.elapsed, 2), first_batch=first,
                 batches=len(plans),
             )  # fmt: skip
@@ -335,7 +329,7 @@ class Trainer:
                 now = time.perf_counter()
                 rate = tick_tokens / max(now - tick, 1e-9)
                 tick, tick_tokens = now, 0
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
+                bar.set_postfix(loss=f"{result.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
                 metrics.write("speed", self.step, tokens_per_s=rate)
             stopped_by = self._save_validate_or_stop(metrics)
             if stopped_by != "max_epochs":

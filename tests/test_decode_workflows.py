@@ -188,6 +188,20 @@ def test_bad_prefixes(tiny_model):
         search(tiny_model, src, options, prefix=[[5, tiny_model.cfg.eos_id], []])
     with pytest.raises(DecodeError, match="outside the target vocabulary"):
         search(tiny_model, src, options, prefix=[[99], []])
+    with pytest.raises(DecodeError, match="id -2 is outside the target vocabulary"):
+        search(tiny_model, src, options, prefix=[[5, -2], []])  # not read as "free"
+    with pytest.raises(DecodeError, match="leave no room for EOS"):
+        search(tiny_model, src, options, prefix=[[5] * tiny_model.cfg.max_len, []])
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_a_prefix_raises_only_its_own_sentences_length_limit(tiny_model, beam):
+    src, _ = random_batch(tiny_model.cfg, [3, 2], [1, 1])
+    options = DecodeOptions(beam=beam, max_new_tokens=0)  # no token allowed...
+    forced, free = search(tiny_model, src, options, prefix=[[5, 6], []])
+    (h,) = forced[:1]  # ... but the prefix, then one more token: EOS or, greedy, any
+    assert h.tokens[:2] == [5, 6] and len(h.tokens) + h.eos == 3
+    assert [h.tokens for h in free] == [[]]  # the other sentence keeps its own limit
 
 
 def test_alignments_are_word_pairs_in_range(sample_model_dir):

@@ -459,8 +459,9 @@ def test_the_engine_makes_its_tensors_on_the_models_device(
     default one: on a GPU a CPU index would not mix with the model's tensors. The default
     device here is "meta" (tensors without data), the model on the CPU: a tensor made on
     the default device fails or changes the result. Sentence a (limit 3) leaves while the
-    others run; c is removed. Sampling's streams are drawn on the CPU by design, so its
-    engine is made and joined outside the meta context and only steps inside it."""
+    others run; c is removed; b's forced prefix is read in the first steps. Sampling's
+    streams are drawn on the CPU by design, so its engine is made and joined outside the
+    meta context and only steps inside it."""
     a, b, c = sources(model, [3, 7, 5], seed=20)
     src = padded([a, b, c], model.cfg.pad_id)
     options = DecodeOptions(max_len_a=1.0, max_len_b=0, seed=2, **settings)
@@ -469,7 +470,7 @@ def test_the_engine_makes_its_tensors_on_the_models_device(
         sampling = options.sampling
         with torch.device("cpu" if sampling else default):
             engine: BeamEngine[str] = BeamEngine(model, options)
-            engine.add(src, ["a", "b", "c"])
+            engine.add(src, ["a", "b", "c"], prefix=[[], [5, 6], []])
         with torch.device(default):
             done = dict(engine.step())
             engine.remove({"c"})

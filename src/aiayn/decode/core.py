@@ -107,7 +107,7 @@ def forced_ids(
     """The forced first output tokens of each of ``rows`` sentences (a target prefix, as
     CTranslate2's ``target_prefix``; [] where none), each checked against the target
     vocabulary and the model's positions."""
-    if prefix is None:
+    if prefix is None or not any(len(p) for p in prefix):  # [] or all empty: none forced
         return [[] for _ in range(rows)]
     if len(prefix) != rows:
         raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")

@@ -18,6 +18,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from aiayn.decode import DecodeOptions, Hypothesis
@@ -163,12 +164,18 @@ class Job:
         """Sentences that the model decodes (blank lines get no candidates)."""
         return sum(1 for s in self.src if s)
 
+    @cached_property
+    def key(self) -> BatchKey:
+        """Its :func:`batch_key`, made once: the scheduler compares the key of every queued
+        job at every decoding step, and a job's settings never change."""
+        s = self.settings
+        return BatchKey(s.replace(alpha=0.0) if s.sampling else s.replace(alpha=0.0, n_best=1))
+
 
 def batch_key(job: Job) -> BatchKey:
     """Jobs with equal keys may share a running batch (forced prefixes or not, attention
     maps or not): see :class:`BatchKey`."""
-    s = job.settings
-    return BatchKey(s.replace(alpha=0.0) if s.sampling else s.replace(alpha=0.0, n_best=1))
+    return job.key
 
 
 def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:

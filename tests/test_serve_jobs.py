@@ -26,7 +26,6 @@ from aiayn.serve.jobs import (
     Status,
     StoppedError,
     TooLargeError,
-    batch_key,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.running import RunningBatch
@@ -108,17 +107,17 @@ def test_batch_keys_are_frozen_dataclasses():
     outcomes = Outcomes()
     a, b = outcomes.job([[5]], beam=4, alpha=0.2), outcomes.job([[6]], beam=4, alpha=1.0)
     # alpha may differ (and n_best): the search's other settings may not
-    assert batch_key(a) == batch_key(b) == BatchKey(Settings(4, 0.0))
+    assert a.key == b.key == BatchKey(Settings(4, 0.0))
     c = outcomes.job([[6]], beam=4, length_penalty="hf")
-    assert batch_key(c) != batch_key(a) and batch_key(c).rows == 4
+    assert c.key != a.key and c.key.rows == 4
     greedy = outcomes.job([[5]], beam=1, alpha=0.2)
-    assert batch_key(greedy) == BatchKey(Settings(1, 0.0)) != batch_key(a)
+    assert greedy.key == BatchKey(Settings(1, 0.0)) != a.key
     # sampling: n_best is the rows per sentence, so it is part of the key
     sample = outcomes.job([[5]], beam=1, n_best=3, sampling=True)
-    assert batch_key(sample).rows == 3
-    assert batch_key(sample) != batch_key(outcomes.job([[5]], beam=1, n_best=2, sampling=True))
+    assert sample.key.rows == 3
+    assert sample.key != outcomes.job([[5]], beam=1, n_best=2, sampling=True).key
     with pytest.raises(dataclasses.FrozenInstanceError):
-        batch_key(a).search = Settings(5)  # type: ignore[misc]
+        a.key.search = Settings(5)  # type: ignore[misc]
 
 
 def test_a_running_batch_admits_steps_and_cancels(translator):
@@ -274,7 +273,7 @@ def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
     free = outcomes.job(ids[:2], beam=3, n_best=2)
     forced = outcomes.job(ids[2:], beam=3, n_best=2)
     forced.prefix = prefix
-    assert batch_key(free) == batch_key(forced)  # one running batch
+    assert free.key == forced.key  # one running batch
     batch = RunningBatch(ensemble, CacheBudget.for_translator(10**6, ensemble))
     batch.admit([free])
     batch.step()

@@ -37,7 +37,6 @@ from aiayn.serve.jobs import (
     Result,
     Status,
     StoppedError,
-    batch_key,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.running import Left, Outputs, RunningBatch, best
@@ -220,12 +219,12 @@ class BatchWorker:
         of one key, ``rows`` sentences) that fit the budgets beside them, up to the first
         that does not. Jobs of another key are passed over, but one that has waited
         ``patience`` decoding steps ends the walk. Takes none of them."""
-        key = batch_key(beside[0])
+        key = beside[0].key
         longest = max((job.longest for job in beside), default=0)
         prefix = max((job.longest_prefix for job in beside), default=0)
         joining: list[Job] = []
         for job in self._queue:
-            if batch_key(job) != key:
+            if job.key != key:
                 if patience is not None and self._steps - job.queued_step >= patience:
                     break  # it has waited enough: let the batch drain, it starts next
                 continue  # it may wait a few steps while later jobs join
@@ -289,12 +288,12 @@ class BatchWorker:
             if not self._queue:
                 return []  # stopping and drained
             first = next(iter(self._queue))
-            key, batch = batch_key(first), self._take([first])
+            key, batch = first.key, self._take([first])
             deadline = time.perf_counter() + self.wait_s
             while True:
                 batch += self._take(self._joining(batch, sum(job.rows for job in batch)))
                 left = deadline - time.perf_counter()
-                full = any(batch_key(job) == key for job in self._queue)  # one did not fit
+                full = any(job.key == key for job in self._queue)  # one did not fit
                 if full or left <= 0 or self._stopping or self._cancels:
                     return batch
                 self._cond.wait(left)

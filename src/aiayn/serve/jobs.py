@@ -6,7 +6,7 @@ for it: the client went away) or timed out (past the request's deadline). vLLM's
 scheduler keeps one status per request and one abort path that frees what the request
 holds; here the status is :attr:`Job.status` and that path is the workers' ``finish``.
 
-Jobs with equal :func:`batch_key` may share a batch, and :class:`CacheBudget` says what a
+Jobs with equal :attr:`Job.key` may share a batch, and :class:`CacheBudget` says what a
 batch of them costs in decoder-cache positions, which bounds its memory.
 """
 
@@ -166,16 +166,12 @@ class Job:
 
     @cached_property
     def key(self) -> BatchKey:
-        """Its :func:`batch_key`, made once: the scheduler compares the key of every queued
-        job at every decoding step, and a job's settings never change."""
+        """Jobs with equal keys may share a running batch (forced prefixes or not,
+        attention maps or not): see :class:`BatchKey`. Made once: the scheduler compares
+        the key of every queued job at every decoding step, and a job's settings never
+        change."""
         s = self.settings
         return BatchKey(s.replace(alpha=0.0) if s.sampling else s.replace(alpha=0.0, n_best=1))
-
-
-def batch_key(job: Job) -> BatchKey:
-    """Jobs with equal keys may share a running batch (forced prefixes or not, attention
-    maps or not): see :class:`BatchKey`."""
-    return job.key
 
 
 def future_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Reply:

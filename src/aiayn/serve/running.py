@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiayn.data.batching import pad
 from aiayn.decode import BeamEngine, Hypothesis
-from aiayn.serve.jobs import BatchKey, CacheBudget, Job, batch_key
+from aiayn.serve.jobs import BatchKey, CacheBudget, Job
 from aiayn.translator import Translator
 
 Outputs = list[list[Hypothesis]]  # per sentence of a job, its n-best hypotheses
@@ -67,7 +67,7 @@ class RunningBatch:
         if not jobs:
             return []
         if self._search is None:
-            key = batch_key(jobs[0])
+            key = jobs[0].key
             try:
                 self._search = self.translator.continuous_search(key.search)
             except Exception as e:  # these jobs fail; nothing was running

@@ -40,6 +40,8 @@ MODES += ["ensemble", "ensemble_greedy", "server", "server_greedy", "server_samp
 def worker(model: str, also: str | None, n: int) -> None:
     """Serve requests on stdin, one JSON line each: {"outputs": mode} or {"time": [task,
     batch]}; answers one JSON line each."""
+    import inspect
+
     import torch
 
     from aiayn.data.batching import sorted_batches
@@ -63,12 +65,10 @@ def worker(model: str, also: str | None, n: int) -> None:
 
     def served(options, alphas=(None,)):
         ids = [one.encode(line) for line in lines]
-        batch, pending, done, steps = (
-            RunningBatch(one, CacheBudget.for_translator(10**9, one)),
-            [],
-            {},
-            0,
-        )
+        # Trees before RunningBatch lost its unused budget still take one.
+        takes_budget = "budget" in inspect.signature(RunningBatch).parameters
+        budget = [CacheBudget.for_translator(10**9, one)] if takes_budget else []
+        batch, pending, done, steps = RunningBatch(one, *budget), [], {}, 0
         for k, a in enumerate(range(0, len(ids), 8)):
             alpha = alphas[k % len(alphas)]
             settings = options if alpha is None else options.replace(alpha=alpha)

@@ -127,7 +127,7 @@ def test_a_running_batch_admits_steps_and_cancels(translator):
     b = outcomes.job([ids[2]], beam=3, alpha=1.0, n_best=2)
     c = outcomes.job([ids[3], ids[4]], beam=3)
     blank = outcomes.job([[]], beam=3)
-    batch = RunningBatch(translator, CacheBudget.for_translator(10**6, translator))
+    batch = RunningBatch(translator)
     assert batch.admit([a, blank]) and batch.key == BatchKey(Settings(3, 0.0))  # blank leaves
     assert len(batch) == 2 and batch.jobs == [a]
     batch.step()
@@ -153,7 +153,7 @@ def test_a_failing_step_empties_the_batch_and_names_every_job(translator):
     controlled.fail_at_running = 1
     outcomes = Outcomes()
     jobs = [outcomes.job([translator.encode(de)], beam=2) for de, _ in PAIRS[:2]]
-    batch = RunningBatch(controlled, CacheBudget.for_translator(10**6, translator))
+    batch = RunningBatch(controlled)
     batch.admit(jobs)
     left = batch.step()
     assert [gone.job for gone in left] == jobs
@@ -274,7 +274,7 @@ def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
     forced = outcomes.job(ids[2:], beam=3, n_best=2)
     forced.prefix = prefix
     assert free.key == forced.key  # one running batch
-    batch = RunningBatch(ensemble, CacheBudget.for_translator(10**6, ensemble))
+    batch = RunningBatch(ensemble)
     batch.admit([free])
     batch.step()
     assert batch.admit([forced]) == []

@@ -102,7 +102,7 @@ class BatchWorker:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="aiayn-batch-worker", daemon=True)
-        self._batch = RunningBatch(translator, self.budget)  # the worker thread's alone
+        self._batch = RunningBatch(translator)  # the worker thread's alone
         self._maps = ThreadPoolExecutor(1, thread_name_prefix="aiayn-attention")
 
     def start(self) -> None:

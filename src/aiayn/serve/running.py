@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiayn.data.batching import pad
 from aiayn.decode import BeamEngine, Hypothesis
-from aiayn.serve.jobs import BatchKey, CacheBudget, Job
+from aiayn.serve.jobs import BatchKey, Job
 from aiayn.translator import Translator
 
 Outputs = list[list[Hypothesis]]  # per sentence of a job, its n-best hypotheses
@@ -46,8 +46,8 @@ class RunningBatch:
     """The jobs of one search setting that decode together, a step at a time (see the
     module). Empty, it holds no search; the first job admitted sets the key."""
 
-    def __init__(self, translator: Translator, budget: CacheBudget):
-        self.translator, self.budget = translator, budget
+    def __init__(self, translator: Translator):
+        self.translator = translator
         self.key: BatchKey | None = None
         self._search: BeamEngine[tuple[Job, int]] | None = None  # tags: (job, row)
         self._jobs: dict[Job, _Running] = {}

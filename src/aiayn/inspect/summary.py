@@ -48,10 +48,8 @@ def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int
         for hook in hooks:
             hook.remove()
 
-    seen: set[int] = set()
     owner: dict[str, int] = {}  # module name -> parameters first counted under it
     for name, param in model.named_parameters():  # named_parameters skips shared duplicates
-        seen.add(id(param))
         parts = name.split(".")[:-1]
         for k in range(len(parts) + 1):
             prefix = ".".join(parts[:k])

@@ -292,10 +292,19 @@ def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
 
 def test_serve_takes_several_models_as_an_ensemble(sample_model_dir):
     """`aiayn serve --model A --model B` loads an ensemble, as `aiayn translate` does."""
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    from fastapi.testclient import TestClient
+
     from aiayn.cli import build_parser
     from aiayn.cli.common import translator_for
+    from aiayn.serve import ServeConfig, create_app
 
     folder = str(sample_model_dir())
     args = build_parser().parse_args(["serve", "--model", folder, "--model", folder])
     assert args.model == [folder, folder]
-    assert len(translator_for(args).models) == 2
+    ensemble = translator_for(args)
+    assert len(ensemble.models) == 2
+    with TestClient(create_app(ensemble, ServeConfig(worker="thread"))) as c:
+        info = c.get("/info").json()["model"]  # what runs: two models, each counted
+    assert info["models"] == 2
+    assert info["parameters"] == 2 * ensemble.model.num_parameters()

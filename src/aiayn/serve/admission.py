@@ -39,7 +39,8 @@ class ModelInfo:
 
     tokenizer: Tokenizer
     cfg: TransformerConfig  # of the (first) model
-    parameters: int
+    models: int  # ensembled models (1: a single model)
+    parameters: int  # of them all
     device: str
     max_source_tokens: int
     defaults: DecodeOptions  # what a request decodes with where it sets nothing
@@ -52,7 +53,8 @@ class ModelInfo:
         return cls(
             translator.tokenizer,
             model.cfg,
-            model.num_parameters(),
+            len(translator.models),
+            sum(m.num_parameters() for m in translator.models),
             device,
             translator.max_source_tokens,
             translator.defaults,

@@ -313,7 +313,8 @@ def create_app(
 
     @app.get("/info", responses={401: {}, 403: {}})
     async def model_info(request: Request) -> dict[str, Any]:
-        """The model's configuration, its default output length and this server's
+        """The model's configuration (of the first member of an ensemble; ``models``
+        counts them, ``parameters`` sums theirs), its default output length and this server's
         limits (with an API key set, the key is needed unless ``public_metrics``)."""
         check_reader(request)
         return {
@@ -324,6 +325,7 @@ def create_app(
                 "d_model": info.cfg.d_model,
                 "vocab_size": info.tokenizer.vocab_size,
                 "max_source_tokens": info.max_source_tokens,
+                "models": info.models,
                 "parameters": info.parameters,
                 "device": info.device,
                 "length_rule": info.length_rule,

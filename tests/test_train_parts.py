@@ -231,3 +231,25 @@ def test_schedule_edges_defaults_and_refusals():
     assert opt.param_groups[0]["lr"] == pytest.approx(noam_rate(76, 64, 10) * 0.5)
     assert sched.rate(20) == pytest.approx(noam_rate(20, 64, 10) * 0.5)
     assert sched.state_dict() == {"step_count": 75, "warmup": 10, "scale": 1.0}
+
+
+def test_validation_translates_as_the_translator_and_keeps_the_models_mode(sample_model_dir):
+    """Validation's translations are the Translator's (a blank line gets ""), and the model
+    comes back in the mode it was in: training goes on right after."""
+    from aiayn.checkpoint import load_model, resolve_checkpoint
+    from aiayn.train.validation import translate_texts
+    from aiayn.translator import Translator
+    from sample_data import PAIRS
+
+    model, tokenizer, *_ = load_model(resolve_checkpoint(sample_model_dir()))
+    lines = [de for de, _ in PAIRS[:6]] + ["  "]
+    for beam in (1, 3):
+        model.train()
+        got = translate_texts(model, tokenizer, lines, beam, batch_size=4)
+        assert model.training
+        want = Translator(model, tokenizer).translate(lines, beam=beam)
+        assert got == [outputs[0] for outputs in want] and got[-1] == ""
+        assert len(set(got[:-1])) > 1  # real, different translations
+    model.eval()
+    translate_texts(model, tokenizer, lines[:2], 1)
+    assert not model.training

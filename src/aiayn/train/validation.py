@@ -12,13 +12,14 @@ import math
 
 import torch
 
-from aiayn.data import Tokenizer, sorted_batches
+from aiayn.data import Tokenizer
 from aiayn.data.shards import PreparedSplit
-from aiayn.decode import DecodeOptions, search
+from aiayn.decode import DecodeOptions
 from aiayn.distributed import World
 from aiayn.metrics import corpus_bleu
 from aiayn.model.transformer import Transformer
 from aiayn.train.loss import label_smoothed_cross_entropy
+from aiayn.translator import Translator
 
 
 @torch.no_grad()
@@ -95,13 +96,12 @@ def _figures(sums: list[float], bleu: float) -> dict[str, float]:
 def translate_texts(
     model: Transformer, tokenizer: Tokenizer, texts: list[str], beam: int, batch_size: int = 128
 ) -> list[str]:
-    """``texts`` translated (greedy for ``beam=1``), in order; the model is left in
-    training mode."""
-    device, limit = next(model.parameters()).device, model.cfg.max_len - 1
-    ids = [tokenizer.encode(s, limit) for s in texts]
-    hyps, options = [""] * len(ids), DecodeOptions(beam=beam)
-    for index, src in sorted_batches(ids, batch_size, model.cfg.pad_id):
-        found = search(model, src.to(device), options, scores=False)  # eval mode inside
-        for i, outputs in zip(index, found):
-            hyps[i] = tokenizer.decode(outputs[0].tokens) if outputs else ""
-    return hyps
+    """``texts`` translated (greedy for ``beam=1``), in order, as :class:`Translator` gives
+    them; the model is left in the mode it was in."""
+    training = model.training  # a Translator puts its models in eval mode for good
+    try:
+        translator = Translator(model, tokenizer)
+        found = translator.translate(texts, DecodeOptions(beam=beam), batch_size=batch_size)
+    finally:
+        model.train(training)
+    return [outputs[0] for outputs in found]

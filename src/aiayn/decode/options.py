@@ -38,8 +38,9 @@ class DecodeOptions:
     that reaches its limit with EOS, scored 0, as ``generate()`` does.
     Sampling draws each token from the model's distribution at ``temperature``, restricted
     to the ``top_k`` most likely tokens (0: no limit) and to the nucleus of probability
-    ``top_p`` (1: no limit); with ``seed`` set, each line's samples depend only on (seed,
-    line index, sample index), not on the batch or the other lines. ``prefix`` is text every
+    ``top_p`` (1: no limit); with ``seed`` set, each line's samples are drawn from its own
+    stream of (seed, line index, sample index), not from the batch's or the other lines'
+    (up to float rounding: :mod:`aiayn.decode.sampling`). ``prefix`` is text every
     output starts with (forced, and counted in the score); the id-level searches take
     per-sentence prefix ids instead.
     """

@@ -4,8 +4,13 @@ a temperature and cut to the top-k tokens and to the nucleus (top-p; Holtzman et
 
 Reproducible per line: every output row owns a stream of uniform numbers seeded from (seed,
 line index, sample index), and a token is drawn by inverting the cumulative distribution
-at the row's number for that step. What a line gets therefore does not depend on the batch
-it is decoded in, its neighbours, or how many processes share the input.
+at the row's number for that step. No row reads another's numbers, so what a line gets
+does not depend on its neighbours, the batch or how many processes share the input, up to
+float rounding: padding and batch size move the last bits of the model's probabilities,
+and a draw that falls within that rounding of the boundary between two tokens takes the
+other one. Every token with a probability above 0 is such a boundary, so a top-k or top-p
+cut makes this rarer (``benchmarks/sampling_batches.py`` counts it). The same input
+decoded the same way always gets the same samples.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Label-smoothed loss and the warmup schedule, against their definitions."""
+"""Label-smoothed loss, the warmup schedule and the optimizer against their definitions, and
+validation's translations against the Translator's."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import torch
 
 from aiayn.data import Tokenizer
 from aiayn.data.shards import PreparedSplit
-from aiayn.decode import DecodeOptions
+from aiayn.decode import DecodeOptions, inference
 from aiayn.distributed import World
 from aiayn.metrics import corpus_bleu
 from aiayn.model.transformer import Transformer
@@ -98,10 +98,7 @@ def translate_texts(
 ) -> list[str]:
     """``texts`` translated (greedy for ``beam=1``), in order, as :class:`Translator` gives
     them; the model is left in the mode it was in."""
-    training = model.training  # a Translator puts its models in eval mode for good
-    try:
+    with inference(model):  # a Translator puts its models in eval mode for good
         translator = Translator(model, tokenizer)
         found = translator.translate(texts, DecodeOptions(beam=beam), batch_size=batch_size)
-    finally:
-        model.train(training)
     return [outputs[0] for outputs in found]

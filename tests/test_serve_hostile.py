@@ -67,6 +67,29 @@ def test_attention_over_the_weight_limit_is_413_naming_it(parts):
         assert r.status_code == 200 and r.json()["attention"][0]["cross"]
 
 
+def test_a_forced_prefix_counts_in_the_attention_weight_limit(parts):
+    model, tokenizer = parts
+    cfg = model.cfg
+    S = len(tokenizer.encode("Ein Hund."))
+    T = min(S + 50, cfg.max_len)  # the default length rule: source + 50
+    bound = cfg.n_heads * (cfg.encoder_layers * S * S + cfg.decoder_layers * (T * T + T * S))
+    words = next(  # a prefix the model takes that outgrows the length rule
+        n for n in range(1, cfg.max_len) if len(tokenizer.encode_target("Hund " * n)) >= T
+    )
+    prefix = "Hund " * words
+    assert T <= len(tokenizer.encode_target(prefix)) < cfg.max_len
+    with TestClient(
+        create_app(Translator(*parts), ServeConfig(worker="thread", max_attention_weights=bound))
+    ) as c:
+        assert wait_warmed_up(c).status_code == 200
+        r = c.post("/translate", json={"src": ["Ein Hund."], "attention": True, "beam": 1})
+        assert r.status_code == 200, r.text  # exactly at the limit without a prefix
+        body = {"src": ["Ein Hund."], "attention": True, "beam": 1, "prefix": prefix}
+        r = c.post("/translate", json=body)
+        assert r.status_code == 413, r.text
+        assert "more than the limit of" in r.json()["error"]["message"]
+
+
 def test_tokenizing_runs_off_the_event_loop(client, monkeypatch):
     tokenizer_class = type(client.app.state.worker.translator.tokenizer)
     encode, seen = tokenizer_class.encode, []

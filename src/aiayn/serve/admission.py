@@ -100,15 +100,15 @@ def encode_request(
 
 
 def attention_weights(
-    src: Sequence[Sequence[int]], cfg: TransformerConfig, output_limit: int
+    src: Sequence[Sequence[int]], cfg: TransformerConfig, output_limits: Sequence[int]
 ) -> int:
-    """An upper bound on the weights that the attention maps of ``src`` hold (outputs at
-    most ``output_limit`` tokens each): every layer and head of encoder self-attention
-    (S x S), decoder self-attention (T x T) and encoder-decoder attention (T x S)."""
-    t = output_limit
+    """An upper bound on the weights that the attention maps of ``src`` hold (output i at
+    most ``output_limits[i]`` tokens, a forced prefix included): every layer and head of
+    encoder self-attention (S x S), decoder self-attention (T x T) and encoder-decoder
+    attention (T x S)."""
     per_head = sum(
         cfg.encoder_layers * len(s) ** 2 + cfg.decoder_layers * (t * t + t * len(s))
-        for s in src
+        for s, t in zip(src, output_limits, strict=True)
         if s
     )
     return per_head * cfg.n_heads

@@ -255,9 +255,10 @@ def create_app(
         check_attention_sentences(req, cfg.max_attention_sentences)
         src, prefix = await asyncio.to_thread(encode_request, req, info)  # off the loop
         if req.attention:
-            limit = worker.budget.output_limit(max(map(len, src)))
+            forced = prefix or [[] for _ in src]  # a prefix lengthens its output
+            limits = [worker.budget.output_limit(len(s), len(p)) for s, p in zip(src, forced)]
             check_attention_weights(
-                attention_weights(src, info.cfg, limit), cfg.max_attention_weights
+                attention_weights(src, info.cfg, limits), cfg.max_attention_weights
             )
         try:
             outcome = await run(src, options, req.attention, request, deadline, prefix)

@@ -41,9 +41,21 @@ def test_top_k_one_and_temperature_near_zero_equal_greedy(peaked_model):
     for seed in (1, 2):
         assert sample(peaked_model, src, top_k=1, seed=seed) == want
         assert sample(peaked_model, src, temperature=1e-4, seed=seed) == want
+        # So small that every log-prob / temperature overflows to -inf: still greedy.
+        for temperature in (1e-310, 5e-324):
+            assert sample(peaked_model, src, temperature=temperature, seed=seed) == want
     # ... and a real temperature does sample: some line differs between seeds.
     outs = [sample(peaked_model, src, seed=s) for s in range(4)]
     assert any(o != outs[0] for o in outs[1:])
+
+
+def test_a_temperature_near_zero_keeps_only_the_best_token():
+    logp = torch.log_softmax(torch.tensor([[0.5, 2.0, -1.0, 1.9], [3.0, 3.0, 0.0, -5.0]]), -1)
+    logp[:, 3] = float("-inf")  # a banned token
+    for temperature in (1e-310, 5e-324):
+        probs = sampling_probs(logp, temperature, top_k=0, top_p=1.0)
+        assert torch.isfinite(probs).all(), temperature
+        assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]], temperature
 
 
 def allowed(probs: torch.Tensor, top_k: int, top_p: float) -> set[int]:

@@ -51,7 +51,12 @@ def sampling_probs(logp: Tensor, temperature: float, top_k: int, top_p: float) -
     all; ties with the k-th are kept), then only the nucleus: the most likely tokens whose
     mass, before each one is added, is below ``top_p`` (the most likely token always stays).
     Returns ``[n, V]`` probabilities, each row summing to 1, zero outside what is kept."""
-    probs = torch.softmax(logp.double() / temperature, dim=-1)
+    scaled = logp.double() / temperature
+    if temperature < 1 and not bool(scaled.amax(dim=-1).isfinite().all()):
+        # A temperature so near 0 that even the best token's log-prob overflowed to -inf
+        # (NaN after softmax): shift each row by its best first, which softmax ignores.
+        scaled = (logp.double() - logp.amax(dim=-1, keepdim=True).double()) / temperature
+    probs = torch.softmax(scaled, dim=-1)
     if 0 < top_k < probs.size(-1):
         kth = probs.topk(top_k, dim=-1).values[:, -1:]
         probs = probs.masked_fill(probs < kth, 0.0)

@@ -60,13 +60,41 @@ def test_a_failing_model_is_a_500_and_ready_says_why(parts, worker):
 
 
 def test_the_queue_limit_holds_across_the_pipe(parts):
-    with TestClient(create_app(Translator(*parts), ServeConfig(max_queue=2))) as c:
-        assert wait_warmed_up(c).status_code == 200
-        r = c.post("/translate", json={"src": ["Ein Hund.", "Eine Katze.", "Ein Mann."]})
-        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    # Whole batches (continuous off): a request queued behind a running one stays queued.
+    app = create_app(
+        SlowTranslator(*parts, step_s=0.2), ServeConfig(max_queue=2, continuous=False)
+    )
+    with serving(app) as base, httpx.Client(base_url=base, timeout=60) as client:
+        answers: dict[str, httpx.Response] = {}
+
+        def send(name: str, src: list[str]) -> threading.Thread:
+            body = {"src": src, "beam": 4}
+            post = lambda: answers.__setitem__(name, client.post("/translate", json=body))  # noqa: E731
+            thread = threading.Thread(target=post)
+            thread.start()
+            return thread
+
+        threads = [send("running", ["Ein Hund."])]
+        wait_for(lambda: gauges(base)["aiayn_running_sentences"] == 1, "the first one running")
+        threads.append(send("queued", ["Eine Katze.", "Ein Mann."]))
+        wait_for(lambda: gauges(base)["aiayn_queue_sentences"] == 2, "the second one queued")
+        r = client.post("/translate", json={"src": ["Eine Frau."]})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
         assert "the queue is full" in r.json()["error"]["message"]
-        r = c.post("/translate", json={"src": ["Ein Hund."]})
-        assert r.status_code == 200 and r.json()["translations"][0]
+        # More sentences than the queue ever holds: no retry would help, so 413, not 429.
+        r = client.post("/translate", json={"src": ["Ein Hund.", "Eine Katze.", "Ein Mann."]})
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["message"] == (
+            "this request has 3 sentences, more than the queue holds (2)"
+        )
+        for t in threads:
+            t.join(60)
+        assert [answers[k].status_code for k in ("running", "queued")] == [200, 200]
+        assert len(answers["queued"].json()["translations"]) == 2
+        assert client.post("/translate", json={"src": ["Ein Hund."]}).status_code == 200
+        metrics = client.get("/metrics").text
+        assert 'aiayn_jobs_total{outcome="failed"} 0' in metrics  # refusals are no failures
+        assert 'aiayn_jobs_total{outcome="done"} 4' in metrics  # + the warm-up
 
 
 def test_a_killed_worker_fails_the_8_requests_in_flight_and_health_says_why(parts):

@@ -37,6 +37,7 @@ from aiayn.serve.jobs import (
     Result,
     Status,
     StoppedError,
+    TooLargeError,
 )
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.running import Left, Outputs, RunningBatch, best
@@ -152,6 +153,10 @@ class BatchWorker:
         TooLargeError for a job that could never run, QueueFullError or StoppedError."""
         self.budget.check(job)
         n = len(job.src)
+        if n > self.max_queue:  # a queue-full 429 would never clear for it
+            raise TooLargeError(
+                f"this request has {n} sentences, more than the queue holds ({self.max_queue})"
+            )
         with self._cond:
             if self._stopping:
                 raise StoppedError(self.failure or "the server is shutting down")

@@ -129,8 +129,8 @@ def _child(
                 job = Job(src, settings, attention, reply_for(job_id), prefix, id=job_id)
                 try:
                     worker.submit(job)
-                except AiaynError as e:  # queue full, stopping: answered at once
-                    worker.finish(job, Outcome.failed(e))
+                except AiaynError as e:  # refused (queue full, too large, stopping):
+                    job.reply(Outcome.failed(e))  # answered at once, as no job that ran
             elif kind == "cancel":
                 cancelled = worker.job(message[1])
                 if cancelled is not None:

@@ -128,6 +128,8 @@ BAD = [
     (b'{"src": ["' + b"x" * 3000 + b'"]}', 413, "limit of 2000"),
     (b'{"src": ["a", "\\ud800 b"]}', 422, "src.1: not valid Unicode (character 0)"),
     (b'{"src": ["a"], "prefix": "\\udfff"}', 422, "prefix: not valid Unicode"),
+    (b'{"src": ["a", "b"], "prefix": ["A", null]}', 422, "prefix.1: Input should be a valid"),
+    (b'{"src": ["a"], "prefix": 5}', 422, "prefix: Input should be a valid"),
 ]
 
 
@@ -178,6 +180,15 @@ def test_api_key(translator, monkeypatch):
         assert info.json()["api_key_required"] is True and "s3cret" not in info.text
         assert c.get("/health").status_code == 200  # probes need no key
         assert c.get("/ready").status_code == 200
+
+
+def test_a_non_ascii_api_key_matches_the_utf8_bytes_clients_send(translator):
+    key = "s3cr3t-k\u00e9"
+    with TestClient(create_app(translator, ServeConfig(worker="thread", api_key=key))) as c:
+        body = b'{"src": ["Ein Hund."], "beam": 1}'
+        assert post(c, body, **{"x-api-key": key.encode()}).status_code == 200
+        assert post(c, body, authorization=b"Bearer " + key.encode()).status_code == 200
+        assert post(c, body, **{"x-api-key": "s3cr3t-ke"}).status_code == 403
 
 
 def test_public_metrics_leaves_metrics_and_info_open_not_translate(translator):

@@ -61,9 +61,7 @@ def test_a_failing_model_is_a_500_and_ready_says_why(parts, worker):
 
 def test_the_queue_limit_holds_across_the_pipe(parts):
     # Whole batches (continuous off): a request queued behind a running one stays queued.
-    app = create_app(
-        SlowTranslator(*parts, step_s=0.2), ServeConfig(max_queue=2, continuous=False)
-    )
+    app = create_app(SlowTranslator(*parts, step_s=0.2), ServeConfig(max_queue=2, continuous=False))
     with serving(app) as base, httpx.Client(base_url=base, timeout=60) as client:
         answers: dict[str, httpx.Response] = {}
 

@@ -103,7 +103,9 @@ def check_key(request: Request, key: str | None) -> None:
         given = auth[7:].strip()
     if not given:
         raise ApiError(401, "an API key is required", {"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(given.encode(), key.encode()):
+    # Header values arrive decoded as latin-1: encode them back to the bytes the client
+    # sent, which for a non-ASCII key are its UTF-8 bytes.
+    if not hmac.compare_digest(given.encode("latin-1"), key.encode()):
         raise ApiError(403, "the API key is wrong")
 
 
@@ -193,9 +195,15 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
     try:
         req = TranslateRequest.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ApiError(422, f"{where}: {first['msg']}") from None
+        # The deepest error: for a union field (prefix: text or list of texts) the branch
+        # that matched the most. Its loc names the union's branch ("prefix.list[str].1"):
+        # keep the field and the list indices only ("prefix.1").
+        first = max(e.errors(), key=lambda error: len(error["loc"]))
+        loc = first["loc"]
+        where = ".".join(
+            [str(p) for p in loc[:1]] + [str(p) for p in loc[1:] if isinstance(p, int)]
+        )
+        raise ApiError(422, f"{where or 'body'}: {first['msg']}") from None
     if not req.src:
         raise ApiError(422, "src: the list of sentences is empty")
     if len(req.src) > max_sentences:

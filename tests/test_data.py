@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 
 import pytest
 import torch
@@ -76,6 +77,33 @@ def test_empty_corpus_and_corrupt_gzip_are_errors(tmp_path):
     bad = write(tmp_path / "c.de.gz", b"\x1f\x8b" + b"not really gzip")
     with pytest.raises(CorpusError, match=r"c\.de\.gz: cannot read"):
         read_lines(bad)
+
+
+def test_corrupt_gzip_body_is_named_like_a_truncated_one(tmp_path):
+    """A valid gzip header before a body zlib cannot inflate ("invalid block type") is a
+    CorpusError naming the file, as truncated data and a bad checksum are, not zlib.error."""
+    header = gzip.compress(b"Ein Hund.\n")[:10]
+    bad = write(tmp_path / "body.de.gz", header + b"\xff" * 40)
+    with pytest.raises(CorpusError, match=r"body\.de\.gz: cannot read \(.*invalid block type"):
+        read_lines(bad)
+    lines = b"".join(b"Zeile %d.\n" % i for i in range(20000))
+    packed = bytearray(gzip.compress(lines, mtime=0))
+    packed[len(packed) // 2 :] = b"\xff" * (len(packed) - len(packed) // 2)
+    with pytest.raises(CorpusError, match=r"mid\.de\.gz, line \d+: cannot read"):
+        read_lines(write(tmp_path / "mid.de.gz", bytes(packed)))
+
+
+def test_a_directory_or_a_pipe_is_not_called_missing(tmp_path):
+    folder = tmp_path / "folder.de"
+    folder.mkdir()
+    with pytest.raises(CorpusError, match=r"folder\.de: is a directory"):
+        read_lines(folder)
+    pipe = tmp_path / "pipe.de"
+    os.mkfifo(pipe)  # opening it would wait for a writer forever
+    with pytest.raises(CorpusError, match=r"pipe\.de: not a regular file"):
+        read_lines(pipe)
+    with pytest.raises(CorpusError, match=r"nope\.de: no such file"):
+        read_lines(tmp_path / "nope.de")
 
 
 def test_empty_and_long_pairs_are_dropped_and_counted(tmp_path):

@@ -4,7 +4,10 @@ and decoding lines (split across processes under torchrun), and their common fla
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,11 +26,85 @@ def read_input(path: str | None) -> list[str]:
     return read_lines(path)
 
 
-def write_text(path: str, text: str) -> None:
+def text_arg(value: str) -> str:
+    """The argparse type of a text argument (a sentence, a prefix): its value, unless it
+    holds bytes that are not UTF-8, which Python keeps as lone surrogates that no
+    tokenizer can take; argparse then names the argument."""
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(value[e.start])
+        what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise argparse.ArgumentTypeError(
+            f"not UTF-8 text ({what} at character {e.start + 1})"
+        ) from None
+    return value
+
+
+def refuse_overwriting_inputs(output: str | None, inputs: dict[str, str | None]) -> None:
+    """AiaynError when the ``output`` file is one of ``inputs`` (flag or name: path), the
+    same file by any path or link, checked before any work: writing it would destroy
+    the input it was made from."""
+    if not output or not os.path.isfile(output):
+        return  # a new file, or a pipe or /dev/stdout: nothing read is overwritten
+    for name, path in inputs.items():
+        if path and path != "-" and os.path.isfile(path) and os.path.samefile(output, path):
+            raise AiaynError(
+                f"-o {output} is the same file as {name} {path}: writing it would destroy "
+                "that input; give another output file"
+            )
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: a regular file (or a new
+    one) is written as a temp file in its folder and renamed over it, so a write that
+    fails (a full disk) leaves the file as it was. Anything else (/dev/stdout, a pipe)
+    is written in place: it cannot be renamed over, and holds nothing to lose.
+
+    Raises AiaynError naming ``path`` when it cannot be written.
+    """
+    try:
+        try:
+            mode: int | None = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            Path(path).write_text(text, encoding="utf-8")
+        else:
+            _replace(Path(os.path.realpath(path)), text, mode)
     except OSError as e:
         raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def _replace(target: Path, text: str, mode: int | None) -> None:
+    """Rename a temp file holding ``text`` over ``target`` (a link's target: the link
+    stays), with the old file's permissions, or for a new file those the umask gives."""
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, stat.S_IMODE(mode))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout and flush it, so that a stdout that cannot take it (a
+    full disk) is an AiaynError now, not a traceback or a failed flush at exit. A reader
+    that left (BrokenPipeError, ``| head``) propagates: the CLI ends quietly on it."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise AiaynError(f"stdout: cannot write ({e.strerror or e})") from None
 
 
 def translator_for(args: argparse.Namespace, device: str | None = None) -> Translator:
@@ -79,6 +156,8 @@ def translate_lines(
     world = init_from_env(args.device)
     translator = translator_for(args, world.device(args.device))
     options = decode_options(args, translator.defaults, n_best)
+    if prefixes is not None:
+        check_prefixes(translator, prefixes, getattr(args, "prefix_file", None) or "prefixes")
     share = world.shard(len(lines))
     mine = lines[share.start : share.stop]
     quiet = args.quiet or not world.is_main
@@ -98,6 +177,20 @@ def translate_lines(
             translator, [translator.encode(line) for line in mine], outputs, alignment_layer
         )
     return world.gather(outputs)
+
+
+def check_prefixes(translator: Translator, prefixes: list[str], name: str) -> None:
+    """AiaynError naming ``name`` (the prefix file) and the line of the first prefix the
+    model cannot force (too long for its positions, say), before any line is decoded;
+    the decoder's own check would name neither."""
+    from aiayn.decode.core import forced_ids
+
+    for number, text in enumerate(prefixes, start=1):
+        if text:
+            try:
+                forced_ids([translator.tokenizer.encode_target(text)], translator.model.cfg, 1)
+            except AiaynError as e:
+                raise AiaynError(f"{name}, line {number}: {e}") from None
 
 
 def add_inference_flags(p: argparse.ArgumentParser) -> None:

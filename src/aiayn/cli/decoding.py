@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
@@ -12,7 +11,10 @@ from aiayn.cli.common import (
     add_inference_flags,
     add_search_flags,
     read_input,
+    refuse_overwriting_inputs,
+    text_arg,
     translate_lines,
+    write_stdout,
     write_text,
 )
 from aiayn.errors import AiaynError
@@ -26,6 +28,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if (args.input is None or args.input == "-") and init_from_env(args.device).size > 1:
         raise AiaynError("several processes read an input file, not stdin: give the file")
+    refuse_overwriting_inputs(
+        args.output,
+        {
+            "the input": args.input,
+            "--prefix-file": args.prefix_file,
+            "--closest-to": args.closest_to,
+        },
+    )
     lines = read_input(args.input)
     prefixes = read_prefixes(args, len(lines))
     references = read_closest_to(args, len(lines))
@@ -39,7 +49,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.output:
         write_text(args.output, text)
     else:
-        sys.stdout.write(text)
+        write_stdout(text)
     return 0
 
 
@@ -140,20 +150,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aiayn.data.corpus import read_lines
     from aiayn.metrics import corpus_bleu
 
+    refuse_overwriting_inputs(
+        args.output, {"--src": args.src, "--ref": args.ref, "--prefix-file": args.prefix_file}
+    )
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+    if not src:
+        raise AiaynError(f"{args.src} and {args.ref}: no lines to score")
     prefixes = read_prefixes(args, len(src))
     outputs = translate_lines(args, src, 1, prefixes, alignment_layer(args))
     if outputs is None:  # not rank 0
         return 0
     hyps = [c[0].text if c else "" for c in outputs]
-    if args.output:
-        write_text(args.output, render(outputs, 1, args))
     bleu = corpus_bleu(hyps, ref)
-    print(f"{bleu}  [{bleu.signature}]")
     chrf = sacrebleu.corpus_chrf(hyps, [ref])
-    print(f"{chrf}  (sacrebleu)")
+    if args.output:  # once everything has worked: a failed run leaves the old file
+        write_text(args.output, render(outputs, 1, args))
+    write_stdout(f"{bleu}  [{bleu.signature}]\n{chrf}  (sacrebleu)\n")
     return 0
 
 
@@ -177,7 +191,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_LAYER,
         help=f"decoder layer for --alignment, from 1; -1 the last (default {DEFAULT_LAYER})",
     )
-    p.add_argument("--prefix", help="text every output starts with (forced)")
+    p.add_argument("--prefix", type=text_arg, help="text every output starts with (forced)")
     p.add_argument("--prefix-file", help="one forced prefix per input line")
 
 

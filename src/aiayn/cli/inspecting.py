@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.common import add_decoding_flags, translator_for
+from aiayn.cli.common import add_decoding_flags, text_arg, translator_for
 from aiayn.config import TransformerConfig
 
 
@@ -69,7 +69,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = sub.add_parser("attention", help="attention heatmaps of one sentence's translation")
     add_decoding_flags(p)
-    p.add_argument("sentence", help="source sentence")
+    p.add_argument("sentence", type=text_arg, help="source sentence")
     p.add_argument(
         "--kind", choices=["encoder", "decoder_self", "cross"], help="default: cross for a PNG"
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import re
+import stat
 import unicodedata
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
@@ -23,9 +25,26 @@ def normalize(text: str) -> str:
 def read_lines(path: str | Path) -> list[str]:
     """All lines of ``path`` without their newline; gzip is recognised by its magic bytes.
 
-    Raises CorpusError for a missing file, bad gzip data, or invalid UTF-8 (with the line).
+    Raises CorpusError for a path that is not a readable regular file, bad gzip data, or
+    invalid UTF-8 (with the line).
     """
     return list(iter_lines(path))
+
+
+def check_readable_file(path: Path) -> None:
+    """CorpusError unless ``path`` is a regular file (or a link to one), saying what it
+    is instead: missing, a directory, or another kind (a device such as /dev/null, a
+    pipe), which would read as nothing or never end."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: no such file") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror or e})") from None
+    if stat.S_ISDIR(mode):
+        raise CorpusError(f"{path}: is a directory, not a text file")
+    if not stat.S_ISREG(mode):
+        raise CorpusError(f"{path}: not a regular file")
 
 
 def decode_line(line: bytes, name: str, number: int) -> str:
@@ -57,12 +76,12 @@ def iter_lines(path: str | Path) -> Iterator[str]:
     """The lines of ``path`` one at a time, as :func:`read_lines` gives them, in constant
     memory: plain or gzip (recognised by its magic bytes), UTF-8 checked line by line.
 
-    Raises CorpusError for a missing file, or naming the line where gzip data is bad or a
-    byte is not UTF-8.
+    Raises CorpusError for a path that is not a regular file (:func:`check_readable_file`),
+    or naming the line where gzip data is bad (truncated, a bad checksum, a corrupt
+    compressed body) or a byte is not UTF-8.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
+    check_readable_file(path)
     number = 0
     try:
         with path.open("rb") as raw:
@@ -71,7 +90,7 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             f = gzip.GzipFile(fileobj=raw) if packed else raw
             for number, line in enumerate(f, start=1):
                 yield decode_line(line[:-1] if line.endswith(b"\n") else line, str(path), number)
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
         where = f", line {number + 1}" if number else ""
         raise CorpusError(f"{path}{where}: cannot read ({e})") from None
 

@@ -8,6 +8,8 @@ import gzip
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -230,6 +232,19 @@ def test_settings_out_of_range_and_an_output_that_cannot_be_made_are_one_line(tm
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err and "INTERNAL" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_a_damaged_index_file_is_named(tmp_path, prepared):
+    damaged = tmp_path / "data"
+    shutil.copytree(prepared, damaged)
+    index = damaged / "train.src.idx.npy"
+    for junk in (os.urandom(2000), None):
+        if junk is None:
+            np.save(index, np.zeros(5))  # a valid .npy, of the wrong shape
+        else:
+            index.write_bytes(junk)
+        with pytest.raises(CorpusError, match=f"^{re.escape(str(index))}: not a valid index file"):
+            PreparedData(damaged)
 
 
 def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsys):

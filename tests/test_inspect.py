@@ -149,3 +149,20 @@ def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):
     assert f"Output: logits [1, 16, {translator.tokenizer.vocab_size}]" in out
     assert main(["summary", "--preset", "base", "--vocab", "1000", "--depth", "1"]) == 0
     assert "Output: logits [1, 16, 1000]" in capsys.readouterr().out
+
+
+def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, capsys):
+    model = str(sample_model_dir())
+    cases = [
+        (["--depth", "0"], "--depth must be at least 1, got 0"),
+        (["--model", model, "--preset", "big"], "--preset sets up an untrained preset"),
+        (["--model", model, "--vocab", "1000"], "--vocab sets up an untrained preset"),
+        (["--checkpoint", "best"], "--checkpoint needs --model"),
+        (["--vocab", "99999999999"], "--vocab 99,999,999,999: the base model's weights take"),
+    ]
+    for flags, message in cases:
+        assert main(["summary", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert main(["summary", "--model", model, "--checkpoint", "best", "--depth", "1"]) == 0
+    assert "Total params" in capsys.readouterr().out

@@ -140,6 +140,17 @@ def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
     assert main(["plot", "--run", str(run)]) == 2
     assert "metrics.jsonl:6: not a JSON line" in capsys.readouterr().err
+    text[5] = json.dumps({"kind": "train", "step": "abc", "loss": 1.0})  # not categories
+    (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    assert main(["plot", "--run", str(run)]) == 2
+    assert "metrics.jsonl:6: not a metrics record (no numeric 'step')" in capsys.readouterr().err
+    words = tmp_path / "words"  # steps, but not one number to draw
+    words.mkdir()
+    record = {"kind": "train", "step": 1, "loss": "x", "lr": "y"}
+    (words / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["plot", "--run", str(words)]) == 2
+    err = capsys.readouterr().err
+    assert f"{words / 'metrics.jsonl'}: no numeric loss, bleu, lr or tokens_per_s" in err
 
 
 def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):

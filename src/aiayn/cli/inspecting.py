@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.cli.common import add_decoding_flags, translator_for
@@ -88,7 +89,12 @@ def cmd_attention(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from aiayn.inspect.curves import plot_curves
 
-    for path in plot_curves(args.run, args.out):
+    written = plot_curves(args.run, args.out)
+    if not written:  # records with steps, but no numbers to draw
+        run = Path(args.run)
+        metrics = run / "metrics.jsonl" if run.is_dir() else run
+        raise AiaynError(f"{metrics}: no numeric loss, bleu, lr or tokens_per_s to plot")
+    for path in written:
         print(f"wrote {path}")
     return 0
 

@@ -246,6 +246,10 @@ def test_cli_export_and_its_errors(sample_model_dir, tmp_path, capsys):
     assert (tmp_path / "other" / "notes.txt").read_text() == "keep me"
     assert main([*args[:-1], str(tmp_path / "new"), "--checkpoint", "averaged"]) == 2
     assert "checkpoint_averaged.pt" in capsys.readouterr().err
+    under_a_file = tmp_path / "other" / "notes.txt" / "ct2"
+    assert main([*args[:-1], str(under_a_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{under_a_file}: cannot create" in err, err
     with pytest.raises(ExportError, match="quantization"):
         export_ctranslate2(model_dir, tmp_path / "bad", quantization="int3")
 

@@ -140,6 +140,17 @@ def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
     assert main(["plot", "--run", str(run)]) == 2
     assert "metrics.jsonl:6: not a JSON line" in capsys.readouterr().err
+    text[5] = json.dumps({"kind": "train", "step": "abc", "loss": 1.0})  # not categories
+    (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    assert main(["plot", "--run", str(run)]) == 2
+    assert "metrics.jsonl:6: not a metrics record (no numeric 'step')" in capsys.readouterr().err
+    words = tmp_path / "words"  # steps, but not one number to draw
+    words.mkdir()
+    record = {"kind": "train", "step": 1, "loss": "x", "lr": "y"}
+    (words / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["plot", "--run", str(words)]) == 2
+    err = capsys.readouterr().err
+    assert f"{words / 'metrics.jsonl'}: no numeric loss, bleu, lr or tokens_per_s" in err
 
 
 def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):
@@ -149,3 +160,20 @@ def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):
     assert f"Output: logits [1, 16, {translator.tokenizer.vocab_size}]" in out
     assert main(["summary", "--preset", "base", "--vocab", "1000", "--depth", "1"]) == 0
     assert "Output: logits [1, 16, 1000]" in capsys.readouterr().out
+
+
+def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, capsys):
+    model = str(sample_model_dir())
+    cases = [
+        (["--depth", "0"], "--depth must be at least 1, got 0"),
+        (["--model", model, "--preset", "big"], "--preset sets up an untrained preset"),
+        (["--model", model, "--vocab", "1000"], "--vocab sets up an untrained preset"),
+        (["--checkpoint", "best"], "--checkpoint needs --model"),
+        (["--vocab", "99999999999"], "--vocab 99,999,999,999: the base model's weights take"),
+    ]
+    for flags, message in cases:
+        assert main(["summary", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert main(["summary", "--model", model, "--checkpoint", "best", "--depth", "1"]) == 0
+    assert "Total params" in capsys.readouterr().out

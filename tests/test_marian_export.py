@@ -176,3 +176,18 @@ def test_force_never_replaces_the_source_folder_or_a_folder_aiayn_did_not_write(
     assert (theirs / "config.json").is_file() and (theirs / "tok").is_dir()
     out = tmp_path / "again"
     assert main([*args, str(out)]) == 0 and main([*args, str(out)]) == 0  # its own: replaced
+
+
+def test_an_output_folder_that_cannot_be_created_is_one_line(exported, tmp_path, capsys):
+    model_dir, folder = exported
+    blocker = tmp_path / "a-file"  # a file where the output's parent folder should be
+    blocker.write_text("mine")
+    out = blocker / "out"
+    for argv in (
+        ["export", "marian", "--model", str(model_dir), "--out", str(out)],
+        ["import", "marian", "--out", str(out), str(folder)],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{out}: cannot create" in err, err
+    assert blocker.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["a-file"]

@@ -8,6 +8,8 @@ import gzip
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,6 +214,37 @@ def test_dropped_pairs_are_counted_and_the_sample_is_seeded(tmp_path):
     a = sample_pairs(iter(pairs), 50, 1)
     assert a == sample_pairs(iter(pairs), 50, 1) != sample_pairs(iter(pairs), 50, 2)
     assert len(a) == 50 and a == sorted(a, key=lambda p: int(p[0]))
+
+
+def test_settings_out_of_range_and_an_output_that_cannot_be_made_are_one_line(tmp_path, capsys):
+    text = write(tmp_path / "a.txt", "ein Haus\nzwei Bäume\n".encode())
+    argv = ["prepare", "--train-src", str(text), "--train-tgt", str(text), "--no-progress"]
+    argv += ["--valid-src", str(text), "--valid-tgt", str(text)]
+    cases = [
+        (["--vocab-size", "0"], "vocab_size must be more than the 4 special tokens"),
+        (["--vocab-size", "4"], "vocab_size must be more than the 4 special tokens"),
+        (["--vocab-size", "6"], "vocab_size 6 is too small: the characters of the training"),
+        (["--max-len-words", "-1"], "max_len_words must be >= 0 (0: no limit), got -1"),
+        (["--out", str(text / "out")], f"{text / 'out'}: cannot create"),  # under a file
+    ]
+    for flags, message in cases:
+        assert main([*argv, "--out", str(tmp_path / "out"), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err and "INTERNAL" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_a_damaged_index_file_is_named(tmp_path, prepared):
+    damaged = tmp_path / "data"
+    shutil.copytree(prepared, damaged)
+    index = damaged / "train.src.idx.npy"
+    for junk in (os.urandom(2000), None):
+        if junk is None:
+            np.save(index, np.zeros(5))  # a valid .npy, of the wrong shape
+        else:
+            index.write_bytes(junk)
+        with pytest.raises(CorpusError, match=f"^{re.escape(str(index))}: not a valid index file"):
+            PreparedData(damaged)
 
 
 def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsys):

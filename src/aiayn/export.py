@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.data.folders import staged_folder
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:
@@ -220,6 +221,7 @@ def export_ctranslate2(
         def _load(self) -> Any:
             return build_spec(model, tokenizer)
 
-    AiaynConverter().convert(str(out_dir), quantization=quantization, force=True)
-    tokenizer.save(out_dir)  # spm.model, or a Marian model's source.spm, vocab.json, ...
+    with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
+        AiaynConverter().convert(str(tmp), quantization=quantization, force=True)
+        tokenizer.save(tmp)  # spm.model, or a Marian model's source.spm, vocab.json, ...
     return out_dir

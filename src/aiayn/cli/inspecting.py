@@ -3,29 +3,65 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiayn.cli.common import add_decoding_flags, text_arg, translator_for
 from aiayn.config import TransformerConfig
+from aiayn.errors import AiaynError
+
+if TYPE_CHECKING:
+    from aiayn.model.transformer import Transformer
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
     from aiayn.inspect import summary
 
+    if args.depth < 1:
+        raise AiaynError(f"--depth must be at least 1, got {args.depth}")
     if args.model:  # a trained model: its own config and weights
         from aiayn.checkpoint import load_inference, resolve_checkpoint
         from aiayn.decode import DecodeOptions
         from aiayn.decode.options import length_rule
 
-        model, _, generation = load_inference(resolve_checkpoint(args.model, args.checkpoint))
+        for flag in ("preset", "vocab"):
+            if getattr(args, flag) is not None:
+                raise AiaynError(f"--{flag} sets up an untrained preset; it cannot go with --model")
+        path = resolve_checkpoint(args.model, args.checkpoint or "auto")
+        model, _, generation = load_inference(path)
         print(summary(model, depth=args.depth))
         defaults = DecodeOptions.from_generation(generation) if generation else DecodeOptions()
         print(f"output length by default: {length_rule(defaults, model.cfg.max_len, generation)}")
         return 0
+    if args.checkpoint is not None:
+        raise AiaynError("--checkpoint needs --model (a preset has no checkpoints)")
+    vocab = 37000 if args.vocab is None else args.vocab
+    print(summary(_preset_model(args.preset or "base", vocab), depth=args.depth))
+    return 0
+
+
+def _preset_model(preset: str, vocab: int) -> Transformer:
+    """The untrained ``preset`` model of a ``vocab`` joint vocabulary; refused when its
+    weights would not fit in this machine's memory (the allocator's error is a traceback,
+    or the machine swaps)."""
+    import torch
+
     from aiayn.model.transformer import Transformer
 
-    preset = {"base": TransformerConfig.base, "big": TransformerConfig.big}[args.preset]
-    print(summary(Transformer(preset(args.vocab)), depth=args.depth))
-    return 0
+    cfg = {"base": TransformerConfig.base, "big": TransformerConfig.big}[preset](vocab)
+    with torch.device("meta"):  # shapes only: nothing allocated
+        size = sum(p.numel() * p.element_size() for p in Transformer(cfg).parameters())
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not on every system (Windows)
+        memory = None
+    if memory and size > memory:
+        raise AiaynError(
+            f"--vocab {vocab:,}: the {preset} model's weights take {size / 2**30:,.0f} GiB, "
+            f"more than this machine's {memory / 2**30:,.0f} GiB of memory"
+        )
+    return Transformer(cfg)
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
@@ -53,18 +89,27 @@ def cmd_attention(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from aiayn.inspect.curves import plot_curves
 
-    for path in plot_curves(args.run, args.out):
+    written = plot_curves(args.run, args.out)
+    if not written:  # records with steps, but no numbers to draw
+        run = Path(args.run)
+        metrics = run / "metrics.jsonl" if run.is_dir() else run
+        raise AiaynError(f"{metrics}: no numeric loss, bleu, lr or tokens_per_s to plot")
+    for path in written:
         print(f"wrote {path}")
     return 0
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("summary", help="print the layer table of a preset or trained model")
-    p.add_argument("--preset", choices=["base", "big"], default="base")
-    p.add_argument("--vocab", type=int, default=37000, help="joint vocabulary size")
+    # No defaults for the flags of one kind of model: given with the other kind, they
+    # are refused rather than ignored.
+    p.add_argument(
+        "--preset", choices=["base", "big"], help="an untrained model of the paper (default base)"
+    )
+    p.add_argument("--vocab", type=int, help="joint vocabulary of the preset (default 37000)")
     p.add_argument("--model", help="a trained model directory instead of a preset")
-    p.add_argument("--checkpoint", default="auto", help="with --model: auto|averaged|best|last")
-    p.add_argument("--depth", type=int, default=3, help="module nesting shown")
+    p.add_argument("--checkpoint", help="with --model: auto (default)|averaged|best|last")
+    p.add_argument("--depth", type=int, default=3, help="module nesting shown, from 1")
     p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser("attention", help="attention heatmaps of one sentence's translation")

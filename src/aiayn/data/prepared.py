@@ -13,8 +13,8 @@ import hashlib
 import json
 import multiprocessing
 import random
+import re
 import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
+from aiayn.data.folders import staged_folder
 from aiayn.data.shards import (
     FORMAT,
     MANIFEST,
@@ -33,13 +34,14 @@ from aiayn.data.shards import (
     token_dtype,
 )
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import AiaynError, CorpusError
+from aiayn.errors import AiaynError, CorpusError, TokenizerError
 from aiayn.progress import progress
 
 # Pairs the tokenizer is trained on, at most (1M sentences): SentencePiece's memory and
 # time grow with its input, and a million sentences are plenty for a joint vocabulary.
 SPM_SAMPLE_PAIRS = 500_000
 CHUNK_PAIRS = 20_000  # pairs per task sent to an encoding worker
+SPECIAL = ("pad", "bos", "eos", "unk")  # the tokens every vocabulary starts with (ids 0-3)
 
 
 def sample_pairs(pairs: Iterator[tuple[str, str]], k: int, seed: int) -> list[tuple[str, str]]:
@@ -174,25 +176,46 @@ def prepare(
     for name, value in (("workers", workers), ("sample", sample), ("chunk_pairs", chunk_pairs)):
         if value < 1:
             raise AiaynError(f"prepare: {name} must be at least 1, got {value}")
+    if max_len_words is not None and max_len_words < 0:
+        raise AiaynError(f"prepare: max_len_words must be >= 0 (0: no limit), got {max_len_words}")
+    if tokenizer is None and spm_model is None and vocab_size <= len(SPECIAL):
+        raise AiaynError(
+            f"prepare: vocab_size must be more than the {len(SPECIAL)} special tokens "
+            f"({', '.join(SPECIAL)}), got {vocab_size}"
+        )
     if out.exists():
         raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a prepare that was killed
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:
         if tokenizer is None and spm_model is not None:
             tokenizer = Tokenizer.load(spm_model)
         manifest = _prepare_into(
             tmp, train, valid, vocab_size, tokenizer, spm_model, model_type, max_len_words,
             workers, sample, seed, chunk_pairs, log, show_progress,
         )  # fmt: skip
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"prepared {out}")
     return manifest
+
+
+def _train_tokenizer(
+    pairs: list[tuple[str, str]], prefix: Path, vocab_size: int, model_type: str
+) -> Tokenizer:
+    """The joint tokenizer of ``pairs``; a vocabulary too small for their characters is a
+    TokenizerError that says how large it must be (SentencePiece's own text names its
+    source file and an option aiayn does not have)."""
+    try:  # its default threads, not ``workers``: the model file records the thread count
+        return Tokenizer.train(
+            [s for s, _ in pairs] + [t for _, t in pairs], prefix, vocab_size, model_type
+        )
+    except TokenizerError as e:
+        need = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+        if need is None:
+            raise
+        raise TokenizerError(
+            f"prepare: vocab_size {vocab_size} is too small: the characters of the training "
+            f"text and the {len(SPECIAL)} special tokens need at least {need[1]}"
+        ) from None
 
 
 def _prepare_into(
@@ -227,12 +250,7 @@ def _prepare_into(
             chosen[i] = clean_pair(s, t, max_len_words, counts)
         chosen = [p for p in chosen if p is not None]
         counts.check(*train)
-        tokenizer = Tokenizer.train(
-            [s for s, _ in chosen] + [t for _, t in chosen],
-            tmp / "spm",
-            vocab_size=vocab_size,
-            model_type=model_type,
-        )  # its default threads, not ``workers``: the model file records the thread count
+        tokenizer = _train_tokenizer(chosen, tmp / "spm", vocab_size, model_type)
         del chosen
         trained = {"vocab_size": vocab_size, "model_type": model_type, "sample_pairs": sample}
         trained["seed"] = seed

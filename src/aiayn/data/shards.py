@@ -92,6 +92,21 @@ class SplitWriter:
         return counts
 
 
+def _load_index(path: Path) -> np.ndarray:
+    """The [N, 2] integer (offset, length) index in ``path``; CorpusError naming the file
+    when it holds anything else (numpy's own text would blame pickled data)."""
+    try:
+        index = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError):
+        index = None
+    if index is None or index.ndim != 2 or index.shape[1] != 2 or index.dtype.kind not in "iu":
+        raise CorpusError(
+            f"{path}: not a valid index file (integer [N, 2]); the prepared data is damaged, "
+            "prepare it again"
+        )
+    return index
+
+
 class PreparedSplit:
     """One split, read from disk when a batch needs it: memory holds the index (12 bytes per
     sentence and side), not the corpus.
@@ -114,7 +129,7 @@ class PreparedSplit:
         self.offsets: dict[str, np.ndarray] = {}
         lengths: dict[str, np.ndarray] = {}
         for side in SIDES:
-            index = np.load(directory / f"{split}.{side}.idx.npy")
+            index = _load_index(directory / f"{split}.{side}.idx.npy")
             self.offsets[side] = np.ascontiguousarray(index[:, 0])
             lengths[side] = index[:, 1].astype(np.int32)
             del index
@@ -212,6 +227,8 @@ class PreparedData:
                 (self.directory / f"valid.{side}.txt").read_text("utf-8").splitlines()
                 for side in SIDES
             )
+        except CorpusError:  # names the damaged file itself
+            raise
         except (OSError, ValueError) as e:
             raise CorpusError(f"{self.directory}: prepared data is incomplete ({e})") from None
 

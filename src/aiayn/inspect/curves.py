@@ -45,8 +45,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             if number == len(lines):  # the trainer was killed while writing it
                 break
             raise AiaynError(f"{path}:{number}: not a JSON line") from None
-        if not isinstance(record, dict) or "step" not in record:
-            raise AiaynError(f"{path}:{number}: not a metrics record (no 'step')")
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            raise AiaynError(f"{path}:{number}: not a metrics record (no numeric 'step')")
         records.append(record)
     if not records:
         raise AiaynError(f"{path}: holds no metrics yet")

@@ -19,8 +19,6 @@ LayerNorm epsilon other than 1e-5.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from aiayn.checkpoint import (
     resolve_checkpoint,
 )
 from aiayn.config import TransformerConfig
+from aiayn.data.folders import staged_folder
 from aiayn.data.marian_tokenizer import AIAYN_KEY, MarianTokenizer
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConversionError
@@ -122,19 +121,11 @@ def export_marian(
 
     from safetensors.torch import save_file
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         for name, data in ((CONFIG, config), (GENERATION_CONFIG, generation)):
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         tokenizer.save(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -21,8 +21,6 @@ settings as published: ``num_beams``, ``max_length``, ``length_penalty``,
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import torch
 from torch import Tensor
 
 from aiayn.checkpoint import BEST, save_checkpoint
+from aiayn.data.folders import staged_folder
 from aiayn.data.marian_tokenizer import (
     AIAYN_KEY,
     SOURCE_SPM,
@@ -250,17 +249,9 @@ def import_marian(folder: str | Path, out_dir: str | Path) -> Path:
         "step": 0,
         "epoch": 0,
     }
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with staged_folder(out_dir) as tmp:
         save_checkpoint(state, tmp / BEST)
         source.tokenizer.save(tmp)
         text = json.dumps(source.generation, indent=2, sort_keys=True) + "\n"
         (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
-        if out_dir.exists():
-            out_dir.rmdir()  # empty, checked above
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

@@ -245,6 +245,21 @@ def test_a_full_stdout_is_a_clear_error_and_a_closed_pipe_is_quiet(
         assert capsys.readouterr().err == ""
 
 
+def test_any_command_whose_printed_output_cannot_be_flushed_names_stdout(
+    sample_model_dir, capsys, monkeypatch
+):
+    class FullOnFlush(_Stdout):  # buffered: print works, the flush finds the disk full
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            raise self.error
+
+    monkeypatch.setattr(sys, "stdout", FullOnFlush(OSError(errno.ENOSPC, "No space left")))
+    argv = ["summary", "--model", str(sample_model_dir()), "--depth", "1"]
+    assert "stdout: cannot write (No space left)" in _one_line_error(argv, capsys)
+
+
 def test_an_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     """A write that fails half-way (a full disk) leaves the old file as it was and no
     temp file; a good one keeps the file's mode and writes through a link."""

@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
+        _flush_stdout()
         shutdown(synchronize=True)  # every rank is done: leave together
         return code
     except KeyboardInterrupt:
@@ -56,3 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     finally:
         shutdown()  # leaves a torchrun process group, if one was joined
+
+
+def _flush_stdout() -> None:
+    """Flush what a command printed now, so that a stdout that cannot take it (a full
+    disk) is one line naming stdout, not an "Exception ignored" traceback at exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+        raise AiaynError(f"stdout: cannot write ({e.strerror or e})") from None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import random
+import stat
 
 import pytest
 import torch
@@ -41,7 +45,16 @@ def test_crash_mid_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"c\.pt: cannot write \(disk full\)"):
+        save_checkpoint(state(2.0), path)
+    monkeypatch.undo()
+
+    class Full(io.FileIO):  # the disk fills up under torch.save, which makes it a RuntimeError
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(fd, "wb"))
+    with pytest.raises(CheckpointError, match=r"c\.pt: cannot write \(No space left on device\)"):
         save_checkpoint(state(2.0), path)
     monkeypatch.undo()
     assert load_checkpoint(path)["model"]["w"][0, 0].item() == 1.0
@@ -144,3 +157,19 @@ def test_a_checkpoint_with_the_old_norm_names_loads_as_a_model(sample_model_dir,
     lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
     now, before = Translator(*load_model(path)), Translator(*load_model(old_path))
     assert before.translate(lines, beam=2) == now.translate(lines, beam=2)
+
+
+def test_save_refuses_a_folder_or_a_fifo_and_names_a_path_it_cannot_write(tmp_path):
+    folder, fifo, file = tmp_path / "adir", tmp_path / "fifo", tmp_path / "file"
+    folder.mkdir()
+    os.mkfifo(fifo)
+    file.write_text("kept")
+    with pytest.raises(CheckpointError, match=r"adir: is a directory"):
+        save_checkpoint(state(1.0), folder)
+    with pytest.raises(CheckpointError, match=r"fifo: not a regular file"):
+        save_checkpoint(state(1.0), fifo)
+    with pytest.raises(CheckpointError, match=r"file/c\.pt: cannot write \("):
+        save_checkpoint(state(1.0), file / "c.pt")
+    assert folder.is_dir() and not any(folder.iterdir()) and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert file.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file"]  # no temp

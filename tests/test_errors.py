@@ -4,7 +4,9 @@ used to get the wrong answer (alpha nan, invalid UTF-8 on stdin, cuda without CU
 from __future__ import annotations
 
 import ast
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,32 @@ def test_average_refuses_last_0_and_no_checkpoints(sample_model_dir, tmp_path, c
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no checkpoint_epoch" in _one_line_error(["average", "--model", str(empty)], capsys)
+
+
+def _epochs(sample_model_dir, folder: Path, last: dict) -> Path:
+    """A model directory of two epoch checkpoints of the sample model, the second one's
+    entries changed by ``last`` (None removes an entry)."""
+    from aiayn.checkpoint import BEST, load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(sample_model_dir() / BEST)
+    save_checkpoint(state, folder / "checkpoint_epoch001.pt")
+    changed = {k: v for k, v in {**state, **last}.items() if v is not None}
+    save_checkpoint(changed, folder / "checkpoint_epoch002.pt")
+    return folder
+
+
+def test_average_refuses_an_out_that_is_no_regular_file(sample_model_dir, tmp_path, capsys):
+    model = _epochs(sample_model_dir, tmp_path / "model", {})
+    folder, fifo, file = tmp_path / "adir", tmp_path / "fifo", tmp_path / "file"
+    folder.mkdir()
+    os.mkfifo(fifo)
+    file.write_text("kept")
+    argv = ["average", "--model", str(model), "--out"]
+    assert f"{folder}: is a directory" in _one_line_error([*argv, str(folder)], capsys)
+    assert f"{fifo}: not a regular file" in _one_line_error([*argv, str(fifo)], capsys)
+    err = _one_line_error([*argv, str(file / "avg.pt")], capsys)
+    assert f"{file / 'avg.pt'}: cannot write (" in err
+    assert folder.is_dir() and not any(folder.iterdir()) and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert file.read_text() == "kept"
+    assert main([*argv, str(tmp_path / "new" / "avg.pt")]) == 0  # the same run, a good --out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file", "model", "new"]

@@ -18,6 +18,7 @@ fine-tuned run the model it started from).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,20 +61,46 @@ def epoch_checkpoints(model_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
 
 
+def check_target(path: str | Path) -> None:
+    """CheckpointError unless a checkpoint can be saved to ``path``: nothing is there yet,
+    or a regular file (which the save replaces). A directory, device or FIFO there would
+    be replaced by the rename, or fail it after all the work."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:  # a file where a folder should be, no permission to look
+        raise CheckpointError(f"{path}: cannot write ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(f"{path}: is a directory")
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path}: not a regular file")
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     """Write ``state`` to ``path`` atomically: a temp file in the same folder, flushed to
-    disk, then renamed over the old one. A crash mid-save leaves the old file intact."""
+    disk, then renamed over the old one. A crash mid-save leaves the old file intact, and
+    a failed save leaves no temp file; CheckpointError naming ``path`` when it cannot be
+    written (see :func:`check_target`; a folder that cannot be made, a full disk)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    check_target(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        # torch.save turns the OSError of a failed write (a full disk) into a RuntimeError
+        # ("enforce fail at inline_container.cc") raised while handling it.
+        failed = e if isinstance(e, OSError) else e.__context__
+        if isinstance(failed, OSError):
+            raise CheckpointError(f"{path}: cannot write ({failed.strerror or failed})") from None
         raise
     return path
 

@@ -173,3 +173,51 @@ def test_save_refuses_a_folder_or_a_fifo_and_names_a_path_it_cannot_write(tmp_pa
     assert folder.is_dir() and not any(folder.iterdir()) and stat.S_ISFIFO(fifo.stat().st_mode)
     assert file.read_text() == "kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file"]  # no temp
+
+
+DAMAGES = {  # what is broken -> the message that names it
+    "config str": (
+        {"config": "hello"},
+        r"c\.pt: checkpoint entry 'config' is malformed \(a str, not a mapping",
+    ),
+    "model int": ({"model": 5}, r"c\.pt: checkpoint entry 'model' is malformed \(an int, not"),
+    "weight str": ({"model": {"w": "x"}}, r"malformed \('w' is a str, not a tensor\)"),
+    "vocab str": (
+        {"config": {"src_vocab_size": "abc", "tgt_vocab_size": 10}},
+        r"c\.pt: TransformerConfig\.src_vocab_size: must be a positive int, got 'abc'",
+    ),
+    "max_len str": (
+        {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "max_len": "x"}},
+        r"c\.pt: checkpoint entry 'config' is malformed \(",
+    ),
+    "n_heads": (
+        {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "n_heads": 7}},
+        r"c\.pt: TransformerConfig\.n_heads: d_model=512 is not divisible by n_heads=7",
+    ),
+    "unknown field": (
+        {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "wibble": 3}},
+        r"c\.pt: TransformerConfig: unknown field\(s\) wibble",
+    ),
+    "tokenizer garbage": (
+        {"tokenizer": b"garbage"},
+        r"c\.pt: checkpoint entry 'tokenizer': not a valid SentencePiece model",
+    ),
+    "tokenizer str": ({"tokenizer": "spm"}, r"'tokenizer' is malformed \(a str, not bytes\)"),
+    "nan": ({"model": {"w": torch.tensor([1.0, float("nan")])}}, r"c\.pt: weight 'w' holds NaN"),
+    "inf": ({"model": {"w": torch.tensor([-float("inf")])}}, r"weight 'w' holds NaN or infinity"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_entries_are_named_at_load(tmp_path, damage):
+    change, message = DAMAGES[damage]
+    path = save_checkpoint({**state(1.0), **change}, tmp_path / "c.pt")
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+def test_large_finite_weights_whose_sum_overflows_still_load(tmp_path):
+    path = save_checkpoint(
+        {**state(1.0), "model": {"w": torch.full((4,), 3e38)}}, tmp_path / "c.pt"
+    )
+    assert load_checkpoint(path)["model"]["w"].sum().isinf()  # the sum overflows, no value does

@@ -156,3 +156,26 @@ def test_average_refuses_an_out_that_is_no_regular_file(sample_model_dir, tmp_pa
     assert file.read_text() == "kept"
     assert main([*argv, str(tmp_path / "new" / "avg.pt")]) == 0  # the same run, a good --out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file", "model", "new"]
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_it(sample_model_dir, tmp_path, capsys):
+    from aiayn.checkpoint import BEST, load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(sample_model_dir() / BEST)
+    nan = {k: torch.full_like(v, float("nan")) for k, v in state["model"].items()}
+    cases = {
+        "checkpoint entry 'config' is malformed (a str": {"config": "hello"},
+        "checkpoint entry 'model' is malformed (an int": {"model": 5},
+        "TransformerConfig.n_heads: d_model=64 is not divisible": {
+            "config": {**state["config"], "n_heads": 7}
+        },
+        "TransformerConfig: unknown field(s) wibble": {"config": {**state["config"], "wibble": 3}},
+        "weight 'src_embed.weight' holds NaN or infinity": {"model": nan},
+    }
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
+    for message, change in cases.items():
+        path = save_checkpoint({**state, **change}, tmp_path / "bad.pt")
+        flags = ["--model", str(tmp_path), "--checkpoint", str(path)]
+        for argv in (["translate", *flags, "--quiet", str(src)], ["summary", *flags]):
+            assert f"{path}: {message}" in _one_line_error(argv, capsys)

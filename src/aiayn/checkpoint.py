@@ -28,7 +28,7 @@ import torch
 
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import AiaynError, CheckpointError, TokenizerError
+from aiayn.errors import AiaynError, CheckpointError, ConfigError, TokenizerError
 from aiayn.model.transformer import Transformer
 from aiayn.quantize import quantize_dynamic_int8
 
@@ -116,9 +116,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Read a checkpoint written by :func:`save_checkpoint`.
 
     Raises CheckpointError (never a bare torch/pickle traceback) when the file is missing,
-    truncated, corrupt, or not an aiayn checkpoint.
+    truncated, corrupt, or not an aiayn checkpoint, or when an entry is damaged (see
+    :func:`check_entries`: a NaN weight among them).
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -134,7 +137,64 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in ("model", "config"):
         if key not in state:
             raise CheckpointError(f"{path}: checkpoint has no '{key}' entry")
+    check_entries(state, path)
     return state
+
+
+def _malformed(path: str | Path, key: str, why: str) -> CheckpointError:
+    return CheckpointError(f"{path}: checkpoint entry {key!r} is malformed ({why})")
+
+
+def _kind(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    # A NaN or infinity makes the sum NaN or infinite: one pass that allocates nothing,
+    # several times faster than isfinite(); only a sum that overflows is looked at closer.
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+
+
+def check_entries(state: dict[str, Any], path: str | Path) -> None:
+    """CheckpointError naming ``path`` unless the entries that every use of a checkpoint
+    reads are sound: ``config`` a valid :class:`TransformerConfig`, ``model`` a mapping of
+    names to tensors whose floating-point values are all finite (a NaN weight decodes to
+    empty lines), and ``tokenizer``, when there is one, a readable tokenizer. Whether the
+    weights fit the config is left to the model that loads them."""
+    config = state["config"]
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise _malformed(path, "config", f"{_kind(config)}, not a mapping of field names")
+    try:
+        TransformerConfig.from_dict(config)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (TypeError, ValueError) as e:  # a field of the wrong type: compared, divided
+        raise _malformed(path, "config", str(e)) from None
+    weights = state["model"]
+    if not isinstance(weights, dict):
+        raise _malformed(path, "model", f"{_kind(weights)}, not a mapping of weights")
+    for name, tensor in weights.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise _malformed(path, "model", f"{name!r} is {_kind(tensor)}, not a tensor")
+        if tensor.is_floating_point() and not _finite(tensor):
+            raise CheckpointError(f"{path}: weight {name!r} holds NaN or infinity")
+    if "tokenizer" in state:
+        checkpoint_tokenizer(state, path)
+
+
+def checkpoint_tokenizer(state: dict[str, Any], path: str | Path) -> Tokenizer:
+    """The tokenizer a checkpoint carries; CheckpointError naming ``path`` when it holds
+    none, or one that cannot be read."""
+    if "tokenizer" not in state:
+        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
+    data = state["tokenizer"]
+    if not isinstance(data, bytes):
+        raise _malformed(path, "tokenizer", f"{_kind(data)}, not bytes")
+    try:
+        return Tokenizer.from_bytes(data)
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: checkpoint entry 'tokenizer': {e}") from None
 
 
 def check_vocab(
@@ -253,21 +313,24 @@ def resolve_device(name: str | torch.device) -> torch.device:
 def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transformer, Tokenizer]:
     """The model (float32, training mode) and tokenizer of a checkpoint read from ``path``
     by :func:`load_checkpoint`; CheckpointError naming ``path`` when they do not fit."""
-    if "tokenizer" not in state:
-        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
-    try:
-        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-    except TokenizerError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+    tokenizer = checkpoint_tokenizer(state, path)
     check_vocab(state, tokenizer, path, "its tokenizer")
     cfg = TransformerConfig.from_dict(state["config"])
     model = Transformer(cfg)
+    load_weights(model, state, path)
+    return model, tokenizer
+
+
+def load_weights(model: Transformer, state: dict[str, Any], path: str | Path) -> None:
+    """Load the weights of the checkpoint read from ``path`` into ``model``;
+    CheckpointError naming ``path`` and the first weight that does not fit."""
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
+        # torch's first line only says "Error(s) in loading"; the next names the weight.
+        lines = [line.strip() for line in str(e).strip().splitlines()]
+        first = lines[1] if len(lines) > 1 else lines[0]
         raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
-    return model, tokenizer
 
 
 def load_model(

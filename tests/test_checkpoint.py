@@ -13,22 +13,35 @@ import torch
 
 from aiayn.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     check_vocab,
     load_checkpoint,
     remove_stale_temp_files,
     save_checkpoint,
 )
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.train.averaging import average_checkpoints
 from aiayn.train.recipe import Recipe, RecipeError
+from sample_data import PAIRS
 
 
-def state(value: float, step: int = 1) -> dict:
+def state(value: float, step: int = 1, tokenizer: bytes | None = None) -> dict:
     return {
         "model": {"w": torch.full((2, 3), value), "steps": torch.tensor(step)},
         "config": {"src_vocab_size": 10, "tgt_vocab_size": 10},
         "step": step,
         "optimizer": {"state": {}},
+        **({"tokenizer": tokenizer} if tokenizer is not None else {}),
     }
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory) -> tuple[bytes, bytes]:
+    """Two tokenizers of one size, trained on other text (a few milliseconds each)."""
+    folder = tmp_path_factory.mktemp("spm")
+    both = Tokenizer.train([s for p in PAIRS for s in p], folder / "a", 60, num_threads=1)
+    english = Tokenizer.train([p[1] for p in PAIRS], folder / "b", 60, num_threads=1)
+    assert both.to_bytes() != english.to_bytes()
+    return both.to_bytes(), english.to_bytes()
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -89,20 +102,43 @@ def test_vocabulary_mismatch_is_named(tmp_path):
         check_vocab(state(1.0), 8000, tmp_path / "c.pt", "the tokenizer")
 
 
-def test_average_is_the_elementwise_mean(tmp_path):
+def test_average_is_the_elementwise_mean(tmp_path, spm):
     paths = [
-        save_checkpoint(state(v, step=i), tmp_path / f"e{i}.pt")
+        save_checkpoint(state(v, step=i, tokenizer=spm[0]), tmp_path / f"e{i}.pt")
         for i, v in enumerate([1.0, 2.0, 6.0])
     ]
     avg = average_checkpoints(paths)
     assert torch.allclose(avg["model"]["w"], torch.full((2, 3), 3.0))
     assert avg["model"]["steps"].item() == 0  # integer buffers are copied, not averaged
-    assert avg["step"] == 2 and "optimizer" not in avg
-    other = state(1.0)
+    assert avg["step"] == 2 and "optimizer" not in avg and avg["tokenizer"] == spm[0]
+    other = state(1.0, tokenizer=spm[0])
     other["config"] = {"src_vocab_size": 12, "tgt_vocab_size": 12}
     save_checkpoint(other, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="config differs"):
         average_checkpoints([paths[0], tmp_path / "other.pt"])
+
+
+def test_average_refuses_another_tokenizer_none_or_other_weights(tmp_path, spm):
+    first = save_checkpoint(state(1.0, tokenizer=spm[0]), tmp_path / "a.pt")
+    second = tmp_path / "b.pt"
+    good = state(2.0, tokenizer=spm[0])
+    weights = good["model"]
+    cases = {
+        r"has another tokenizer than .*a\.pt": state(2.0, tokenizer=spm[1]),
+        r"b\.pt: checkpoint holds no tokenizer": state(2.0),
+        r"b\.pt: no weight 'w' \(as .*a\.pt has\)": {**good, "model": {"steps": weights["steps"]}},
+        r"b\.pt: weight 'x' is not in": {**good, "model": {**weights, "x": torch.ones(1)}},
+        r"b\.pt: weight 'w' has shape \[3, 2\], but \[2, 3\]": {
+            **good,
+            "model": {**weights, "w": torch.ones(3, 2)},
+        },
+    }
+    for message, damaged in cases.items():
+        save_checkpoint(damaged, second)
+        with pytest.raises(CheckpointError, match=message):
+            average_checkpoints([first, second])
+    save_checkpoint(good, second)
+    assert average_checkpoints([first, second])["model"]["w"][0, 0] == 1.5  # the same, fixed
 
 
 def test_recipe_yaml_overrides_and_errors(tmp_path):

@@ -141,6 +141,32 @@ def _epochs(sample_model_dir, folder: Path, last: dict) -> Path:
     return folder
 
 
+def test_average_refuses_another_a_missing_or_a_damaged_tokenizer(
+    sample_model_dir, tmp_path, capsys
+):
+    from aiayn.data.tokenizer import Tokenizer
+    from sample_data import PAIRS
+
+    english = Tokenizer.train([en for _, en in PAIRS], tmp_path / "en", 160, num_threads=1)
+    weights = torch.load(sample_model_dir() / "checkpoint_best.pt", weights_only=True)["model"]
+    cases = {
+        "checkpoint_epoch002.pt has another tokenizer than ": {"tokenizer": english.to_bytes()},
+        "checkpoint_epoch002.pt: checkpoint holds no tokenizer": {"tokenizer": None},
+        "checkpoint_epoch002.pt: checkpoint entry 'tokenizer': not a valid": {"tokenizer": b"x"},
+        "checkpoint_epoch002.pt: checkpoint entry 'model' is malformed (an int": {"model": 5},
+        "checkpoint_epoch002.pt: no weight 'src_embed.weight'": {
+            "model": {k: v for k, v in weights.items() if k != "src_embed.weight"}
+        },
+    }
+    for i, (message, last) in enumerate(cases.items()):
+        model = _epochs(sample_model_dir, tmp_path / str(i), last)
+        err = _one_line_error(["average", "--model", str(model)], capsys)
+        assert message in err, err
+        if i == 0:  # the message names both files, as translate's ensemble check does
+            assert f"than {model / 'checkpoint_epoch001.pt'}; averaged checkpoints" in err
+        assert not (model / "checkpoint_averaged.pt").exists()
+
+
 def test_average_refuses_an_out_that_is_no_regular_file(sample_model_dir, tmp_path, capsys):
     model = _epochs(sample_model_dir, tmp_path / "model", {})
     folder, fifo, file = tmp_path / "adir", tmp_path / "fifo", tmp_path / "file"

@@ -1,6 +1,7 @@
 """Checkpoints, used alike by training and by inference (fairseq's checkpoint_utils):
-atomic save, load with clear errors, averaging (Section 6.1), the file names of a model
-directory, and loading a ready model and its tokenizer from one file.
+atomic save, load with clear errors, the file names of a model directory, and loading a
+ready model and its tokenizer from one file (averaging, Section 6.1, is
+:mod:`aiayn.train.averaging`'s).
 
 A checkpoint is a dict saved by torch: ``model`` (state_dict), ``config``
 (TransformerConfig as a dict), ``tokenizer`` (the tokenizer's bytes: a SentencePiece model,
@@ -20,7 +21,6 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -247,32 +247,6 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
     if which not in CHECKPOINT_NAMES and which != "auto" and not Path(which).is_absolute():
         which = str(Path(directory) / which)
     return Path(directory), which
-
-
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """Element-wise mean of the model weights of ``paths`` (the paper averages the last 5
-    or 20 checkpoints). Returns the newest checkpoint's state with the averaged weights and
-    no optimizer state; all checkpoints must share one config."""
-    if not paths:
-        raise CheckpointError("no checkpoints to average")
-    states = [load_checkpoint(p) for p in paths]
-    first = states[0]
-    configs = [TransformerConfig.from_dict(s["config"]) for s in states]  # defaults filled in
-    for p, config in zip(paths[1:], configs[1:]):
-        if config != configs[0]:
-            raise CheckpointError(f"{p}: model config differs from {paths[0]}; cannot average")
-    averaged = {}
-    for name, tensor in first["model"].items():
-        if tensor.is_floating_point():
-            averaged[name] = sum(s["model"][name].double() for s in states).div(len(states))
-            averaged[name] = averaged[name].to(tensor.dtype)
-        else:
-            averaged[name] = tensor
-    newest = max(states, key=lambda s: s.get("step", 0))
-    out = {k: v for k, v in newest.items() if k not in ("optimizer", "schedule", "rng", "format")}
-    out["model"] = averaged
-    out["averaged_from"] = [str(p) for p in paths]
-    return out
 
 
 def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:

@@ -76,13 +76,8 @@ def _absolute_model_spec(spec: str) -> str:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import (
-        AVERAGED,
-        average_checkpoints,
-        check_target,
-        epoch_checkpoints,
-        save_checkpoint,
-    )
+    from aiayn.checkpoint import AVERAGED, check_target, epoch_checkpoints, save_checkpoint
+    from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
     if args.last < 1:

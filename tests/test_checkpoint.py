@@ -17,6 +17,7 @@ from aiayn.checkpoint import (
     load_checkpoint,
     remove_stale_temp_files,
     save_checkpoint,
+    split_model_spec,
 )
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.train.averaging import average_checkpoints
@@ -257,3 +258,17 @@ def test_large_finite_weights_whose_sum_overflows_still_load(tmp_path):
         {**state(1.0), "model": {"w": torch.full((4,), 3e38)}}, tmp_path / "c.pt"
     )
     assert load_checkpoint(path)["model"]["w"].sum().isinf()  # the sum overflows, no value does
+
+
+def test_text_overrides_are_taken_as_given_and_no_checkpoint_name_is_named(tmp_path):
+    """``--init-from DIR:`` used to become the YAML mapping {DIR: None}, then the path
+    "{'DIR'/ None}"; text fields now keep their text, and ``DIR:`` is named as such."""
+    recipe = Recipe().override(["init_from=/m:", "train_src=1e3", "valid_src=a: b", "warmup=40"])
+    assert (recipe.init_from, recipe.train_src, recipe.valid_src) == ("/m:", "1e3", "a: b")
+    assert recipe.warmup == 40
+    with pytest.raises(CheckpointError, match=r"'/m:' names no checkpoint after ':'"):
+        split_model_spec(recipe.init_from)
+    path = tmp_path / "r.yaml"
+    path.write_text("init_from:\n  /m: null\n")
+    with pytest.raises(RecipeError, match=r"field 'init_from' must be str, got \{'/m': None\}"):
+        Recipe.from_yaml(path)

@@ -205,3 +205,12 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(sample_model_dir, tmp_path, 
         flags = ["--model", str(tmp_path), "--checkpoint", str(path)]
         for argv in (["translate", *flags, "--quiet", str(src)], ["summary", *flags]):
             assert f"{path}: {message}" in _one_line_error(argv, capsys)
+
+
+def test_train_init_from_a_directory_and_no_checkpoint_name(sample_model_dir, tmp_path, capsys):
+    """``--init-from DIR:`` used to say "{'DIR'/ None}: no such checkpoint file"."""
+    files = [f"--{k}={tmp_path / k}" for k in ("train-src", "train-tgt", "valid-src", "valid-tgt")]
+    model = sample_model_dir()
+    argv = ["train", "--out", str(tmp_path / "run"), *files, "--no-progress", "--init-from"]
+    err = _one_line_error([*argv, f"{model}:"], capsys)
+    assert f"'{model}:' names no checkpoint after ':'" in err and "{" not in err, err

@@ -244,6 +244,10 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
         path = Path(text)
         return (path.parent, str(path)) if path.is_file() else (path, "auto")
     directory, which = text.rsplit(":", 1)
+    if not which:
+        raise CheckpointError(
+            f"{text!r} names no checkpoint after ':' (auto, best, last, averaged or a file)"
+        )
     if which not in CHECKPOINT_NAMES and which != "auto" and not Path(which).is_absolute():
         which = str(Path(directory) / which)
     return Path(directory), which

@@ -2,29 +2,47 @@
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import random
+import stat
 
 import pytest
 import torch
 
 from aiayn.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     check_vocab,
     load_checkpoint,
     remove_stale_temp_files,
     save_checkpoint,
+    split_model_spec,
 )
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.train.averaging import average_checkpoints
 from aiayn.train.recipe import Recipe, RecipeError
+from sample_data import PAIRS
 
 
-def state(value: float, step: int = 1) -> dict:
+def state(value: float, step: int = 1, tokenizer: bytes | None = None) -> dict:
     return {
         "model": {"w": torch.full((2, 3), value), "steps": torch.tensor(step)},
         "config": {"src_vocab_size": 10, "tgt_vocab_size": 10},
         "step": step,
         "optimizer": {"state": {}},
+        **({"tokenizer": tokenizer} if tokenizer is not None else {}),
     }
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory) -> tuple[bytes, bytes]:
+    """Two tokenizers of one size, trained on other text (a few milliseconds each)."""
+    folder = tmp_path_factory.mktemp("spm")
+    both = Tokenizer.train([s for p in PAIRS for s in p], folder / "a", 60, num_threads=1)
+    english = Tokenizer.train([p[1] for p in PAIRS], folder / "b", 60, num_threads=1)
+    assert both.to_bytes() != english.to_bytes()
+    return both.to_bytes(), english.to_bytes()
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -41,7 +59,16 @@ def test_crash_mid_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"c\.pt: cannot write \(disk full\)"):
+        save_checkpoint(state(2.0), path)
+    monkeypatch.undo()
+
+    class Full(io.FileIO):  # the disk fills up under torch.save, which makes it a RuntimeError
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(fd, "wb"))
+    with pytest.raises(CheckpointError, match=r"c\.pt: cannot write \(No space left on device\)"):
         save_checkpoint(state(2.0), path)
     monkeypatch.undo()
     assert load_checkpoint(path)["model"]["w"][0, 0].item() == 1.0
@@ -76,20 +103,45 @@ def test_vocabulary_mismatch_is_named(tmp_path):
         check_vocab(state(1.0), 8000, tmp_path / "c.pt", "the tokenizer")
 
 
-def test_average_is_the_elementwise_mean(tmp_path):
+def test_average_is_the_elementwise_mean(tmp_path, spm):
     paths = [
-        save_checkpoint(state(v, step=i), tmp_path / f"e{i}.pt")
+        save_checkpoint(state(v, step=i, tokenizer=spm[0]), tmp_path / f"e{i}.pt")
         for i, v in enumerate([1.0, 2.0, 6.0])
     ]
     avg = average_checkpoints(paths)
     assert torch.allclose(avg["model"]["w"], torch.full((2, 3), 3.0))
     assert avg["model"]["steps"].item() == 0  # integer buffers are copied, not averaged
-    assert avg["step"] == 2 and "optimizer" not in avg
-    other = state(1.0)
+    assert avg["step"] == 2 and "optimizer" not in avg and avg["tokenizer"] == spm[0]
+    other = state(1.0, tokenizer=spm[0])
     other["config"] = {"src_vocab_size": 12, "tgt_vocab_size": 12}
     save_checkpoint(other, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="config differs"):
         average_checkpoints([paths[0], tmp_path / "other.pt"])
+
+
+def test_average_refuses_another_tokenizer_none_or_other_weights(tmp_path, spm):
+    first = save_checkpoint(state(1.0, tokenizer=spm[0]), tmp_path / "a.pt")
+    second = tmp_path / "b.pt"
+    good = state(2.0, tokenizer=spm[0])
+    weights = good["model"]
+    cases = {
+        r"has another tokenizer than .*a\.pt": state(2.0, tokenizer=spm[1]),
+        r"b\.pt has another tokenizer than .*a\.pt": state(2.0),  # none
+        r"b\.pt: no weight 'w' \(as .*a\.pt has\)": {**good, "model": {"steps": weights["steps"]}},
+        r"b\.pt: weight 'x' is not in": {**good, "model": {**weights, "x": torch.ones(1)}},
+        r"b\.pt: weight 'w' has shape \[3, 2\], but \[2, 3\]": {
+            **good,
+            "model": {**weights, "w": torch.ones(3, 2)},
+        },
+    }
+    for message, damaged in cases.items():
+        save_checkpoint(damaged, second)
+        with pytest.raises(CheckpointError, match=message):
+            average_checkpoints([first, second])
+    save_checkpoint(good, second)
+    assert average_checkpoints([first, second])["model"]["w"][0, 0] == 1.5  # the same, fixed
+    bare = [save_checkpoint(state(v), tmp_path / f"bare{v}.pt") for v in (1.0, 2.0)]
+    assert average_checkpoints(bare)["model"]["w"][0, 0] == 1.5  # weights alone: none has one
 
 
 def test_recipe_yaml_overrides_and_errors(tmp_path):
@@ -144,3 +196,81 @@ def test_a_checkpoint_with_the_old_norm_names_loads_as_a_model(sample_model_dir,
     lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
     now, before = Translator(*load_model(path)), Translator(*load_model(old_path))
     assert before.translate(lines, beam=2) == now.translate(lines, beam=2)
+
+
+def test_save_refuses_a_folder_or_a_fifo_and_names_a_path_it_cannot_write(tmp_path):
+    folder, fifo, file = tmp_path / "adir", tmp_path / "fifo", tmp_path / "file"
+    folder.mkdir()
+    os.mkfifo(fifo)
+    file.write_text("kept")
+    with pytest.raises(CheckpointError, match=r"adir: is a directory"):
+        save_checkpoint(state(1.0), folder)
+    with pytest.raises(CheckpointError, match=r"fifo: not a regular file"):
+        save_checkpoint(state(1.0), fifo)
+    with pytest.raises(CheckpointError, match=r"file/c\.pt: cannot write \("):
+        save_checkpoint(state(1.0), file / "c.pt")
+    assert folder.is_dir() and not any(folder.iterdir()) and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert file.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file"]  # no temp
+
+
+DAMAGES = {  # what is broken -> the message that names it
+    "config str": (
+        {"config": "hello"},
+        r"c\.pt: checkpoint entry 'config' is malformed \(a str, not a mapping",
+    ),
+    "model int": ({"model": 5}, r"c\.pt: checkpoint entry 'model' is malformed \(an int, not"),
+    "weight str": ({"model": {"w": "x"}}, r"malformed \('w' is a str, not a tensor\)"),
+    "vocab str": (
+        {"config": {"src_vocab_size": "abc", "tgt_vocab_size": 10}},
+        r"c\.pt: TransformerConfig\.src_vocab_size: must be a positive int, got 'abc'",
+    ),
+    "max_len str": (
+        {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "max_len": "x"}},
+        r"c\.pt: checkpoint entry 'config' is malformed \(",
+    ),
+    "n_heads": (
+        {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "n_heads": 7}},
+        r"c\.pt: TransformerConfig\.n_heads: d_model=512 is not divisible by n_heads=7",
+    ),
+    "unknown field": (
+        {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "wibble": 3}},
+        r"c\.pt: TransformerConfig: unknown field\(s\) wibble",
+    ),
+    "tokenizer garbage": (
+        {"tokenizer": b"garbage"},
+        r"c\.pt: checkpoint entry 'tokenizer': not a valid SentencePiece model",
+    ),
+    "tokenizer str": ({"tokenizer": "spm"}, r"'tokenizer' is malformed \(a str, not bytes\)"),
+    "nan": ({"model": {"w": torch.tensor([1.0, float("nan")])}}, r"c\.pt: weight 'w' holds NaN"),
+    "inf": ({"model": {"w": torch.tensor([-float("inf")])}}, r"weight 'w' holds NaN or infinity"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_entries_are_named_at_load(tmp_path, damage):
+    change, message = DAMAGES[damage]
+    path = save_checkpoint({**state(1.0), **change}, tmp_path / "c.pt")
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+def test_large_finite_weights_whose_sum_overflows_still_load(tmp_path):
+    path = save_checkpoint(
+        {**state(1.0), "model": {"w": torch.full((4,), 3e38)}}, tmp_path / "c.pt"
+    )
+    assert load_checkpoint(path)["model"]["w"].sum().isinf()  # the sum overflows, no value does
+
+
+def test_text_overrides_are_taken_as_given_and_no_checkpoint_name_is_named(tmp_path):
+    """``--init-from DIR:`` used to become the YAML mapping {DIR: None}, then the path
+    "{'DIR'/ None}"; text fields now keep their text, and ``DIR:`` is named as such."""
+    recipe = Recipe().override(["init_from=/m:", "train_src=1e3", "valid_src=a: b", "warmup=40"])
+    assert (recipe.init_from, recipe.train_src, recipe.valid_src) == ("/m:", "1e3", "a: b")
+    assert recipe.warmup == 40
+    with pytest.raises(CheckpointError, match=r"'/m:' names no checkpoint after ':'"):
+        split_model_spec(recipe.init_from)
+    path = tmp_path / "r.yaml"
+    path.write_text("init_from:\n  /m: null\n")
+    with pytest.raises(RecipeError, match=r"field 'init_from' must be str, got \{'/m': None\}"):
+        Recipe.from_yaml(path)

@@ -1,6 +1,7 @@
 """Checkpoints, used alike by training and by inference (fairseq's checkpoint_utils):
-atomic save, load with clear errors, averaging (Section 6.1), the file names of a model
-directory, and loading a ready model and its tokenizer from one file.
+atomic save, load with clear errors, the file names of a model directory, and loading a
+ready model and its tokenizer from one file (averaging, Section 6.1, is
+:mod:`aiayn.train.averaging`'s).
 
 A checkpoint is a dict saved by torch: ``model`` (state_dict), ``config``
 (TransformerConfig as a dict), ``tokenizer`` (the tokenizer's bytes: a SentencePiece model,
@@ -18,8 +19,8 @@ fine-tuned run the model it started from).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import AiaynError, CheckpointError, TokenizerError
+from aiayn.errors import AiaynError, CheckpointError, ConfigError, TokenizerError
 from aiayn.model.transformer import Transformer
 from aiayn.quantize import quantize_dynamic_int8
 
@@ -60,20 +61,46 @@ def epoch_checkpoints(model_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
 
 
+def check_target(path: str | Path) -> None:
+    """CheckpointError unless a checkpoint can be saved to ``path``: nothing is there yet,
+    or a regular file (which the save replaces). A directory, device or FIFO there would
+    be replaced by the rename, or fail it after all the work."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:  # a file where a folder should be, no permission to look
+        raise CheckpointError(f"{path}: cannot write ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(f"{path}: is a directory")
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path}: not a regular file")
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     """Write ``state`` to ``path`` atomically: a temp file in the same folder, flushed to
-    disk, then renamed over the old one. A crash mid-save leaves the old file intact."""
+    disk, then renamed over the old one. A crash mid-save leaves the old file intact, and
+    a failed save leaves no temp file; CheckpointError naming ``path`` when it cannot be
+    written (see :func:`check_target`; a folder that cannot be made, a full disk)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    check_target(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        # torch.save turns the OSError of a failed write (a full disk) into a RuntimeError
+        # ("enforce fail at inline_container.cc") raised while handling it.
+        failed = e if isinstance(e, OSError) else e.__context__
+        if isinstance(failed, OSError):
+            raise CheckpointError(f"{path}: cannot write ({failed.strerror or failed})") from None
         raise
     return path
 
@@ -89,9 +116,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Read a checkpoint written by :func:`save_checkpoint`.
 
     Raises CheckpointError (never a bare torch/pickle traceback) when the file is missing,
-    truncated, corrupt, or not an aiayn checkpoint.
+    truncated, corrupt, or not an aiayn checkpoint, or when an entry is damaged (see
+    :func:`check_entries`: a NaN weight among them).
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -107,7 +137,64 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in ("model", "config"):
         if key not in state:
             raise CheckpointError(f"{path}: checkpoint has no '{key}' entry")
+    check_entries(state, path)
     return state
+
+
+def _malformed(path: str | Path, key: str, why: str) -> CheckpointError:
+    return CheckpointError(f"{path}: checkpoint entry {key!r} is malformed ({why})")
+
+
+def _kind(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    # A NaN or infinity makes the sum NaN or infinite: one pass that allocates nothing,
+    # several times faster than isfinite(); only a sum that overflows is looked at closer.
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+
+
+def check_entries(state: dict[str, Any], path: str | Path) -> None:
+    """CheckpointError naming ``path`` unless the entries that every use of a checkpoint
+    reads are sound: ``config`` a valid :class:`TransformerConfig`, ``model`` a mapping of
+    names to tensors whose floating-point values are all finite (a NaN weight decodes to
+    empty lines), and ``tokenizer``, when there is one, a readable tokenizer. Whether the
+    weights fit the config is left to the model that loads them."""
+    config = state["config"]
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise _malformed(path, "config", f"{_kind(config)}, not a mapping of field names")
+    try:
+        TransformerConfig.from_dict(config)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (TypeError, ValueError) as e:  # a field of the wrong type: compared, divided
+        raise _malformed(path, "config", str(e)) from None
+    weights = state["model"]
+    if not isinstance(weights, dict):
+        raise _malformed(path, "model", f"{_kind(weights)}, not a mapping of weights")
+    for name, tensor in weights.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise _malformed(path, "model", f"{name!r} is {_kind(tensor)}, not a tensor")
+        if tensor.is_floating_point() and not _finite(tensor):
+            raise CheckpointError(f"{path}: weight {name!r} holds NaN or infinity")
+    if "tokenizer" in state:
+        checkpoint_tokenizer(state, path)
+
+
+def checkpoint_tokenizer(state: dict[str, Any], path: str | Path) -> Tokenizer:
+    """The tokenizer a checkpoint carries; CheckpointError naming ``path`` when it holds
+    none, or one that cannot be read."""
+    if "tokenizer" not in state:
+        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
+    data = state["tokenizer"]
+    if not isinstance(data, bytes):
+        raise _malformed(path, "tokenizer", f"{_kind(data)}, not bytes")
+    try:
+        return Tokenizer.from_bytes(data)
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: checkpoint entry 'tokenizer': {e}") from None
 
 
 def check_vocab(
@@ -157,35 +244,13 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
         path = Path(text)
         return (path.parent, str(path)) if path.is_file() else (path, "auto")
     directory, which = text.rsplit(":", 1)
+    if not which:
+        raise CheckpointError(
+            f"{text!r} names no checkpoint after ':' (auto, best, last, averaged or a file)"
+        )
     if which not in CHECKPOINT_NAMES and which != "auto" and not Path(which).is_absolute():
         which = str(Path(directory) / which)
     return Path(directory), which
-
-
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """Element-wise mean of the model weights of ``paths`` (the paper averages the last 5
-    or 20 checkpoints). Returns the newest checkpoint's state with the averaged weights and
-    no optimizer state; all checkpoints must share one config."""
-    if not paths:
-        raise CheckpointError("no checkpoints to average")
-    states = [load_checkpoint(p) for p in paths]
-    first = states[0]
-    configs = [TransformerConfig.from_dict(s["config"]) for s in states]  # defaults filled in
-    for p, config in zip(paths[1:], configs[1:]):
-        if config != configs[0]:
-            raise CheckpointError(f"{p}: model config differs from {paths[0]}; cannot average")
-    averaged = {}
-    for name, tensor in first["model"].items():
-        if tensor.is_floating_point():
-            averaged[name] = sum(s["model"][name].double() for s in states).div(len(states))
-            averaged[name] = averaged[name].to(tensor.dtype)
-        else:
-            averaged[name] = tensor
-    newest = max(states, key=lambda s: s.get("step", 0))
-    out = {k: v for k, v in newest.items() if k not in ("optimizer", "schedule", "rng", "format")}
-    out["model"] = averaged
-    out["averaged_from"] = [str(p) for p in paths]
-    return out
 
 
 def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
@@ -226,21 +291,24 @@ def resolve_device(name: str | torch.device) -> torch.device:
 def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transformer, Tokenizer]:
     """The model (float32, training mode) and tokenizer of a checkpoint read from ``path``
     by :func:`load_checkpoint`; CheckpointError naming ``path`` when they do not fit."""
-    if "tokenizer" not in state:
-        raise CheckpointError(f"{path}: checkpoint holds no tokenizer")
-    try:
-        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-    except TokenizerError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+    tokenizer = checkpoint_tokenizer(state, path)
     check_vocab(state, tokenizer, path, "its tokenizer")
     cfg = TransformerConfig.from_dict(state["config"])
     model = Transformer(cfg)
+    load_weights(model, state, path)
+    return model, tokenizer
+
+
+def load_weights(model: Transformer, state: dict[str, Any], path: str | Path) -> None:
+    """Load the weights of the checkpoint read from ``path`` into ``model``;
+    CheckpointError naming ``path`` and the first weight that does not fit."""
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
+        # torch's first line only says "Error(s) in loading"; the next names the weight.
+        lines = [line.strip() for line in str(e).strip().splitlines()]
+        first = lines[1] if len(lines) > 1 else lines[0]
         raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
-    return model, tokenizer
 
 
 def load_model(

@@ -76,17 +76,19 @@ def _absolute_model_spec(spec: str) -> str:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import AVERAGED, average_checkpoints, epoch_checkpoints, save_checkpoint
+    from aiayn.checkpoint import AVERAGED, check_target, epoch_checkpoints, save_checkpoint
+    from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
     if args.last < 1:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
+    out = Path(args.out) if args.out else model_dir / AVERAGED
+    check_target(out)  # a folder or device there: refused before the work, never replaced
     paths = epoch_checkpoints(model_dir)[-args.last :]
     if not paths:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
         print(f"note: averaging the {len(paths)} checkpoints found (asked {args.last})")
-    out = Path(args.out) if args.out else model_dir / AVERAGED
     save_checkpoint(average_checkpoints(paths), out)
     print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
     return 0

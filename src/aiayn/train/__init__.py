@@ -1,2 +1,2 @@
 """Training: the recipe, loss (5.4), schedule (5.3), one update, the trainer, the run
-directory, validation and the demo."""
+directory, validation, checkpoint averaging and the demo."""

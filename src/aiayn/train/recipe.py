@@ -126,13 +126,16 @@ class Recipe:
         return recipe
 
     def override(self, items: list[str]) -> Recipe:
-        """Apply ``key=value`` strings; values are parsed as YAML (numbers, booleans)."""
+        """Apply ``key=value`` strings; values are parsed as YAML (numbers, booleans),
+        except those of text fields (paths, names), which are taken as given: YAML would
+        read ``dir:`` as a mapping and ``1e3`` as a number."""
         for item in items:
             if "=" not in item:
                 raise RecipeError(f"override {item!r}: expected key=value")
             key, raw = item.split("=", 1)
+            text = isinstance(getattr(type(self)(), key, None), str)  # a path or a name
             try:
-                value = yaml.safe_load(raw) if raw else ""
+                value = raw if text or not raw else yaml.safe_load(raw)
             except yaml.YAMLError:
                 raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
             if key.startswith("model."):
@@ -167,6 +170,9 @@ class Recipe:
         elif default is None:
             pass
         elif isinstance(default, (int, float, str)):
+            if isinstance(value, (dict, list)):  # str() would make a path of its repr
+                wanted = type(default).__name__
+                raise RecipeError(f"{source}: field {key!r} must be {wanted}, got {value!r}")
             try:
                 value = type(default)(value)
             except (TypeError, ValueError):

@@ -7,6 +7,7 @@ import io
 import os
 import random
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,3 +275,19 @@ def test_text_overrides_are_taken_as_given_and_no_checkpoint_name_is_named(tmp_p
     path.write_text("init_from:\n  /m: null\n")
     with pytest.raises(RecipeError, match=r"field 'init_from' must be str, got \{'/m': None\}"):
         Recipe.from_yaml(path)
+
+
+def test_a_checkpoint_file_name_is_looked_up_in_the_model_directory(tmp_path, monkeypatch):
+    from aiayn.checkpoint import resolve_checkpoint
+
+    model_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    model_dir.mkdir()
+    elsewhere.mkdir()
+    (model_dir / "checkpoint_epoch003.pt").write_bytes(b"x")
+    monkeypatch.chdir(elsewhere)
+    name = "checkpoint_epoch003.pt"
+    assert resolve_checkpoint(model_dir, name) == model_dir / name  # not in the cwd
+    (elsewhere / name).write_bytes(b"y")
+    assert resolve_checkpoint(model_dir, name) == Path(name)  # a file here is what it names
+    absolute = str(tmp_path / "nowhere.pt")
+    assert resolve_checkpoint(model_dir, absolute) == Path(absolute)  # not found: load says so

@@ -255,10 +255,14 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
 
 def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
     """The checkpoint file of a model directory: ``which`` is best, last, averaged, a file
-    path, or auto (averaged if present, else best, else last)."""
+    path, or auto (averaged if present, else best, else last). A relative file path that
+    is not there but is in the model directory (``checkpoint_epoch003.pt``) is that one."""
     model_dir = Path(model_dir)
     if which not in CHECKPOINT_NAMES and which != "auto":
-        return Path(which)
+        path = Path(which)
+        if not path.is_absolute() and not path.exists() and (model_dir / path).is_file():
+            return model_dir / path
+        return path
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: no such model directory")
     order = [which] if which != "auto" else ["averaged", "best", "last"]

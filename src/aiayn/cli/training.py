@@ -34,7 +34,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     train = manifest["splits"]["train"]
     print(
         f"{train['pairs']} training pairs ({train['dropped_empty']} empty and "
-        f"{train['dropped_long']} long dropped), {manifest['vocab_size']} tokens, "
+        f"{train['dropped_long']} long dropped), a vocabulary of {manifest['vocab_size']}, "
         f"{manifest['dtype']}, {manifest['seconds']} s -> {args.out}"
     )
     return 0

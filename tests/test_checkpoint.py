@@ -273,7 +273,7 @@ def test_text_overrides_are_taken_as_given_and_no_checkpoint_name_is_named(tmp_p
         split_model_spec(recipe.init_from)
     path = tmp_path / "r.yaml"
     path.write_text("init_from:\n  /m: null\n")
-    with pytest.raises(RecipeError, match=r"field 'init_from' must be str, got \{'/m': None\}"):
+    with pytest.raises(RecipeError, match=r"field 'init_from' must be a string, got \{'/m': None\}"):
         Recipe.from_yaml(path)
 
 

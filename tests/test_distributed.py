@@ -156,6 +156,7 @@ def test_any_error_of_rank_0_or_any_rank_is_raised_on_every_rank(tmp_path, monke
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "run"
+    out.mkdir()  # a RunDirectory makes it only to write into it
     tmp.start_processes(
         _forwarding, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="spawn"
     )

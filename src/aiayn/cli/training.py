@@ -44,6 +44,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.train.recipe import Recipe
     from aiayn.train.trainer import Trainer
 
+    texts = [f for f in ("train_src", "train_tgt", "valid_src", "valid_tgt") if getattr(args, f)]
+    if args.data and texts:  # the recipe would take --data and drop the text unread
+        given = ", ".join(f"--{f.replace('_', '-')}" for f in texts)
+        raise AiaynError(f"--data and {given} name two data sets: give one or the other")
     overrides = list(args.set or [])
     for flag in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
         if getattr(args, flag):

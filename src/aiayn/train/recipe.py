@@ -3,6 +3,8 @@ command-line overrides (``key=value``, ``model.d_model=512``)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ import yaml
 from aiayn.config import TransformerConfig
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
+from aiayn.train.schedule import SCHEDULES
+from aiayn.train.update import PRECISIONS
 
 # The model fields a fine-tuning recipe may change: regularisation, which only training
 # sees, and the length of a position table that is computed rather than learned.
@@ -21,6 +25,44 @@ FINE_TUNE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "max_l
 # CUDA bf16 autocast and a compiled step (1.56x eager on an H200, issue 43), with fused
 # AdamW; elsewhere fp32 and eager, since compiling loses on a CPU (BENCHMARKS.md).
 DEVICE_DEFAULTS = ("precision", "compile")
+
+_AT_LEAST_0 = (lambda v: v >= 0, ">= 0")
+_AT_LEAST_1 = (lambda v: v >= 1, ">= 1")
+_ABOVE_0 = (lambda v: v > 0, "> 0")
+_FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
+# What each number field accepts, as a test and in words. A field whose comment gives 0 a
+# meaning (no limit, off, keep every length, none kept, torch's default) takes 0.
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_len_words": _AT_LEAST_0,
+    "vocab_size": _AT_LEAST_1,
+    "max_tokens": _AT_LEAST_1,
+    "update_freq": _AT_LEAST_1,
+    "label_smoothing": _FRACTION,
+    "warmup": _AT_LEAST_1,
+    "lr_scale": _ABOVE_0,
+    "cooldown": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "adam_eps": _ABOVE_0,  # 0 divides 0 by 0 for a parameter without gradient
+    "weight_decay": _AT_LEAST_0,
+    "clip_norm": _AT_LEAST_0,
+    "max_epochs": _AT_LEAST_1,
+    "max_steps": _AT_LEAST_0,
+    "time_limit_minutes": _AT_LEAST_0,
+    "valid_every_steps": _AT_LEAST_0,
+    "valid_beam": _AT_LEAST_1,
+    "save_every_steps": _AT_LEAST_0,
+    "save_every_minutes": _AT_LEAST_0,
+    "keep_last": _AT_LEAST_0,
+    "log_every": _AT_LEAST_1,
+    # torch takes 64-bit seeds; other ranks add their rank and step to it
+    "seed": (lambda v: abs(v) < 2**62, "between -2**62 and 2**62"),
+    "threads": _AT_LEAST_0,
+    "max_skipped_updates": _AT_LEAST_1,
+    "collective_timeout_minutes": _ABOVE_0,
+}
+CHOICES = {"spm_model_type": ("bpe", "unigram"), "schedule": SCHEDULES, "precision": PRECISIONS}
+# The fields a resumed run takes from its checkpoint whatever the recipe says: Adam's
+# settings, which loading the optimizer's state restores (the model is the checkpoint's too).
+RESUME_FIXED = ("adam_betas", "adam_eps", "weight_decay")
 
 
 @dataclass
@@ -99,20 +141,36 @@ class Recipe:
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:
+        """The recipe in the YAML file ``path`` with ``overrides`` applied. RecipeError,
+        naming the file (and the line or field), for a file that is missing, not UTF-8,
+        empty, not YAML, gives a key twice, or has a field of the wrong type or range."""
         path = Path(path)
         if not path.is_file():
             raise RecipeError(f"{path}: no such recipe file")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RecipeError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise RecipeError(f"{path}: cannot read ({e.strerror or e})") from None
+        try:
+            data = yaml.load(text, Loader=_RecipeLoader)
+        except _DuplicateKey as e:
+            raise RecipeError(f"{path}, line {e.line}: {e}") from None
+        except yaml.MarkedYAMLError as e:
+            line = f", line {e.problem_mark.line + 1}" if e.problem_mark else ""
+            raise RecipeError(f"{path}{line}: not valid YAML: {e.problem}") from None
         except yaml.YAMLError as e:
             raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        if data is None:  # nothing but comments: no silent run of the defaults
+            raise RecipeError(f"{path}: holds no recipe (no field: value in it)")
         if not isinstance(data, dict):
             raise RecipeError(f"{path}: a recipe is a mapping of field: value")
         for key in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt", "init_from"):
             value = data.get(key)  # relative paths are relative to the recipe file
             if isinstance(value, str) and value and not Path(value).is_absolute():
                 data[key] = str((path.parent / value).resolve())
-        return cls.from_dict(data, source=str(path)).override(overrides or [])
+        return cls.from_dict(data, source=str(path)).override(overrides or []).check(str(path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "recipe") -> Recipe:
@@ -144,10 +202,27 @@ class Recipe:
             else:
                 if key not in {f.name for f in fields(self)} - {"given_model_fields"}:
                     raise RecipeError(f"override {item!r}: unknown field {key!r}")
-                self._set(key, value, "override")
+                self._set(key, value, f"override {item!r}")
+        return self
+
+    def check(self, source: str = "recipe") -> Recipe:
+        """``self``, once every field is of its type and in its range (as reading a file
+        or an override checks it: this catches fields set in code) and the fields agree:
+        RecipeError naming the field otherwise. The model fields are checked where the
+        model is known (:func:`check_new_model`, :func:`check_resume`)."""
+        for f in fields(self):
+            if f.name not in ("model", "given_model_fields"):
+                self._set(f.name, getattr(self, f.name), source)
+        if self.schedule != "noam" and not (self.max_steps or self.time_limit_minutes):
+            raise RecipeError(
+                f"{source}: schedule {self.schedule!r} decays to 0 at the end of the run: it "
+                "needs a budget (max_steps or time_limit_minutes)"
+            )
         return self
 
     def _set(self, key: str, value: Any, source: str) -> None:
+        """Set field ``key`` to ``value`` once it has the field's type (a whole number for
+        an int, a finite one for a float) and is in its range: RecipeError otherwise."""
         default = getattr(type(self)(), key)
         if key == "model":
             if not isinstance(value, dict):
@@ -155,10 +230,7 @@ class Recipe:
             self.given_model_fields.update(value)
             value = {**default, **value}
         elif key == "adam_betas":
-            try:
-                value = tuple(float(v) for v in value)
-            except (TypeError, ValueError):
-                raise RecipeError(f"{source}: 'adam_betas' must be two numbers") from None
+            value = _adam_betas(value, source)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise RecipeError(f"{source}: field {key!r} must be true or false, got {value!r}")
@@ -167,18 +239,16 @@ class Recipe:
             if value is not None and not isinstance(value, kind):
                 what = "true or false" if kind is bool else "a string"
                 raise RecipeError(f"{source}: field {key!r} must be {what} or null, got {value!r}")
-        elif default is None:
-            pass
-        elif isinstance(default, (int, float, str)):
-            if isinstance(value, (dict, list)):  # str() would make a path of its repr
-                wanted = type(default).__name__
-                raise RecipeError(f"{source}: field {key!r} must be {wanted}, got {value!r}")
-            try:
-                value = type(default)(value)
-            except (TypeError, ValueError):
-                raise RecipeError(
-                    f"{source}: field {key!r} must be {type(default).__name__}, got {value!r}"
-                ) from None
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise RecipeError(f"{source}: field {key!r} must be a string, got {value!r}")
+        elif isinstance(default, (int, float)):
+            value = _number(type(default), value, f"{source}: field {key!r}")
+        if key in RANGES and not RANGES[key][0](value):
+            raise RecipeError(f"{source}: field {key!r} must be {RANGES[key][1]}, got {value!r}")
+        if key in CHOICES and value is not None and value not in CHOICES[key]:
+            choices = " | ".join(CHOICES[key])
+            raise RecipeError(f"{source}: field {key!r} must be {choices}, got {value!r}")
         setattr(self, key, value)
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,6 +259,63 @@ class Recipe:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A key given twice in one mapping of a recipe file, on ``line``."""
+
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error
+    (PyYAML keeps the last, and a recipe's first setting would be lost without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue  # a merge (<<) may repeat keys; other keys PyYAML itself checks
+            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+            if key in first:
+                raise _DuplicateKey(f"key {key!r} given twice (first on line {first[key]})", line)
+            first[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _number(kind: type, value: Any, what: str) -> int | float:
+    """``value`` as a finite ``kind`` (int or float); a string is read as a number (YAML
+    reads 1e-9 as one). RecipeError naming ``what`` for a boolean, a fraction for an int
+    (no silent truncation) and infinity or NaN."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value) if kind is int else float(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise RecipeError(f"{what} must be {kind.__name__}, got {value!r}")
+    if not math.isfinite(number):
+        raise RecipeError(f"{what} must be a finite number, got {value!r}")
+    if kind is int and number != int(number):
+        raise RecipeError(f"{what} must be int (a whole number), got {value!r}")
+    return kind(number)
+
+
+def _adam_betas(value: Any, source: str) -> tuple[float, float]:
+    """``value`` as Adam's (beta1, beta2): exactly two numbers, each in [0, 1)."""
+    words = f"{source}: 'adam_betas' must be two numbers in [0, 1)"
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise RecipeError(f"{words}, got {value!r}")
+    try:
+        betas = tuple(_number(float, v, "") for v in value)
+    except RecipeError:
+        raise RecipeError(f"{words}, got {value!r}") from None
+    if not all(0 <= b < 1 for b in betas):
+        raise RecipeError(f"{words}, got {value!r}")
+    return betas[0], betas[1]
 
 
 def step_settings(recipe: Recipe, device_type: str) -> dict[str, Any]:
@@ -223,3 +350,49 @@ def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> 
                 f"({origin} has {key}={data[key]!r}); leave it out of the recipe"
             )
     return TransformerConfig.from_dict(data)
+
+
+def check_new_model(recipe: Recipe, init: dict | None = None) -> None:
+    """Refuse, before a new run writes anything, model fields that cannot make a model:
+    those of ``recipe.model`` (with stand-in vocabulary sizes: the tokenizer is made
+    later), or with ``init`` (the state of the model it starts from) what
+    :func:`fine_tune_config` refuses. ConfigError or RecipeError naming the field."""
+    if init is not None:
+        fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
+        return
+    stand_in = dict(src_vocab_size=8, tgt_vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
+    TransformerConfig.from_dict({**recipe.model, **stand_in})
+
+
+def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
+    """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
+    model field the recipe sets to other than the checkpoint's (a resumed run keeps its
+    model), or one of :data:`RESUME_FIXED` other than the checkpoint's recipe had."""
+    config = state["config"]
+    for key in sorted(recipe.given_model_fields):
+        value = recipe.model[key]
+        if key not in config:
+            raise RecipeError(f"recipe field model.{key}: not a model field")
+        if value != config[key]:
+            raise RecipeError(
+                f"recipe field model.{key}={value!r} differs from the run being resumed "
+                f"({origin} has {key}={config[key]!r}): a resumed run keeps its model"
+            )
+    saved = state.get("recipe") or {}
+    for key in RESUME_FIXED:
+        value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
+        if key in saved and value != saved[key]:
+            raise RecipeError(
+                f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
+                f"has {saved[key]!r}): its optimizer state keeps the run's own"
+            )
+
+
+def budget_spent(recipe: Recipe, step: int, elapsed: float) -> str:
+    """ "max_steps" or "time_limit" once a run at update ``step`` after ``elapsed``
+    seconds has used that budget of ``recipe``; "" while it has not."""
+    if recipe.max_steps and step >= recipe.max_steps:
+        return "max_steps"
+    if recipe.time_limit_minutes and elapsed >= recipe.time_limit_minutes * 60:
+        return "time_limit"
+    return ""

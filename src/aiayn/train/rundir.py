@@ -1,5 +1,9 @@
 """A training run's directory: what a new or resumed run finds there and writes first.
 
+A new run checks its recipe, its model and the model it starts from before it writes
+anything, and makes the directory only then: a run refused up front leaves an existing
+directory as it was and no new one behind.
+
 On several processes rank 0 alone writes it and decides what it holds (a new run, or one
 to resume), and an error it meets, of any kind, is raised on every rank: none is left
 waiting for a result that never comes. To resume, every rank reads the checkpoint itself,
@@ -31,8 +35,8 @@ from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.distributed import World
-from aiayn.errors import CheckpointError
-from aiayn.train.recipe import Recipe
+from aiayn.errors import AiaynError, CheckpointError
+from aiayn.train.recipe import Recipe, check_new_model, check_resume
 
 T = TypeVar("T")
 
@@ -52,7 +56,35 @@ class RunDirectory:
 
     def __init__(self, out_dir: Path, world: World, log: Callable[[str], None]):
         self.out_dir, self.world, self.log = out_dir, world, log
-        self.on_main(lambda: out_dir.mkdir(parents=True, exist_ok=True))
+        self.on_main(self._check_place)
+
+    def _check_place(self) -> None:
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise AiaynError(f"{self.out_dir}: not a directory (the run directory must be one)")
+
+    def write(self, work: Callable[[], T]) -> T:
+        """``work()`` on rank 0 (see :meth:`on_main`), once the run directory exists: made
+        here if it does not (AiaynError naming it if it cannot be). If ``work`` fails and
+        leaves the directories it made empty, they are removed again."""
+
+        def made_then_work() -> T:
+            made = [p for p in (self.out_dir, *self.out_dir.parents) if not p.exists()]
+            try:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise AiaynError(
+                    f"{self.out_dir}: cannot create the run directory ({e.strerror or e})"
+                ) from None
+            try:
+                return work()
+            except BaseException:
+                for directory in made:  # the run directory first, then its new parents
+                    if any(directory.iterdir()):
+                        break
+                    directory.rmdir()
+                raise
+
+        return self.on_main(made_then_work)
 
     def on_main(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0 only, its result on every rank. Whatever it raises (not
@@ -96,11 +128,14 @@ class RunDirectory:
                 raise first
         return result
 
-    def previous_state(self, resume: bool | str, device: str | torch.device = "cpu") -> dict | None:
+    def previous_state(
+        self, resume: bool | str, device: str | torch.device = "cpu", recipe: Recipe | None = None
+    ) -> dict | None:
         """The state to resume from (None for a new run); refuses to overwrite a run.
         ``resume="auto"``: resume if there is a checkpoint. Rank 0 decides; then every rank
         reads the checkpoint itself, mapped to its ``device`` (no rank receives the
-        optimizer state from another)."""
+        optimizer state from another). With ``recipe``, refuses a recipe whose settings
+        resuming would ignore (:func:`check_resume`)."""
         path = self.on_main(lambda: self._resume_path(resume))
         if path is None:
             return None
@@ -112,7 +147,10 @@ class RunDirectory:
                     "machines, the run directory must be at the same path on each (a shared "
                     "file system)"
                 )
-            return load_checkpoint(path, map_location=device)
+            state = load_checkpoint(path, map_location=device)
+            if recipe is not None:
+                check_resume(recipe, state, str(path))
+            return state
 
         return self.on_every_rank(load)
 
@@ -131,6 +169,14 @@ class RunDirectory:
                 "into another directory"
             )
         return None
+
+    def new_run(self, r: Recipe) -> dict | None:
+        """For a new run: the state of the model it starts from (``init_from``; see
+        :meth:`init_state`), or None; the recipe's model fields are checked either way
+        (:func:`check_new_model`), before anything is written."""
+        init = self.init_state(r) if r.init_from else None
+        check_new_model(r, init)
+        return init
 
     def init_state(self, r: Recipe) -> dict:
         """The checkpoint ``r.init_from`` names (its model, config, tokenizer and the
@@ -179,7 +225,7 @@ class RunDirectory:
                     tokenizer=tokenizer,
                 )  # fmt: skip
 
-            self.on_main(make)
+            self.write(make)
         data = self.on_every_rank(lambda: PreparedData(directory))
         self.log(f"train: {data.summary('train')}")
         self.log(f"valid: {data.summary('valid')}")
@@ -190,7 +236,7 @@ class RunDirectory:
     ) -> Tokenizer:
         """The run's tokenizer: the checkpoint's when resuming, else that of the model the
         run starts from (``init``), else the data's; the first two must be the one the
-        data was encoded with. A new run writes its files into the run directory."""
+        data was encoded with (:meth:`save_new_run` writes its files for a new run)."""
         source = state if state is not None else init
         if source is not None:
             path = self.out_dir / LAST if state is not None else Path(source["path"])
@@ -199,17 +245,24 @@ class RunDirectory:
             check_tokenizer(data.manifest, data.directory, source["tokenizer"], str(path))
         else:
             tokenizer = data.tokenizer
-        if state is None:
-            self.on_main(lambda: tokenizer.save(self.out_dir))
         self.log(f"tokenizer: {tokenizer.describe()}")
         return tokenizer
 
-    def save_recipe(self, r: Recipe, state: dict | None, cfg: TransformerConfig) -> None:
-        """A new run writes its recipe; one that starts from a model (``init_from``) with
-        the model fields it really has (the starting model's), not the recipe defaults."""
+    def save_new_run(
+        self, r: Recipe, state: dict | None, cfg: TransformerConfig, tokenizer: Tokenizer
+    ) -> None:
+        """A new run writes its tokenizer's files and its recipe, once its model config
+        is known to be good (nothing overwritten for a run refused before); one that starts
+        from a model (``init_from``) writes the model fields it really has (the starting
+        model's), not the recipe defaults. A resumed run writes neither."""
         if state is not None:
             return
         if r.init_from:
             skip = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
             r.model = {k: v for k, v in cfg.to_dict().items() if k not in skip}
-        self.on_main(lambda: r.save(self.out_dir / "recipe.yaml"))
+
+        def save() -> None:
+            tokenizer.save(self.out_dir)
+            r.save(self.out_dir / "recipe.yaml")
+
+        self.write(save)

@@ -24,6 +24,7 @@ from aiayn.checkpoint import (
     BEST,
     LAST,
     epoch_checkpoint_name,
+    load_weights,
     resolve_device,
     save_checkpoint,
     step_checkpoint_name,
@@ -36,7 +37,7 @@ from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.optim import make_optimizer
-from aiayn.train.recipe import Recipe, fine_tune_config, step_settings
+from aiayn.train.recipe import Recipe, budget_spent, fine_tune_config, step_settings
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule
 from aiayn.train.update import Updater, UpdateResult
@@ -75,27 +76,23 @@ class Trainer:
         log: Callable[[str], None] = print,
         world: World | None = None,
     ):
-        r = self.recipe = recipe
+        r = self.recipe = recipe.check()  # before anything is written
         if r.threads > 0:
             torch.set_num_threads(r.threads)
         device = resolve_device(r.device)
-        if not r.collective_timeout_minutes > 0:
-            raise RecipeError(
-                f"collective_timeout_minutes must be > 0, got {r.collective_timeout_minutes}"
-            )
         self.world = world or init_from_env(device.type, r.collective_timeout_minutes)
         self.device = torch.device(self.world.device(str(device)))
         self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
         self.run = run = RunDirectory(self.out_dir, self.world, self.log)
-        state = run.previous_state(resume, self.device)
+        state = run.previous_state(resume, self.device, r)
         # A new run with init_from starts from that model: config, weights, tokenizer.
-        init = run.init_state(r) if state is None and r.init_from else None
+        init = run.new_run(r) if state is None else None
         known = state if state is not None else init
         tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
         self.data = run.prepared_data(r, state, tokenizer)
         self.tokenizer = run.tokenizer(self.data, state, init)
         self.cfg = self._config(state, init)
-        run.save_recipe(r, state, self.cfg)
+        run.save_new_run(r, state, self.cfg, self.tokenizer)
         # What a model that came from elsewhere carries along (see aiayn.checkpoint).
         self.generation = dict((known or {}).get("generation") or {})
         self.origin = (known or {}).get("origin")
@@ -112,7 +109,7 @@ class Trainer:
         torch.manual_seed(r.seed)  # the same initial weights on every rank
         self.model = Transformer(self.cfg)
         if init is not None:
-            self.model.load_state_dict(init["model"])
+            load_weights(self.model, init, init["path"])
             self.log(f"starting from {init['path']} (fresh optimizer and schedule)")
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model, r.adam_betas, r.adam_eps, r.weight_decay)
@@ -184,7 +181,7 @@ class Trainer:
 
     def _restore(self, state: dict) -> None:
         """Continue from ``state`` (read onto this rank's device)."""
-        self.model.load_state_dict(state["model"])
+        load_weights(self.model, state, self.out_dir / LAST)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except ValueError as e:  # another number or size of parameter groups
@@ -271,7 +268,9 @@ class Trainer:
         self._start = time.perf_counter() - self.elapsed
         period = self.recipe.save_every_minutes * 60  # the next multiple of it, after a resume
         self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period if period else 0
-        stopped_by = "max_epochs"
+        stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
+        if stopped_by != "max_epochs":  # a finished run, resumed: not one update more
+            self.log(f"nothing to do: the run already reached its {stopped_by}")
         self.model.train()
         try:
             while self.epoch < self.recipe.max_epochs and stopped_by == "max_epochs":
@@ -356,11 +355,7 @@ class Trainer:
             self._save_kept(step_checkpoint_name(self.step))
         if r.valid_every_steps and self.step % r.valid_every_steps == 0:
             self._validate_and_keep_best(metrics)
-        if r.max_steps and self.step >= r.max_steps:
-            return "max_steps"
-        if r.time_limit_minutes and self.elapsed >= r.time_limit_minutes * 60:
-            return "time_limit"
-        return "max_epochs"
+        return budget_spent(r, self.step, self.elapsed) or "max_epochs"
 
     def _time_used(self) -> float:
         """The fraction of the time limit spent (for the schedules that decay to 0)."""

@@ -224,11 +224,11 @@ DAMAGES = {  # what is broken -> the message that names it
     "weight str": ({"model": {"w": "x"}}, r"malformed \('w' is a str, not a tensor\)"),
     "vocab str": (
         {"config": {"src_vocab_size": "abc", "tgt_vocab_size": 10}},
-        r"c\.pt: TransformerConfig\.src_vocab_size: must be a positive int, got 'abc'",
+        r"c\.pt: TransformerConfig\.src_vocab_size: must be an int, got 'abc'",
     ),
     "max_len str": (
         {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "max_len": "x"}},
-        r"c\.pt: checkpoint entry 'config' is malformed \(",
+        r"c\.pt: TransformerConfig\.max_len: must be an int, got 'x'",
     ),
     "n_heads": (
         {"config": {"src_vocab_size": 10, "tgt_vocab_size": 10, "n_heads": 7}},
@@ -273,7 +273,8 @@ def test_text_overrides_are_taken_as_given_and_no_checkpoint_name_is_named(tmp_p
         split_model_spec(recipe.init_from)
     path = tmp_path / "r.yaml"
     path.write_text("init_from:\n  /m: null\n")
-    with pytest.raises(RecipeError, match=r"field 'init_from' must be a string, got \{'/m': None\}"):
+    wrong = r"field 'init_from' must be a string, got \{'/m': None\}"
+    with pytest.raises(RecipeError, match=wrong):
         Recipe.from_yaml(path)
 
 

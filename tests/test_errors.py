@@ -466,7 +466,8 @@ def test_a_refused_train_writes_nothing_and_keeps_what_was_there(tmp_path, sampl
     keep.mkdir()
     (keep / "recipe.yaml").write_text("mine\n")
     argv = ["train", "--data", str(sample_prepared), "--no-progress", "--set", *TINY_RUN]
-    for bad in ("update_freq=0", "model.n_heads=3", "model.no_such_field=1"):
+    bad_settings = ("update_freq=0", "model.n_heads=3", "model.no_such_field=1")
+    for bad in (*bad_settings, "model.max_len=2.5", "model.dropout=abc"):
         _one_line_error([*argv, bad, "--out", str(keep)], capsys)
         assert [p.name for p in keep.iterdir()] == ["recipe.yaml"], bad
         assert (keep / "recipe.yaml").read_text() == "mine\n"

@@ -263,6 +263,16 @@ def test_bad_input_raises_value_error_saying_what_is_wrong(tiny_model, src, tgt,
         ({"activation_dropout": 1.0}, "activation_dropout"),
         ({"share_embeddings": True}, "share_embeddings"),
         ({"d_model": 0}, "d_model"),
+        # The wrong type, as a recipe or a damaged file may give it: named, not a
+        # TypeError from a comparison or from inside torch.
+        ({"dropout": "abc"}, "dropout"),
+        ({"max_len": 2.5}, "max_len"),
+        ({"n_encoder_layers": 1.5}, "n_encoder_layers"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
+        ({"tie_output": "yes"}, "tie_output"),
+        ({"activation": 1}, "activation"),
+        ({"pad_id": True}, "pad_id"),
     ],
 )
 def test_bad_config_names_the_field(overrides, field):

@@ -6,6 +6,7 @@ n_layers (N). ``base()`` and ``big()`` are the two columns of Table 3.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -16,6 +17,19 @@ from aiayn.errors import ConfigError
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 # The FFN activations (Eq. 2 uses relu); swish is SiLU, x * sigmoid(x); gelu the exact one.
 ACTIVATIONS = ("relu", "swish", "gelu")
+
+
+_KIND_NAMES = {"int": "an int", "float": "a finite number", "bool": "true or false", "str": "text"}
+
+
+def _is_a(value: Any, kind: str) -> bool:
+    """Whether ``value`` is of the field type ``kind`` (an int is a float too; a bool is
+    neither)."""
+    if kind == "bool" or isinstance(value, bool):
+        return kind == "bool" and isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, int if kind == "int" else str)
 
 
 @dataclass
@@ -64,12 +78,19 @@ class TransformerConfig:
         def bad(field: str, why: str) -> ConfigError:
             return ConfigError(f"TransformerConfig.{field}: {why}")
 
+        for field in fields(self):  # the annotated type first: a recipe or a file may hold any
+            value, kind = getattr(self, field.name), str(field.type).removesuffix(" | None")
+            if value is None and str(field.type).endswith(" | None"):
+                continue
+            if not _is_a(value, kind):
+                raise bad(field.name, f"must be {_KIND_NAMES[kind]}, got {value!r}")
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise bad(name, f"must be a positive int, got {value!r}")
+            if getattr(self, name) <= 0:
+                raise bad(name, f"must be a positive int, got {getattr(self, name)!r}")
         if self.max_len <= 0:
             raise bad("max_len", f"must be positive, got {self.max_len}")
+        if self.layer_norm_eps <= 0:
+            raise bad("layer_norm_eps", f"must be > 0, got {self.layer_norm_eps}")
         if self.d_model % self.n_heads:
             raise bad(
                 "n_heads", f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"

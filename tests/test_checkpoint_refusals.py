@@ -1,0 +1,104 @@
+"""Checkpoints that cannot be used, refused with one line naming the file: damaged entries,
+averages of checkpoints of another tokenizer or other weights, an average written over
+something that is not a file, and a model spec that names no checkpoint."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import load_checkpoint
+from aiayn.cli import main
+from cli_util import one_line_error
+
+
+def _epochs(sample_model_dir, folder: Path, last: dict) -> Path:
+    """A model directory of two epoch checkpoints of the sample model, the second one's
+    entries changed by ``last`` (None removes an entry)."""
+    from aiayn.checkpoint import BEST, save_checkpoint
+
+    state = load_checkpoint(sample_model_dir() / BEST)
+    save_checkpoint(state, folder / "checkpoint_epoch001.pt")
+    changed = {k: v for k, v in {**state, **last}.items() if v is not None}
+    save_checkpoint(changed, folder / "checkpoint_epoch002.pt")
+    return folder
+
+
+def test_average_refuses_another_a_missing_or_a_damaged_tokenizer(
+    sample_model_dir, tmp_path, capsys
+):
+    from aiayn.data.tokenizer import Tokenizer
+    from sample_data import PAIRS
+
+    english = Tokenizer.train([en for _, en in PAIRS], tmp_path / "en", 160, num_threads=1)
+    weights = torch.load(sample_model_dir() / "checkpoint_best.pt", weights_only=True)["model"]
+    other = "checkpoint_epoch002.pt has another tokenizer than "
+    cases = [
+        (other, {"tokenizer": english.to_bytes()}),
+        (other, {"tokenizer": None}),  # none, beside one that has one
+        ("checkpoint_epoch002.pt: checkpoint entry 'tokenizer': not a valid", {"tokenizer": b"x"}),
+        ("checkpoint_epoch002.pt: checkpoint entry 'model' is malformed (an int", {"model": 5}),
+        (
+            "checkpoint_epoch002.pt: no weight 'src_embed.weight'",
+            {"model": {k: v for k, v in weights.items() if k != "src_embed.weight"}},
+        ),
+    ]
+    for i, (message, last) in enumerate(cases):
+        model = _epochs(sample_model_dir, tmp_path / str(i), last)
+        err = one_line_error(["average", "--model", str(model)], capsys)
+        assert message in err, err
+        if i < 2:  # the message names both files, as translate's ensemble check does
+            assert f"than {model / 'checkpoint_epoch001.pt'}; averaged checkpoints" in err
+        assert not (model / "checkpoint_averaged.pt").exists()
+
+
+def test_average_refuses_an_out_that_is_no_regular_file(sample_model_dir, tmp_path, capsys):
+    model = _epochs(sample_model_dir, tmp_path / "model", {})
+    folder, fifo, file = tmp_path / "adir", tmp_path / "fifo", tmp_path / "file"
+    folder.mkdir()
+    os.mkfifo(fifo)
+    file.write_text("kept")
+    argv = ["average", "--model", str(model), "--out"]
+    assert f"{folder}: is a directory" in one_line_error([*argv, str(folder)], capsys)
+    assert f"{fifo}: not a regular file" in one_line_error([*argv, str(fifo)], capsys)
+    err = one_line_error([*argv, str(file / "avg.pt")], capsys)
+    assert f"{file / 'avg.pt'}: cannot write (" in err
+    assert folder.is_dir() and not any(folder.iterdir()) and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert file.read_text() == "kept"
+    assert main([*argv, str(tmp_path / "new" / "avg.pt")]) == 0  # the same run, a good --out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file", "model", "new"]
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_it(sample_model_dir, tmp_path, capsys):
+    from aiayn.checkpoint import BEST, save_checkpoint
+
+    state = load_checkpoint(sample_model_dir() / BEST)
+    nan = {k: torch.full_like(v, float("nan")) for k, v in state["model"].items()}
+    cases = {
+        "checkpoint entry 'config' is malformed (a str": {"config": "hello"},
+        "checkpoint entry 'model' is malformed (an int": {"model": 5},
+        "TransformerConfig.n_heads: d_model=64 is not divisible": {
+            "config": {**state["config"], "n_heads": 7}
+        },
+        "TransformerConfig: unknown field(s) wibble": {"config": {**state["config"], "wibble": 3}},
+        "weight 'src_embed.weight' holds NaN or infinity": {"model": nan},
+    }
+    src = tmp_path / "in.de"
+    src.write_text("Ein Mann fährt Fahrrad.\n", encoding="utf-8")
+    for message, change in cases.items():
+        path = save_checkpoint({**state, **change}, tmp_path / "bad.pt")
+        flags = ["--model", str(tmp_path), "--checkpoint", str(path)]
+        for argv in (["translate", *flags, "--quiet", str(src)], ["summary", *flags]):
+            assert f"{path}: {message}" in one_line_error(argv, capsys)
+
+
+def test_train_init_from_a_directory_and_no_checkpoint_name(sample_model_dir, tmp_path, capsys):
+    """``--init-from DIR:`` used to say "{'DIR'/ None}: no such checkpoint file"."""
+    files = [f"--{k}={tmp_path / k}" for k in ("train-src", "train-tgt", "valid-src", "valid-tgt")]
+    model = sample_model_dir()
+    argv = ["train", "--out", str(tmp_path / "run"), *files, "--no-progress", "--init-from"]
+    err = one_line_error([*argv, f"{model}:"], capsys)
+    assert f"'{model}:' names no checkpoint after ':'" in err and "{" not in err, err

@@ -1,0 +1,180 @@
+"""The files a command reads and writes: an input that is missing, a directory, a pipe,
+corrupt gzip or not UTF-8 is one line naming it; text arguments must be UTF-8; an output
+is written whole or not at all, never over an input, and a full stdout is named."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from aiayn.errors import AiaynError
+from cli_util import one_line_error
+
+
+def _files(tmp_path, **texts: str) -> dict[str, Path]:
+    paths = {}
+    for name, text in texts.items():
+        paths[name] = tmp_path / name.replace("_", ".")
+        paths[name].write_text(text, encoding="utf-8")
+    return paths
+
+
+def test_evaluate_with_no_lines_is_refused_and_keeps_the_output(sample_model_dir, tmp_path, capsys):
+    f = _files(tmp_path, empty_de="", empty_en="", out_en="keep me\n")
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(f["out_en"])]
+    err = one_line_error([*argv, "--src", str(f["empty_de"]), "--ref", str(f["empty_en"])], capsys)
+    assert "empty.de and" in err and "no lines to score" in err
+    assert f["out_en"].read_text(encoding="utf-8") == "keep me\n"
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_work(sample_model_dir, tmp_path, capsys):
+    f = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n", prefixes="A\n")
+    (tmp_path / "link.en").symlink_to(f["ref_en"])  # the same file by another name
+    model = ["--model", str(sample_model_dir()), "--quiet"]
+    evaluate = ["evaluate", *model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
+    translate = ["translate", *model, str(f["in_de"])]
+    for argv, out, named in [
+        ([*evaluate, "-o", str(f["in_de"])], f["in_de"], "--src"),
+        ([*evaluate, "-o", str(tmp_path / "link.en")], f["ref_en"], "--ref"),
+        ([*translate, "-o", str(f["in_de"])], f["in_de"], "the input"),
+        ([*translate, "--prefix-file", str(f["prefixes"]), "-o", str(f["prefixes"])],
+         f["prefixes"], "--prefix-file"),
+    ]:  # fmt: skip
+        before = out.read_text(encoding="utf-8")
+        err = one_line_error(argv, capsys)
+        assert f"is the same file as {named}" in err and "give another output file" in err
+        assert out.read_text(encoding="utf-8") == before
+
+
+def test_unusable_input_files_are_one_line_errors(sample_model_dir, tmp_path, capsys):
+    """A gzip body zlib cannot inflate, a directory, a pipe: named as such, for the input,
+    --ref and --prefix-file alike (one reader)."""
+    f = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
+    (tmp_path / "bad.de.gz").write_bytes(gzip.compress(b"Ein Hund.\n")[:10] + b"\xff" * 40)
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    model = ["--model", str(sample_model_dir()), "--quiet"]
+    for argv, message in [
+        (["translate", *model, str(tmp_path / "bad.de.gz")], "bad.de.gz: cannot read ("),
+        (["translate", *model, "--prefix-file", str(tmp_path / "folder"), str(f["in_de"])],
+         "folder: is a directory"),
+        (["evaluate", *model, "--src", str(f["in_de"]), "--ref", str(tmp_path / "pipe")],
+         "pipe: not a regular file"),
+    ]:  # fmt: skip
+        assert message in one_line_error(argv, capsys)
+
+
+@pytest.mark.parametrize("command", ["translate", "attention"])
+def test_text_arguments_that_are_not_utf8_name_the_argument(
+    sample_model_dir, tmp_path, capsys, command
+):
+    """A byte that is not UTF-8 reaches Python's argv as a lone surrogate (0xff: U+DCFF),
+    which SentencePiece cannot take: argparse refuses it, naming the argument."""
+    model = ["--model", str(sample_model_dir()), "--quiet"]
+    src = _files(tmp_path, in_de="Ein Hund.\n")["in_de"]
+    argv, named = {
+        "translate": (["translate", *model, "--prefix", "A \udcff", str(src)], "--prefix"),
+        "attention": (["attention", *model, "Ein \udcff Mann"], "sentence"),
+    }[command]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert f"argument {named}: not UTF-8 text (byte 0xff at character " in err
+
+
+def test_a_too_long_line_of_the_prefix_file_is_named(sample_model_dir, tmp_path, capsys):
+    f = _files(tmp_path, in_de="Ein Hund.\nEin Mann.\n", out_en="keep me\n")
+    f["prefixes"] = tmp_path / "prefixes.txt"
+    f["prefixes"].write_text("A\n" + "A man and a dog " * 40 + "\n", encoding="utf-8")
+    argv = ["translate", "--model", str(sample_model_dir()), "--quiet", str(f["in_de"])]
+    argv += ["--prefix-file", str(f["prefixes"]), "-o", str(f["out_en"])]
+    err = one_line_error(argv, capsys)
+    assert "prefixes.txt, line 2: prefix: " in err and "no room for EOS" in err
+    assert f["out_en"].read_text(encoding="utf-8") == "keep me\n"
+
+
+class _Stdout:
+    """A stdout whose writes fail with ``error``."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+
+    def write(self, text: str) -> int:
+        raise self.error
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_full_stdout_is_a_clear_error_and_a_closed_pipe_is_quiet(
+    sample_model_dir, tmp_path, capsys, monkeypatch
+):
+    src = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
+    model = ["--model", str(sample_model_dir()), "--quiet"]
+    for argv in (
+        ["translate", *model, str(src["in_de"])],
+        ["evaluate", *model, "--src", str(src["in_de"]), "--ref", str(src["ref_en"])],
+    ):
+        monkeypatch.setattr(
+            sys, "stdout", _Stdout(OSError(errno.ENOSPC, "No space left on device"))
+        )
+        assert "stdout: cannot write (No space left on device)" in one_line_error(argv, capsys)
+        monkeypatch.setattr(sys, "stdout", _Stdout(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+        assert main(argv) == 0  # `aiayn translate ... | head`: the reader left
+        assert capsys.readouterr().err == ""
+
+
+def test_any_command_whose_printed_output_cannot_be_flushed_names_stdout(
+    sample_model_dir, capsys, monkeypatch
+):
+    class FullOnFlush(_Stdout):  # buffered: print works, the flush finds the disk full
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            raise self.error
+
+    monkeypatch.setattr(sys, "stdout", FullOnFlush(OSError(errno.ENOSPC, "No space left")))
+    argv = ["summary", "--model", str(sample_model_dir()), "--depth", "1"]
+    assert "stdout: cannot write (No space left)" in one_line_error(argv, capsys)
+
+
+def test_an_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A write that fails half-way (a full disk) leaves the old file as it was and no
+    temp file; a good one keeps the file's mode and writes through a link."""
+    from aiayn.cli import common
+
+    out = tmp_path / "out.en"
+    out.write_text("keep me\n", encoding="utf-8")
+    out.chmod(0o640)
+    (tmp_path / "link.en").symlink_to(out)
+
+    class Full:
+        def __init__(self, fd: int, *args, **kwargs) -> None:
+            os.close(fd)
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(common.os, "fdopen", Full)
+        with pytest.raises(AiaynError, match=r"link\.en: cannot write \(No space left"):
+            common.write_text(str(tmp_path / "link.en"), "new text\n" * 1000)
+    assert out.read_text(encoding="utf-8") == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.en", "out.en"]
+    common.write_text(str(tmp_path / "link.en"), "new\n")
+    assert out.read_text(encoding="utf-8") == "new\n" and (tmp_path / "link.en").is_symlink()
+    assert out.stat().st_mode & 0o777 == 0o640

@@ -1,0 +1,153 @@
+"""`aiayn train` refusing what it cannot do, before it writes anything: recipe fields out
+of type or range, outputs that cannot be made, resumes that would change the model, a
+finished run resumed, and weights that do not fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.checkpoint import load_checkpoint
+from aiayn.cli import main
+from aiayn.errors import RecipeError
+from aiayn.train.recipe import Recipe
+from cli_util import one_line_error
+
+# A model that trains an update in milliseconds, on the built-in sample (no Multi30k).
+TINY_RUN = [
+    *("model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32"),
+    *("model.max_len=64", "max_tokens=400", "warmup=2", "threads=1", "device=cpu"),
+]
+
+
+@pytest.fixture(scope="module")
+def sample_prepared(tmp_path_factory) -> Path:
+    """The built-in sample pairs, prepared (a 120-token tokenizer)."""
+    from aiayn.data.prepared import prepare
+    from sample_data import write_sample
+
+    root = tmp_path_factory.mktemp("sample")
+    text = write_sample(root / "text")
+    train, valid = (text["train.de"], text["train.en"]), (text["val.de"], text["val.en"])
+    prepare(train, valid, root / "prepared", vocab_size=120, show_progress=False)
+    return root / "prepared"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("adam_betas: [0.9]\n", "'adam_betas' must be two numbers in [0, 1), got [0.9]"),
+        ("adam_betas: [0.9, 1.5]\n", "'adam_betas' must be two numbers in [0, 1)"),
+        ("update_freq: 0\n", "field 'update_freq' must be >= 1, got 0"),
+        ("keep_last: -1\n", "field 'keep_last' must be >= 0, got -1"),
+        ("max_tokens: -5\n", "field 'max_tokens' must be >= 1, got -5"),
+        ("label_smoothing: 1.5\n", "field 'label_smoothing' must be in [0, 1), got 1.5"),
+        ("max_steps: 2.5\n", "field 'max_steps' must be int (a whole number), got 2.5"),
+        ("max_steps: true\n", "field 'max_steps' must be int, got True"),
+        ("clip_norm: -1\n", "field 'clip_norm' must be >= 0, got -1.0"),
+        ("lr_scale: .nan\n", "field 'lr_scale' must be a finite number, got nan"),
+        ("adam_eps: .inf\n", "field 'adam_eps' must be a finite number, got inf"),
+        ("schedule: linear\n", "schedule 'linear' decays to 0 at the end of the run"),
+        ("data:\n", "field 'data' must be a string, got None"),
+        ("seed: 1\nmax_steps: 3\nseed: 2\n", ", line 3: key 'seed' given twice (first on line 1)"),
+        ("model:\n  d_model: 8\n  d_model: 16\n", ", line 3: key 'd_model' given twice"),
+        ("", ": holds no recipe"),
+        ("# all commented out\n", ": holds no recipe"),
+    ],
+)
+def test_a_recipe_out_of_type_or_range_names_its_file_and_field(tmp_path, text, message):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as raised:
+        Recipe.from_yaml(path)
+    assert str(raised.value).startswith(str(path)) and message in str(raised.value)
+
+
+def test_recipe_values_at_their_edges_and_overrides(tmp_path):
+    """0 keeps its documented meaning (no clipping, no limit, none kept); a whole float is
+    an int; an override names itself; a binary file is not taken for a recipe."""
+    path = tmp_path / "ok.yaml"
+    path.write_text("clip_norm: 0\nmax_steps: 3.0\nkeep_last: 0\nadam_eps: 1e-8\n")
+    recipe = Recipe.from_yaml(path, ["adam_betas=[0, 0.5]", "seed=-3"])
+    assert (recipe.clip_norm, recipe.max_steps, recipe.keep_last) == (0.0, 3, 0)
+    assert recipe.adam_eps == 1e-8 and recipe.adam_betas == (0.0, 0.5) and recipe.seed == -3
+    assert isinstance(recipe.max_steps, int)
+    with pytest.raises(RecipeError, match=r"^override 'update_freq=0': field 'update_freq'"):
+        Recipe().override(["update_freq=0"])
+    with pytest.raises(RecipeError, match="'adam_betas' must be two numbers"):
+        Recipe().override(["adam_betas=abc"])
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(b"PK\x03\x04\xff\xfe\x00binary")
+    with pytest.raises(RecipeError, match=r"model\.pt: not UTF-8 text"):
+        Recipe.from_yaml(binary)
+    recipe.keep_last = -1  # set in code: the trainer checks the recipe again
+    with pytest.raises(RecipeError, match=r"^recipe: field 'keep_last' must be >= 0"):
+        recipe.check()
+
+
+def test_a_refused_train_writes_nothing_and_keeps_what_was_there(tmp_path, sample_prepared, capsys):
+    """Refused before any update: an existing folder keeps its files (no recipe.yaml or
+    spm.model overwritten), a new one is not left behind, an --out that is a file or
+    cannot be made is named, and --data with --train-src is refused."""
+    keep = tmp_path / "run_keep"
+    keep.mkdir()
+    (keep / "recipe.yaml").write_text("mine\n")
+    argv = ["train", "--data", str(sample_prepared), "--no-progress", "--set", *TINY_RUN]
+    bad_settings = ("update_freq=0", "model.n_heads=3", "model.no_such_field=1")
+    for bad in (*bad_settings, "model.max_len=2.5", "model.dropout=abc"):
+        one_line_error([*argv, bad, "--out", str(keep)], capsys)
+        assert [p.name for p in keep.iterdir()] == ["recipe.yaml"], bad
+        assert (keep / "recipe.yaml").read_text() == "mine\n"
+    new = tmp_path / "new" / "run"
+    err = one_line_error([*argv, "--out", str(new), "--init-from", str(tmp_path / "no")], capsys)
+    assert "no such model directory" in err and not (tmp_path / "new").exists()
+    plain = tmp_path / "existing.txt"
+    plain.write_text("a file\n")
+    assert f"{plain}: not a directory" in one_line_error([*argv, "--out", str(plain)], capsys)
+    err = one_line_error([*argv, "--out", str(plain / "run")], capsys)
+    assert f"{plain / 'run'}: cannot create the run directory" in err
+    err = one_line_error([*argv, "--out", str(new), "--train-src", str(plain)], capsys)
+    assert "--data and --train-src name two data sets" in err and not new.parent.exists()
+
+
+def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
+    tmp_path, sample_prepared, capsys
+):
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(sample_prepared), "--out", str(out), "--no-progress"]
+    argv += ["--set", *TINY_RUN]
+    assert main([*argv, "max_steps=2"]) == 0
+    last = out / "checkpoint_last.pt"
+    saved = last.read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "max_steps=2", "--resume"]) == 0  # nothing more, not step 3
+    assert "nothing to do: the run already reached its max_steps" in capsys.readouterr().out
+    assert last.read_bytes() == saved
+    err = one_line_error([*argv, "max_steps=3", "model.d_model=32", "--resume"], capsys)
+    assert "model.d_model=32 differs from the run being resumed" in err and "d_model=16" in err
+    err = one_line_error([*argv, "max_steps=3", "adam_betas=[0.8,0.98]", "--resume"], capsys)
+    assert "adam_betas=[0.8, 0.98] differs from the run being resumed" in err
+    assert last.read_bytes() == saved
+    assert main([*argv, "max_steps=3", "model.n_heads=2", "--resume"]) == 0  # the same: fine
+    assert load_checkpoint(last)["step"] == 3
+
+
+def test_init_from_or_resume_with_weights_that_do_not_fit_names_the_file(
+    sample_prepared, tmp_path, capsys
+):
+    from aiayn.checkpoint import save_checkpoint
+
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(sample_prepared), "--out", str(out), "--no-progress"]
+    argv += ["--set", *TINY_RUN]
+    assert main([*argv, "max_steps=1"]) == 0
+    last = out / "checkpoint_last.pt"
+    state = load_checkpoint(last)
+    del state["model"]["src_embed.weight"]
+    save_checkpoint(state, last)
+    err = one_line_error([*argv, "max_steps=2", "--resume"], capsys)
+    assert f"{last}: weights do not fit the model config" in err and "src_embed.weight" in err
+    new = ["train", "--data", str(sample_prepared), "--out", str(tmp_path / "tuned")]
+    err = one_line_error([*new, "--no-progress", "--init-from", str(last)], capsys)
+    assert f"{last}: weights do not fit the model config" in err and "src_embed.weight" in err

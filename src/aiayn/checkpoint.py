@@ -160,7 +160,8 @@ def check_entries(state: dict[str, Any], path: str | Path) -> None:
     """CheckpointError naming ``path`` unless the entries that every use of a checkpoint
     reads are sound: ``config`` a valid :class:`TransformerConfig`, ``model`` a mapping of
     names to tensors whose floating-point values are all finite (a NaN weight decodes to
-    empty lines), and ``tokenizer``, when there is one, a readable tokenizer. Whether the
+    empty lines), ``tokenizer``, when there is one, a readable tokenizer, and
+    ``generation``, when there is one, a mapping. Whether the
     weights fit the config is left to the model that loads them."""
     config = state["config"]
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
@@ -181,6 +182,9 @@ def check_entries(state: dict[str, Any], path: str | Path) -> None:
             raise CheckpointError(f"{path}: weight {name!r} holds NaN or infinity")
     if "tokenizer" in state:
         checkpoint_tokenizer(state, path)
+    generation = state.get("generation")
+    if generation is not None and not isinstance(generation, dict):
+        raise _malformed(path, "generation", f"{_kind(generation)}, not a mapping of settings")
 
 
 def checkpoint_tokenizer(state: dict[str, Any], path: str | Path) -> Tokenizer:

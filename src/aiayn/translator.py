@@ -153,6 +153,9 @@ class Translator:
         every line). Line i is line ``first_line + i`` of the whole input, which seeds its
         samples. ``scores=False`` lets greedy decoding skip the log-probs (then 0)."""
         options = self.options(options, settings)
+        _check_texts(lines, "lines")
+        if prefixes is not None:
+            _check_texts(prefixes, "prefixes")
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
@@ -221,6 +224,20 @@ def n_best_texts(texts: list[str], n_best: int) -> list[str]:
     """One line's output texts padded with "" to ``n_best`` (a search may finish fewer;
     a blank line gets none): what the command line and the server print."""
     return texts + [""] * (n_best - len(texts))
+
+
+def _check_texts(texts: object, name: str) -> None:
+    """AiaynError naming ``name`` and the item unless ``texts`` is a sequence of valid
+    Unicode strings (a str alone would be translated letter by letter)."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise AiaynError(f"{name}: a list of texts, not {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise AiaynError(f"{name}[{i}]: text, not {type(text).__name__}")
+        try:  # a lone surrogate (from bytes decoded with surrogateescape): no tokenizer takes it
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise AiaynError(f"{name}[{i}]: not valid Unicode (character {e.start})") from None
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

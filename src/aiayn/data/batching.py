@@ -111,12 +111,20 @@ def shift_target(
     return [[bos_id, *t] for t in tgt_ids], [[*t, eos_id] for t in tgt_ids]
 
 
+def check_batch_size(batch_size: object) -> None:
+    """CorpusError unless ``batch_size`` is an int >= 1 (a negative one would make no
+    batch at all, and every output empty)."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise CorpusError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+
+
 def sorted_batches(
     rows: Sequence[Sequence[int]], batch_size: int, pad_id: int = PAD_ID
 ) -> Iterator[tuple[list[int], Tensor]]:
     """Non-empty ``rows`` in batches of up to ``batch_size``, sorted by length so a batch
     holds little padding: yields (row indices, right-padded ``[n, longest]`` ids). Empty
     rows are skipped; the caller maps results back through the indices."""
+    check_batch_size(batch_size)
     order = sorted((i for i in range(len(rows)) if rows[i]), key=lambda i: len(rows[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]

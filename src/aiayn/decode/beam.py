@@ -4,6 +4,7 @@ tensors and lists, which :class:`~aiayn.decode.engine.BeamEngine` applies each s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,11 @@ class Hypothesis:
 def length_penalty(length: int, alpha: float, kind: str = "gnmt") -> float:
     """lp(Y) for an output of ``length`` tokens (EOS included): "gnmt" ((5 + |Y|) / 6) **
     alpha (Wu et al. 2016, used by the paper), "hf" |Y| ** alpha (Hugging Face)."""
-    if kind == "hf":
-        return float(length) ** alpha
-    return ((5.0 + length) / 6.0) ** alpha
+    base = float(length) if kind == "hf" else (5.0 + length) / 6.0
+    try:
+        return base**alpha
+    except OverflowError:  # an absurd alpha: every finished hypothesis then scores 0
+        return math.inf
 
 
 def select(

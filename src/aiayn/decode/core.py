@@ -10,6 +10,7 @@ costs O(t) attention instead of recomputing the whole output so far.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -29,9 +30,12 @@ Models = Transformer | Sequence[Transformer]
 def as_list(models: Models) -> list[Transformer]:
     """``models`` as a non-empty list; DecodeError unless the models can be ensembled (one
     target vocabulary and the same special ids, so their distributions line up)."""
-    found = [models] if isinstance(models, Transformer) else list(models)
+    found = [models] if isinstance(models, Transformer) else list(models or [])
     if not found:
         raise DecodeError("no model to decode with")
+    for i, model in enumerate(found, start=1):
+        if not isinstance(model, Transformer):
+            raise DecodeError(f"model {i} is a {type(model).__name__}, not a Transformer")
     first = found[0].cfg
     for i, other in enumerate(found[1:], start=2):
         for name in ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
@@ -59,6 +63,14 @@ def inference(models: Models) -> Iterator[None]:
             model.train()
 
 
+def check_src(src: object) -> None:
+    """DecodeError unless ``src`` is a ``[batch, length]`` tensor (of token ids: the
+    model checks their values)."""
+    if not isinstance(src, Tensor) or src.dim() != 2:
+        got = f"a {src.dim()}-D tensor" if isinstance(src, Tensor) else type(src).__name__
+        raise DecodeError(f"src must be a [batch, length] tensor of token ids, got {got}")
+
+
 def length_limits(
     cfg: TransformerConfig,
     src: Tensor,
@@ -77,9 +89,10 @@ def length_limits(
     if not (math.isfinite(max_len_a) and max_len_a >= 0 and max_len_b >= 0):
         raise DecodeError(f"need max_len_a >= 0 and max_len_b >= 0, got {max_len_a}, {max_len_b}")
     src_len = (src != cfg.pad_id).sum(dim=1)
-    limit = (src_len * max_len_a + max_len_b).long()  # exact: float32 holds ints < 2^24
     cap = cfg.max_len if max_new_tokens is None else min(max_new_tokens, cfg.max_len)
-    return limit.clamp(max=cap)
+    # Capped before the cast: a huge rule would wrap around int64. Exact below the cap:
+    # float32 holds ints < 2^24.
+    return (src_len * max_len_a + float(max_len_b)).clamp(max=cap).long()
 
 
 def search_limits(
@@ -107,11 +120,14 @@ def forced_ids(
     """The forced first output tokens of each of ``rows`` sentences (a target prefix, as
     CTranslate2's ``target_prefix``; [] where none), each checked against the target
     vocabulary and the model's positions."""
-    if prefix is None or not any(len(p) for p in prefix):  # [] or all empty: none forced
+    try:  # index(): integers only, not a float or a character to truncate or parse
+        forced = [[operator.index(i) for i in p] for p in prefix or []]
+    except TypeError:
+        raise DecodeError("prefix: per sentence, a sequence of token ids (integers)") from None
+    if forced and len(forced) != rows:
+        raise DecodeError(f"prefix: {len(forced)} prefixes for {rows} sentences")
+    if not any(forced):  # none given, or all empty: none forced
         return [[] for _ in range(rows)]
-    if len(prefix) != rows:
-        raise DecodeError(f"prefix: {len(prefix)} prefixes for {rows} sentences")
-    forced = [[int(i) for i in p] for p in prefix]
     longest = max(map(len, forced), default=0)
     if longest >= cfg.max_len:
         raise DecodeError(

@@ -25,7 +25,7 @@ exactly as one offline batch.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 import torch
@@ -39,6 +39,7 @@ from aiayn.decode.core import (
     as_list,
     ban,
     banned_ids,
+    check_src,
     force,
     forced_ids,
     inference,
@@ -107,7 +108,9 @@ class BeamEngine(Generic[Tag]):
             options.greedy or options.sampling if one_per_row is None else one_per_row
         )
         self.K = 1 if self.one_per_row else options.beam
-        self.cfg, self.use_cache = self.models[0].cfg, use_cache
+        # The ensemble's shortest positions bound every output (and its forced prefix).
+        max_len = min(model.cfg.max_len for model in self.models)
+        self.cfg, self.use_cache = replace(self.models[0].cfg, max_len=max_len), use_cache
         self.want_scores = scores or options.sampling
         self.device = next(self.models[0].parameters()).device
         self._banned = banned_ids(self.cfg, self.device)
@@ -144,6 +147,7 @@ class BeamEngine(Generic[Tag]):
         score), ``alpha`` is their length penalty (default: the engine's), ``lines[i]``
         (default i) seeds its samples. A source the model rejects raises before the
         running batch changes."""
+        check_src(src)
         if src.size(0) != len(tags) or not len(tags):
             raise DecodeError(f"add: {src.size(0)} sentences but {len(tags)} tags")
         if len(set(tags) | {u.tag for u in self.units}) != len(tags) + len(self):
@@ -151,6 +155,8 @@ class BeamEngine(Generic[Tag]):
         options = self.options if alpha is None else self.options.replace(alpha=alpha)
         n = options.n_best if options.sampling else 1  # units per sentence
         src, K, m = src.to(self.device), self.K, len(tags)
+        if not src.size(1):  # no source token: as a source of padding only
+            src = F.pad(src, (0, 1), value=self.cfg.pad_id)
         forced = forced_ids(prefix, self.cfg, m)
         limits = search_limits(self.cfg, src, options, forced)
         real = src != self.cfg.pad_id  # a source's width: up to its last real id

@@ -76,7 +76,7 @@ class DecodeOptions:
             raise DecodeError(f"temperature must be a finite number > 0, got {self.temperature}")
         if not (_is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise DecodeError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.early_stopping not in (True, False, "never"):
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise DecodeError(
                 f"early_stopping must be true, false or 'never', got {self.early_stopping!r}"
             )
@@ -139,6 +139,15 @@ class DecodeOptions:
         aiayn's own length rule (``max_len_a * source + max_len_b``), not transformers'
         "model-agnostic" default of 20 positions, which would cut every longer translation
         silently (transformers warns against relying on it; see :func:`length_rule`)."""
+        if not isinstance(settings, dict):
+            raise DecodeError(f"generation settings: a mapping, not {type(settings).__name__}")
+        try:
+            return cls._from_generation(settings)
+        except (TypeError, ValueError) as e:  # a setting of the wrong type (DecodeError too)
+            raise DecodeError(f"generation settings: {e}") from None
+
+    @classmethod
+    def _from_generation(cls, settings: dict[str, Any]) -> DecodeOptions:
         get = settings.get
         sampling = bool(get("do_sample", False))
         max_new = get("max_new_tokens")

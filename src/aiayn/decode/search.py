@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.beam import Hypothesis
-from aiayn.decode.core import Models, as_list
+from aiayn.decode.core import Models, as_list, check_src
 from aiayn.decode.engine import BeamEngine
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
@@ -52,6 +52,7 @@ def _run(
 ) -> list[list[Hypothesis]]:
     """Every sentence of ``src`` joins ``engine`` at once, which then steps until none is
     left (each leaves as soon as it is done): per sentence its first ``n_best`` outputs."""
+    check_src(src)
     found: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     if src.size(0):
         engine.add(src, range(src.size(0)), prefix=prefix, lines=lines)

@@ -112,11 +112,14 @@ def plot_attention(
     fig.suptitle(f"{TITLES[kind]}, layer {li + 1}")
     fig.tight_layout()
     path = Path(path)
+    path = path if path.suffix else path.with_suffix(".png")  # what savefig writes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
     except OSError as e:
         raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
+    except ValueError as e:  # matplotlib: a file type it cannot write (.xyz)
+        raise AiaynError(f"{path}: cannot write ({e})") from None
     finally:
         plt.close(fig)
     return path
@@ -137,6 +140,8 @@ def plot_all(
     """Grids of every head for each kind and layer (only ``layer`` when given) into
     ``out_dir`` as ``{kind}_layer{L}.png``, plus ``{kind}_layer{L}_head{H}.png`` when a
     ``head`` (from 1) is chosen."""
+    for kind in kinds:
+        amap.axes(kind)  # an unknown kind fails before any file is written
     written = []
     for kind in kinds:
         n = len(amap.weights[kind])

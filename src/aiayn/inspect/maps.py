@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aiayn.data.batching import pad, shift_target
+from aiayn.data.batching import check_batch_size, pad, shift_target
 from aiayn.decode.alignment import (
     DEFAULT_LAYER,
     cross_attention,
@@ -61,6 +61,7 @@ def _batches(
     padded decoder input ``[B, T]``, BOS + output, Section 3.1)."""
     if len(src_ids) != len(out_ids):
         raise AiaynError(f"attention: {len(src_ids)} sources for {len(out_ids)} outputs")
+    check_batch_size(batch_size)
     cfg, device = translator.model.cfg, translator.device
     real = [i for i, s in enumerate(src_ids) if s]
     out = []
@@ -136,6 +137,8 @@ def attention(
 ) -> AttentionMap:
     """Translate ``sentence`` (the translator's defaults, with ``beam`` and ``alpha`` when
     given) and return every layer's attention weights for the best translation."""
+    if not isinstance(sentence, str):
+        raise AiaynError(f"attention: the sentence must be text, not {type(sentence).__name__}")
     ids = translator.encode(sentence)
     if not ids:
         raise AiaynError("attention: the sentence is empty")

@@ -1,0 +1,195 @@
+"""The library API given what it cannot use: one AiaynError that names the argument, not a
+torch or Python error from deep inside, and never a silently wrong result (a negative batch
+size that made every output empty, a str translated letter by letter, a length rule that
+wrapped around int64, an ensemble stopped at its first model's positions)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn import Transformer
+from aiayn.checkpoint import load_checkpoint, load_model, resolve_checkpoint, save_checkpoint
+from aiayn.decode import DecodeOptions, beam_search, greedy, length_limits, search
+from aiayn.decode.beam import length_penalty
+from aiayn.errors import AiaynError, CheckpointError, CorpusError, DecodeError
+from aiayn.inspect import maps
+from aiayn.inspect.attention import plot_all, plot_attention
+from aiayn.translator import Translator
+from conftest import tiny_config
+
+SRC = torch.tensor([[4, 5, 6, 2], [7, 8, 2, 0]])
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def translator(sample_model_dir) -> Translator:
+    return Translator(*load_model(resolve_checkpoint(sample_model_dir())))
+
+
+def test_a_batch_size_below_1_is_refused_not_an_empty_output(translator):
+    want = translator.translate(["Ein Hund."], beam=1)
+    assert want[0][0]  # a real translation
+    for bad in (-1, 0, "8", 2.5):
+        with pytest.raises(CorpusError, match="batch_size must be an integer >= 1"):
+            translator.translate(["Ein Hund."], beam=1, batch_size=bad)
+        with pytest.raises(CorpusError, match="batch_size must be an integer >= 1"):
+            maps.attention_maps(translator, [[5]], [[5]], batch_size=bad)
+
+
+@pytest.mark.parametrize(
+    ("lines", "prefixes", "message"),
+    [
+        ("Ein Hund.", None, "lines: a list of texts, not str"),
+        ([None], None, r"lines\[0\]: text, not NoneType"),
+        (["Ein Hund.", 5], None, r"lines\[1\]: text, not int"),
+        (["Ein \ud800 Hund."], None, r"lines\[0\]: not valid Unicode \(character 4\)"),
+        (["Ein Hund."], [5], r"prefixes\[0\]: text, not int"),
+        (["Ein Hund."], "A", "prefixes: a list of texts, not str"),
+    ],
+)
+def test_translator_inputs_must_be_lists_of_text(translator, lines, prefixes, message):
+    with pytest.raises(AiaynError, match=message):
+        translator.translate(lines, prefixes=prefixes, beam=1)
+    with pytest.raises(AiaynError, match=message):
+        translator.translations(lines, prefixes=prefixes, beam=1)
+
+
+def test_attention_of_a_sentence_that_is_not_text(translator):
+    with pytest.raises(AiaynError, match="the sentence must be text, not NoneType"):
+        maps.attention(translator, None)  # type: ignore[arg-type]
+
+
+def test_early_stopping_is_a_bool_or_never_not_a_number():
+    for bad in (1, 0, "true", None):
+        with pytest.raises(DecodeError, match="early_stopping must be true, false or 'never'"):
+            DecodeOptions(early_stopping=bad)
+    for good in (True, False, "never"):
+        assert DecodeOptions(early_stopping=good).early_stopping == good
+
+
+def test_a_huge_length_rule_is_capped_not_wrapped_around(tiny):
+    src = torch.tensor([[4, 5, 6, 7, 8, 9, 10, 11, 12, 2]])
+    cap = tiny.cfg.max_len
+    assert length_limits(tiny.cfg, src, None, 1e18, 5).tolist() == [cap]
+    assert length_limits(tiny.cfg, src, None, 1.0, 10**30).tolist() == [cap]
+    assert length_limits(tiny.cfg, src, None, 1.0, 5).tolist() == [15]  # as before
+    out = greedy(tiny, src, max_len_a=1e18)
+    assert out.size(1) > 1 or out[0, 0] == tiny.cfg.eos_id  # decoded, not cut to 1 token
+    want = greedy(tiny, src, max_len_a=0.0, max_len_b=cap)  # the cap, by another rule
+    assert torch.equal(out, want)
+    found = search(tiny, src, DecodeOptions(beam=2, max_len_b=10**30))
+    assert found[0] and found[0][0].score <= 0
+
+
+def test_an_absurd_alpha_scores_without_overflowing(tiny):
+    assert length_penalty(10, 1000.0) == float("inf")  # 2.5 ** 1000 overflows a float
+    assert length_penalty(10, 0.6) == pytest.approx(((5 + 10) / 6) ** 0.6)
+    found = beam_search(tiny, SRC, beam_size=2, alpha=1000.0)
+    assert all(h for h in found)
+
+
+def test_an_ensemble_stops_within_its_shortest_model(tiny):
+    torch.manual_seed(1)
+    short = Transformer(tiny_config(max_len=8)).eval()
+    src = torch.tensor([[4, 5, 2]])
+    for models in ([tiny, short], [short, tiny]):
+        out = greedy(models, src, max_new_tokens=20)
+        assert out.size(1) <= 8
+        hyps = beam_search(models, src, beam_size=2, max_new_tokens=20)
+        assert hyps[0] and all(len(h.tokens) < 8 for h in hyps[0])
+    with pytest.raises(DecodeError, match="leave no room for EOS within max_len=8"):
+        greedy([tiny, short], src, prefix=[[5] * 8])
+
+
+@pytest.mark.parametrize(
+    ("src", "message"),
+    [
+        (SRC[0], "src must be a \\[batch, length\\] tensor of token ids, got a 1-D tensor"),
+        (SRC[None], "got a 3-D tensor"),
+        ([[4, 5, 2]], "got list"),
+        (None, "got NoneType"),
+    ],
+)
+def test_src_must_be_a_batch_of_rows(tiny, src, message):
+    for decode in (
+        lambda: greedy(tiny, src),
+        lambda: beam_search(tiny, src),
+        lambda: search(tiny, src, DecodeOptions(beam=1)),
+    ):
+        with pytest.raises(DecodeError, match=message):
+            decode()
+
+
+def test_an_empty_source_decodes_as_a_source_of_padding(tiny):
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    padding = torch.full((2, 1), tiny.cfg.pad_id)
+    assert torch.equal(greedy(tiny, empty), greedy(tiny, padding))
+    assert [h[0].tokens for h in beam_search(tiny, empty, beam_size=2)] == [
+        h[0].tokens for h in beam_search(tiny, padding, beam_size=2)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        (["ab", "cd"], "per sentence, a sequence of token ids"),
+        ([[5.7], [6]], "per sentence, a sequence of token ids"),
+        ([None, [6]], "per sentence, a sequence of token ids"),
+        (5, "per sentence, a sequence of token ids"),
+        ([[], [], []], "3 prefixes for 2 sentences"),
+        ([[5]], "1 prefixes for 2 sentences"),
+    ],
+)
+def test_malformed_prefixes_are_refused(tiny, prefix, message):
+    with pytest.raises(DecodeError, match=message):
+        greedy(tiny, SRC, prefix=prefix)
+
+
+def test_prefixes_of_ids_in_any_integer_form_still_work(tiny):
+    want = greedy(tiny, SRC, prefix=[[5, 6], [7]])
+    assert torch.equal(greedy(tiny, SRC, prefix=[torch.tensor([5, 6]), (7,)]), want)
+    assert torch.equal(greedy(tiny, SRC, prefix=[]), greedy(tiny, SRC))  # none given
+
+
+def test_what_is_not_a_model_is_named(tiny):
+    for models, message in (
+        (None, "no model to decode with"),
+        ("model", "model 1 is a str, not a Transformer"),
+        ([tiny, None], "model 2 is a NoneType, not a Transformer"),
+    ):
+        with pytest.raises(DecodeError, match=message):
+            greedy(models, SRC)  # type: ignore[arg-type]
+
+
+def test_generation_settings_of_the_wrong_type(sample_model_dir, tmp_path):
+    for settings, message in (
+        ({"num_beams": "abc"}, "generation settings: invalid literal"),
+        ({"num_beams": 0}, "generation settings: beam must be an integer >= 1"),
+        ({"do_sample": True, "temperature": None}, "generation settings: float"),
+        ([1, 2], "generation settings: a mapping, not list"),
+    ):
+        with pytest.raises(DecodeError, match=message):
+            DecodeOptions.from_generation(settings)  # type: ignore[arg-type]
+    state = load_checkpoint(resolve_checkpoint(sample_model_dir()))
+    path = save_checkpoint({**state, "generation": [1, 2]}, tmp_path / "g.pt")
+    with pytest.raises(CheckpointError, match="checkpoint entry 'generation' is malformed"):
+        load_checkpoint(path)
+
+
+def test_plots_name_what_they_wrote_and_refuse_unknown_kinds(translator, tmp_path):
+    amap = maps.attention(translator, "Ein Hund.", beam=1)
+    written = plot_attention(amap, tmp_path / "plots")
+    assert written == tmp_path / "plots.png" and written.is_file()
+    with pytest.raises(AiaynError, match="cannot write"):
+        plot_attention(amap, tmp_path / "heat.xyz")
+    out = tmp_path / "all"
+    for kinds in (["cross", "bogus"], "cross"):
+        with pytest.raises(AiaynError, match="attention kind must be one of"):
+            plot_all(amap, out, kinds=kinds)
+    assert not out.exists()  # refused before the first file

@@ -193,3 +193,10 @@ def test_plots_name_what_they_wrote_and_refuse_unknown_kinds(translator, tmp_pat
         with pytest.raises(AiaynError, match="attention kind must be one of"):
             plot_all(amap, out, kinds=kinds)
     assert not out.exists()  # refused before the first file
+
+
+def test_a_beam_larger_than_the_vocabulary_is_refused(tiny):
+    vocab = tiny.cfg.tgt_vocab_size
+    with pytest.raises(DecodeError, match=f"beam {vocab + 1} is larger than the target vocab"):
+        beam_search(tiny, SRC, beam_size=vocab + 1)
+    assert all(beam_search(tiny, SRC, beam_size=vocab))  # as many beams as tokens: fine

@@ -74,10 +74,21 @@ def test_no_flag_keeps_every_default(served):
         (["--request-timeout", "nan"], "--request-timeout must be > 0 seconds, got nan"),
         (["--max-cache-tokens", "0"], "--max-cache-tokens must be >= 1, got 0"),
         (["--max-cache-tokens", "-5"], "--max-cache-tokens must be >= 1, got -5"),
-        (["--threads", "0"], "threads must be >= 1, got 0"),
+        (
+            ["--threads", "0"],
+            "--threads must be in 1..",
+        ),
+        (["--threads", "100000"], "(4 per CPU core), got 100000"),
+        (["--batch-wait-ms", "nan"], "--batch-wait-ms must be in [0, 60000], got nan"),
+        (["--batch-wait-ms", "inf"], "--batch-wait-ms must be in [0, 60000], got inf"),
+        (["--batch-wait-ms", "-1"], "--batch-wait-ms must be in [0, 60000], got -1.0"),
+        (["--max-sentences", "0"], "--max-sentences must be >= 1, got 0"),
+        (["--api-key-env", ""], "--api-key-env names no environment variable"),
+        (["--api-key-env", "AIAYN_TEST_BLANK_KEY"], "AIAYN_TEST_BLANK_KEY holds no API key"),
     ],
 )
-def test_bad_limits_are_one_line_errors_before_serving(served, capsys, flags, message):
+def test_bad_limits_are_one_line_errors_before_serving(served, capsys, monkeypatch, flags, message):
+    monkeypatch.setenv("AIAYN_TEST_BLANK_KEY", " \n")  # whitespace only: no key
     code, calls = served(*flags)
     err = capsys.readouterr().err
     assert code == 2 and calls == []
@@ -150,3 +161,31 @@ def _gauge(base: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return math.nan
+
+
+def test_a_key_read_with_its_newline_is_the_key(served, monkeypatch):
+    monkeypatch.setenv("AIAYN_TEST_KEY", "s3cret\n")  # as `KEY=$(cat key.txt)` may leave it
+    code, calls = served("--api-key-env", "AIAYN_TEST_KEY")
+    assert code == 0 and calls[0]["cfg"].api_key == "s3cret"
+
+
+def test_serve_says_where_it_listens_even_on_a_port_of_its_choice(
+    sample_model_dir, monkeypatch, capsys
+):
+    import uvicorn
+
+    from aiayn.serve.server import serve
+
+    seen: list[int] = []
+
+    def run(self, sockets):  # the server as far as its socket: bound, not served
+        seen.append(sockets[0].getsockname()[1])
+        sockets[0].close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    translator = load_model(resolve_checkpoint(sample_model_dir()))
+    from aiayn.translator import Translator
+
+    serve(Translator(*translator), ServeConfig(worker="thread"), "127.0.0.1", 0, threads=1)
+    assert seen and seen[0] > 0
+    assert f"aiayn serve: listening on http://127.0.0.1:{seen[0]}\n" in capsys.readouterr().err

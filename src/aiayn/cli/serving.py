@@ -17,12 +17,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"serving needs the serve extra: pip install 'aiayn[serve]' ({e})"
         ) from None
     api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
+    if args.api_key_env is not None:  # given, even empty ("$KEYVAR" unset): never open
+        if not args.api_key_env:
+            raise AiaynError("--api-key-env names no environment variable")
+        # HTTP strips a header's surrounding whitespace: a key read from a file with its
+        # newline could never match.
+        api_key = os.environ.get(args.api_key_env, "").strip()
         if not api_key:
             raise AiaynError(f"the environment variable {args.api_key_env} holds no API key")
     if not args.request_timeout > 0:
         raise AiaynError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    if not 0 <= args.batch_wait_ms <= 60_000:  # NaN fails too: no batch would ever start
+        raise AiaynError(f"--batch-wait-ms must be in [0, 60000], got {args.batch_wait_ms}")
+    if args.max_sentences < 1:
+        raise AiaynError(f"--max-sentences must be >= 1, got {args.max_sentences}")
     if args.max_cache_tokens is not None and args.max_cache_tokens < 1:
         raise AiaynError(f"--max-cache-tokens must be >= 1, got {args.max_cache_tokens}")
     cfg = ServeConfig(
@@ -43,8 +51,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise AiaynError(
             f"--max-attention-sentences must be >= 0, got {args.max_attention_sentences}"
         )
-    if args.threads is not None and args.threads < 1:
-        raise AiaynError(f"threads must be >= 1, got {args.threads}")
+    most = 4 * (os.cpu_count() or 1)  # far more fails to start (or crashes) in OpenMP
+    if args.threads is not None and not 1 <= args.threads <= most:
+        raise AiaynError(f"--threads must be in 1..{most} (4 per CPU core), got {args.threads}")
     if args.worker == "process" and args.device != "cpu":
         # Loaded on the CPU here and moved to the GPU by the worker process: the server
         # process never holds the weights on the GPU (nor a CUDA context).

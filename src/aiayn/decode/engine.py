@@ -108,6 +108,9 @@ class BeamEngine(Generic[Tag]):
             options.greedy or options.sampling if one_per_row is None else one_per_row
         )
         self.K = 1 if self.one_per_row else options.beam
+        vocab = self.models[0].cfg.tgt_vocab_size
+        if options.beam > vocab and not self.one_per_row:  # more beams than tokens to start
+            raise DecodeError(f"beam {options.beam} is larger than the target vocabulary ({vocab})")
         # The ensemble's shortest positions bound every output (and its forced prefix).
         max_len = min(model.cfg.max_len for model in self.models)
         self.cfg, self.use_cache = replace(self.models[0].cfg, max_len=max_len), use_cache

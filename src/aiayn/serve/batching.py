@@ -79,9 +79,10 @@ class BatchWorker:
         max_cache_tokens: int = DEFAULT_CACHE_TOKENS,
         on_death: Callable[[str], None] | None = None,
     ):
-        if max_batch_tokens < 1 or batch_wait_ms < 0 or max_queue < 1:
-            raise AiaynError(
-                "batching needs max_batch_tokens >= 1, batch_wait_ms >= 0 and max_queue >= 1"
+        if max_batch_tokens < 1 or not 0 <= batch_wait_ms <= 60_000 or max_queue < 1:
+            raise AiaynError(  # a NaN or an infinite wait would never start a batch
+                "batching needs max_batch_tokens >= 1, batch_wait_ms in [0, 60000] and "
+                "max_queue >= 1"
             )
         if not (join_ratio >= 0 and join_wait_steps >= 0):
             raise AiaynError("batching needs join_ratio >= 0 and join_wait_steps >= 0")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import sys
 from collections.abc import Callable
 
 import torch
@@ -83,6 +84,10 @@ def serve(
             sock.bind((host, port))
         except OSError as e:
             raise AiaynError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+        # uvicorn names the address only when it binds: say it (with port 0, which one).
+        bound, port = sock.getsockname()[:2]
+        where = f"[{bound}]" if ":" in bound else bound
+        print(f"aiayn serve: listening on http://{where}:{port}", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     if died:
         raise WorkerDiedError(f"the model worker died, so the server stopped: {died[0]}")

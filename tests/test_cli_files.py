@@ -178,3 +178,87 @@ def test_an_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     common.write_text(str(tmp_path / "link.en"), "new\n")
     assert out.read_text(encoding="utf-8") == "new\n" and (tmp_path / "link.en").is_symlink()
     assert out.stat().st_mode & 0o777 == 0o640
+
+
+FORMATS = {"ctranslate2": "ctranslate2", "marian": "transformers"}  # format: its package
+
+
+def _exporter(fmt: str, model_dir: Path):
+    pytest.importorskip(FORMATS[fmt])
+    return lambda out, *flags: ["export", fmt, "--model", str(model_dir), "--out", out, *flags]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_never_replaces_the_current_directory(fmt, sample_model_dir, tmp_path, capsys):
+    """`cd export && aiayn export --out . --force` emptied the folder (rmtree of '.')."""
+    export = _exporter(fmt, sample_model_dir())
+    out = tmp_path / "exported"
+    assert main(export(str(out))) == 0
+    (out / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in out.iterdir())
+    (out / "sub").mkdir()
+    os.chdir(out / "sub")  # pytest's monkeypatch.chdir would not be undone before rmdir
+    try:
+        for path in (".", "..", str(out)):
+            err = one_line_error(export(path, "--force"), capsys)
+            assert "holds the current directory" in err, err
+        assert "the path is empty" in one_line_error(export("", "--force"), capsys)
+    finally:
+        os.chdir(tmp_path)
+    (out / "sub").rmdir()
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_never_replaces_a_model_directory(fmt, sample_model_dir, tmp_path, capsys):
+    """A model directory that happens to hold model.bin (or an export's config.json) was
+    replaced by --force, losing every checkpoint; so is any folder holding a run."""
+    import shutil
+
+    model_dir = shutil.copytree(sample_model_dir(), tmp_path / "small2")
+    export = _exporter(fmt, model_dir)
+    assert main(export(str(tmp_path / "ok"))) == 0
+    for name in ("model.bin", "config.json"):  # what marks an earlier export
+        if (tmp_path / "ok" / name).exists():
+            shutil.copy(tmp_path / "ok" / name, model_dir)
+    before = sorted(p.name for p in model_dir.iterdir())
+    err = one_line_error(export(str(model_dir), "--force"), capsys)
+    assert "holds the model itself" in err
+    err = one_line_error(export(str(tmp_path), "--force"), capsys)  # holds the model
+    assert "holds the model itself" in err
+    other_run = tmp_path / "ok"  # an earlier export, but also a run's folder now
+    (other_run / "recipe.yaml").write_text("model: {}\n")
+    err = one_line_error(export(str(other_run), "--force"), capsys)
+    assert "holds a training run" in err
+    assert sorted(p.name for p in model_dir.iterdir()) == before
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_through_a_link_replaces_its_target(fmt, sample_model_dir, tmp_path, capsys):
+    """--out a link to an earlier export: rmtree refused the link (a traceback); the
+    target is replaced, the link kept, and the folder is not left private (mkdtemp's 0700)."""
+    export = _exporter(fmt, sample_model_dir())
+    target, link = tmp_path / "target", tmp_path / "link"
+    assert main(export(str(target))) == 0
+    link.symlink_to(target)
+    files = sorted(p.name for p in target.iterdir())
+    (target / "stale").write_text("only the earlier export has it")
+    assert main(export(str(link), "--force")) == 0
+    assert link.is_symlink() and link.resolve() == target
+    assert sorted(p.name for p in target.iterdir()) == files
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]  # no temp left
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_below_a_file_says_not_a_directory(fmt, sample_model_dir, tmp_path, capsys):
+    export = _exporter(fmt, sample_model_dir())
+    blocker = tmp_path / "junk.bin"
+    blocker.write_text("mine")
+    for out in (blocker / "sub", blocker / "a" / "b"):
+        err = one_line_error(export(str(out)), capsys)
+        assert f"{out}: cannot create ({blocker} is not a directory)" in err, err
+    assert blocker.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["junk.bin"]

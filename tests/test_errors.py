@@ -121,3 +121,15 @@ def test_average_refuses_last_0_and_no_checkpoints(sample_model_dir, tmp_path, c
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no checkpoint_epoch" in one_line_error(["average", "--model", str(empty)], capsys)
+
+
+def test_a_device_torch_parses_but_cannot_use_is_refused(monkeypatch):
+    """cpu:1 and mps (without MPS) got through and failed at loading as a corrupt checkpoint."""
+    assert resolve_device("cpu:0") == torch.device("cpu")
+    with pytest.raises(AiaynError, match=r"^device cpu:1: the CPU has no index; use cpu$"):
+        resolve_device("cpu:1")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(AiaynError, match="device mps: this machine has no MPS device"):
+        resolve_device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("mps") == torch.device("mps")

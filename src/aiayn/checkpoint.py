@@ -278,8 +278,9 @@ def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    """``auto`` (a GPU if torch sees one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``;
-    AiaynError for a device this machine does not have, before anything is loaded."""
+    """``auto`` (a GPU if torch sees one, else the CPU), ``cpu`` (or ``cpu:0``), ``cuda``,
+    ``cuda:N`` or ``mps``; AiaynError for a device this machine does not have, before
+    anything is loaded."""
     if str(name) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -291,7 +292,14 @@ def resolve_device(name: str | torch.device) -> torch.device:
             raise AiaynError(f"device {name}: this machine has no CUDA GPU that torch can use")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise AiaynError(f"device {name}: only {torch.cuda.device_count()} GPU(s) here")
-    elif device.type != "cpu" and device.type != "mps":
+    elif device.type == "cpu":
+        if device.index:  # cpu:0 is the CPU; torch would take cpu:1 and fail at loading
+            raise AiaynError(f"device {name}: the CPU has no index; use cpu")
+        return torch.device("cpu")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise AiaynError(f"device {name}: this machine has no MPS device that torch can use")
+    else:
         raise AiaynError(f"device {name}: aiayn runs on cpu or cuda")
     return device
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
-from aiayn.data.folders import staged_folder
+from aiayn.data.folders import replaceable_folder, staged_folder
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:
@@ -201,10 +201,13 @@ def export_ctranslate2(
     """Convert the checkpoint ``checkpoint`` (auto, best, last, averaged or a file) of
     ``model_dir`` into a CTranslate2 model directory ``out_dir``, weights stored as
     ``quantization``. ``force`` replaces an earlier export there (a folder holding
-    ``model.bin``); any other non-empty folder is never overwritten. Returns ``out_dir``."""
+    ``model.bin``); any other non-empty folder is never overwritten, nor the model
+    directory, a folder holding it or a training run, nor the current directory.
+    Returns ``out_dir``."""
     ct2 = _ctranslate2()
     if quantization not in CT2_QUANTIZATIONS:
         raise ExportError(f"quantization {quantization!r}: choose one of {CT2_QUANTIZATIONS}")
+    replaceable_folder(out_dir, model_dir)  # before anything is read or written
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not (out_dir / "model.bin").is_file():

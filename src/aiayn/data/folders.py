@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,29 +11,92 @@ from pathlib import Path
 
 from aiayn.errors import AiaynError
 
+# What `aiayn train` writes into a model directory besides its checkpoints.
+RUN_FILES = ("recipe.yaml", "metrics.jsonl")
+
+
+def output_folder(out: str | Path) -> Path:
+    """``out`` made absolute with its links followed (a link's target is what is written).
+    AiaynError naming ``out`` when it is empty or is (or holds) the current directory,
+    which cannot be replaced; checked before anything is written or deleted."""
+    if str(out) == "":
+        raise AiaynError("output folder: the path is empty")
+    path = Path(out).resolve()
+    cwd = Path.cwd().resolve()
+    if path == cwd or path in cwd.parents:
+        raise AiaynError(f"{out}: holds the current directory; choose another folder")
+    return path
+
+
+def replaceable_folder(out: str | Path, model_dir: str | Path) -> Path:
+    """:func:`output_folder` of ``out``, also refused when it is or holds ``model_dir``, or
+    holds a training run (checkpoints, recipe, metrics): replacing it would delete them."""
+    path = output_folder(out)
+    model_root = Path(model_dir).resolve()
+    if path == model_root or path in model_root.parents:
+        raise AiaynError(f"{out}: holds the model itself; choose another folder")
+    if path.is_dir() and (
+        any(path.glob("checkpoint*.pt")) or any((path / name).exists() for name in RUN_FILES)
+    ):
+        raise AiaynError(f"{out}: holds a training run (checkpoints, recipe); choose another")
+    return path
+
 
 @contextmanager
-def staged_folder(out: Path, replace: bool = False) -> Iterator[Path]:
-    """Yield a new empty folder ``.{name}.*.tmp`` beside ``out``, renamed to ``out`` when
-    the block ends. An exception in the block removes it and leaves ``out`` as it was.
+def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
+    """Yield a new empty folder ``.{name}.*.tmp`` beside ``out`` (beside a link's target),
+    renamed to ``out`` when the block ends, with a new folder's permissions. An exception
+    in the block removes it and leaves ``out`` as it was.
 
-    An existing ``out`` is removed first when ``replace`` (the caller checked that it may
-    go); otherwise it must be an empty folder. Raises AiaynError naming ``out`` when no
-    folder can be created where it goes.
+    An existing ``out`` is replaced when ``replace`` (the caller checked that it may go;
+    it is moved aside until the new one is in place); otherwise it must be an empty folder.
+    Raises AiaynError naming ``out`` when it is the current directory (see
+    :func:`output_folder`) or no folder can be created where it goes.
     """
+    target = output_folder(out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     except OSError as e:
-        raise AiaynError(f"{out}: cannot create ({e.strerror or e})") from None
+        raise AiaynError(f"{out}: cannot create ({_why(target, e)})") from None
     try:
         yield tmp
-        if out.exists():
-            if replace:
-                shutil.rmtree(out)
-            else:
-                out.rmdir()  # fails unless empty: nothing in it is lost
-        tmp.rename(out)
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp's folders are private (0700)
+        if not target.exists():
+            tmp.rename(target)
+        elif not replace:
+            target.rmdir()  # fails unless empty: nothing in it is lost
+            tmp.rename(target)
+        else:
+            _swap(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _swap(new: Path, target: Path) -> None:
+    """Put ``new`` in the place of the folder ``target``; the old one is deleted only once
+    the new one is in place, and put back if that fails."""
+    old = new.with_suffix(".old")
+    target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _why(target: Path, error: OSError) -> str:
+    """Why a folder cannot be created at ``target``: a file in the way, or the OS's reason."""
+    if isinstance(error, (FileExistsError, NotADirectoryError)):
+        for parent in target.parents:
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is not a directory"
+    return str(error.strerror or error)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask

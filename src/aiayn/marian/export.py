@@ -29,7 +29,7 @@ from aiayn.checkpoint import (
     resolve_checkpoint,
 )
 from aiayn.config import TransformerConfig
-from aiayn.data.folders import staged_folder
+from aiayn.data.folders import replaceable_folder, staged_folder
 from aiayn.data.marian_tokenizer import AIAYN_KEY, MarianTokenizer
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConversionError
@@ -88,20 +88,18 @@ def export_marian(
     ``model_dir`` as a MarianMTModel folder ``out_dir``. ``force`` replaces an earlier
     export there: a folder that aiayn wrote (its config.json says so). Any other
     non-empty folder is never overwritten, nor is the folder the model was imported from
-    (or the one a model it was fine-tuned from was), even if aiayn wrote it. Returns
-    ``out_dir``."""
+    (or the one a model it was fine-tuned from was), even if aiayn wrote it, nor the
+    model directory, a folder holding it or a training run, nor the current directory.
+    Returns ``out_dir``."""
+    target = replaceable_folder(out_dir, model_dir)  # before anything is read or written
     out_dir = Path(out_dir)
     path = resolve_checkpoint(model_dir, checkpoint)
     state = load_checkpoint(path, map_location="cpu")
-    target = out_dir.resolve()
     for source in _origins(state.get("origin")):
         if target == source:
             raise ConversionError(
                 f"{out_dir}: is the folder this model was imported from; choose another folder"
             )
-    model_root = Path(model_dir).resolve()
-    if target == model_root or target in model_root.parents:
-        raise ConversionError(f"{out_dir}: holds the model itself; choose another folder")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not _is_aiayn_export(out_dir):
             raise ConversionError(

@@ -52,10 +52,17 @@ def test_top_k_one_and_temperature_near_zero_equal_greedy(peaked_model):
 def test_a_temperature_near_zero_keeps_only_the_best_token():
     logp = torch.log_softmax(torch.tensor([[0.5, 2.0, -1.0, 1.9], [3.0, 3.0, 0.0, -5.0]]), -1)
     logp[:, 3] = float("-inf")  # a banned token
+    want = [[0.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]  # the best token; ties shared
     for temperature in (1e-310, 5e-324):
         probs = sampling_probs(logp, temperature, top_k=0, top_p=1.0)
-        assert torch.isfinite(probs).all(), temperature
-        assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]], temperature
+        assert torch.isfinite(probs).all() and probs.tolist() == want, temperature
+    # A GPU flushes a subnormal temperature to 0 (0 / 0: NaN); a CPU can be told to.
+    if torch.set_flush_denormal(True):
+        try:
+            probs = sampling_probs(logp, 1e-310, top_k=0, top_p=1.0)
+            assert torch.isfinite(probs).all() and probs.tolist() == want
+        finally:
+            torch.set_flush_denormal(False)
 
 
 def allowed(probs: torch.Tensor, top_k: int, top_p: float) -> set[int]:

@@ -53,9 +53,11 @@ def sampling_probs(logp: Tensor, temperature: float, top_k: int, top_p: float) -
     Returns ``[n, V]`` probabilities, each row summing to 1, zero outside what is kept."""
     scaled = logp.double() / temperature
     if temperature < 1 and not bool(scaled.amax(dim=-1).isfinite().all()):
-        # A temperature so near 0 that even the best token's log-prob overflowed to -inf
-        # (NaN after softmax): shift each row by its best first, which softmax ignores.
-        scaled = (logp.double() - logp.amax(dim=-1, keepdim=True).double()) / temperature
+        # A temperature so near 0 that logp / temperature left the float range (every
+        # token -inf, or NaN where a GPU flushes a subnormal temperature to 0): its limit,
+        # the most likely token (ties shared).
+        best = logp == logp.amax(dim=-1, keepdim=True)
+        scaled = torch.zeros_like(scaled).masked_fill(~best, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if 0 < top_k < probs.size(-1):
         kth = probs.topk(top_k, dim=-1).values[:, -1:]

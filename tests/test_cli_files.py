@@ -178,3 +178,21 @@ def test_an_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     common.write_text(str(tmp_path / "link.en"), "new\n")
     assert out.read_text(encoding="utf-8") == "new\n" and (tmp_path / "link.en").is_symlink()
     assert out.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_closed_or_unreadable_stdin_is_one_line(tmp_path, monkeypatch, capsys):
+    """``aiayn translate <&-``: Python starts with sys.stdin None (was an AttributeError
+    traceback); a stdin whose read fails is named too."""
+    model = str(tmp_path / "model")  # refused before the model is read
+    monkeypatch.setattr(sys, "stdin", None)
+    assert "stdin: closed" in one_line_error(["translate", "--model", model], capsys)
+
+    class Unreadable:
+        class buffer:  # noqa: N801 - stands in for sys.stdin.buffer
+            @staticmethod
+            def read() -> bytes:
+                raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(sys, "stdin", Unreadable())
+    err = one_line_error(["translate", "--model", model, "-"], capsys)
+    assert "stdin: cannot read (Input/output error)" in err

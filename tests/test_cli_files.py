@@ -262,3 +262,21 @@ def test_export_below_a_file_says_not_a_directory(fmt, sample_model_dir, tmp_pat
         err = one_line_error(export(str(out)), capsys)
         assert f"{out}: cannot create ({blocker} is not a directory)" in err, err
     assert blocker.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["junk.bin"]
+
+
+def test_a_closed_or_unreadable_stdin_is_one_line(tmp_path, monkeypatch, capsys):
+    """``aiayn translate <&-``: Python starts with sys.stdin None (was an AttributeError
+    traceback); a stdin whose read fails is named too."""
+    model = str(tmp_path / "model")  # refused before the model is read
+    monkeypatch.setattr(sys, "stdin", None)
+    assert "stdin: closed" in one_line_error(["translate", "--model", model], capsys)
+
+    class Unreadable:
+        class buffer:  # noqa: N801 - stands in for sys.stdin.buffer
+            @staticmethod
+            def read() -> bytes:
+                raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(sys, "stdin", Unreadable())
+    err = one_line_error(["translate", "--model", model, "-"], capsys)
+    assert "stdin: cannot read (Input/output error)" in err

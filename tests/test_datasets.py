@@ -221,3 +221,45 @@ def test_wmt14_from_archives_of_statmt_layout(cache, monkeypatch, capsys):
                       ("--valid-src", "valid_src"), ("--valid-tgt", "valid_tgt")):  # fmt: skip
         prepare += [flag, str(files[key])]
     assert main(prepare) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (["--timeout", "-1"], {}, "--timeout -1.0: must be a number of seconds above 0"),
+        (["--timeout", "nan"], {}, "--timeout nan: must be"),
+        (["--timeout", "inf"], {}, "--timeout inf: must be"),
+        (["--timeout", "1e300"], {}, r"--timeout 1e\+300: must be"),
+        (["--timeout", "0"], {}, "--timeout 0.0: must be"),
+        (["--mirror", "/tmp/nomirror"], {}, "--mirror '/tmp/nomirror': not a URL of http"),
+        (["--mirror", "http://[bad"], {}, r"--mirror 'http://\[bad': not a URL \(Invalid IPv6"),
+        ([], {"AIAYN_MIRROR": "/tmp/x"}, "mirror URL .*AIAYN_MIRROR.* '/tmp/x': not a URL"),
+    ],
+)
+def test_bad_timeouts_and_mirrors_are_one_line_before_any_connection(
+    cache, capsys, monkeypatch, flags, env, message
+):
+    import re
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["data", "get", "multi30k", "--pair", "de-en", "--split", "val", "--no-progress"]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+    assert not cache.exists()  # nothing written, not even a .part
+
+
+def test_a_cache_variable_that_names_no_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AIAYN_DATA", "~nouser-aiayn-test/x")
+    assert main(["data", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "AIAYN_DATA='~nouser-aiayn-test/x'" in err, err
+    a_file = tmp_path / "cache.txt"
+    a_file.write_text("not a folder\n")
+    monkeypatch.setenv("AIAYN_DATA", str(a_file))
+    assert main(["data", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{a_file}: the data cache is not a folder" in err, err
+    assert a_file.read_text() == "not a folder\n"

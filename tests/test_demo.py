@@ -57,3 +57,48 @@ def test_true_alignment_of_the_demo_task():
     assert word_sources(0) == [{0}]
     for n in range(0, 1_000_000, 997):
         assert len(word_sources(n)) == len(as_pair(n)[1].split())
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "0"], "--steps must be at least 1, got 0"),
+        (["--steps", "-5"], "--steps must be at least 1, got -5"),
+        (["--min-accuracy", "2"], r"--min-accuracy must be in \[0, 1\], got 2.0"),
+        (["--min-accuracy", "nan"], r"--min-accuracy must be in \[0, 1\], got nan"),
+        (["--min-accuracy", "-0.1"], r"--min-accuracy must be in \[0, 1\]"),
+        (["--seed", "99999999999999999999999"], r"--seed must be in \[0, 2\*\*63 - 1\]"),
+        (["--seed", "-1"], r"--seed must be in \[0, 2\*\*63 - 1\], got -1"),
+    ],
+)
+def test_demo_settings_that_cannot_work_are_refused_before_training(
+    flags, message, capsys, monkeypatch
+):
+    from aiayn.train import demo
+
+    def trains(**kwargs):
+        raise AssertionError("the demo started training")
+
+    monkeypatch.setattr(demo, "run_demo", trains)
+    assert main(["demo", "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+        ({"batch_size": -1}, "batch_size must be an integer >= 1"),
+        ({"seed": 2**63}, r"seed must be an integer in \[0, 2\*\*63 - 1\]"),
+        ({"seed": -1}, "seed must be an integer in"),
+    ],
+)
+def test_run_demo_refuses_settings_before_training(kwargs, message):
+    from aiayn.errors import AiaynError
+    from aiayn.train.demo import run_demo
+
+    logged: list[str] = []
+    with pytest.raises(AiaynError, match=message):
+        run_demo(progress=False, log=logged.append, **kwargs)
+    assert logged == []  # nothing built or trained

@@ -101,7 +101,8 @@ def test_the_collective_timeout_is_passed_to_the_process_group(monkeypatch):
     joined: dict = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: joined.update(kwargs))
-    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+    torchrun_env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    for name, value in {**torchrun_env, "MASTER_ADDR": "h", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     world = distributed.init_from_env("cpu", timeout_minutes=2.5)
@@ -193,3 +194,86 @@ def test_a_script_that_never_leaves_the_group_still_exits_cleanly(tmp_path):
     # after aiayn's handler, no rank is in a group any more
     assert (tmp_path / "rankx").read_text() == "False"
     assert not (tmp_path / "rank0").exists() and not (tmp_path / "rank1").exists()
+
+
+_TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "3"}, "RANK='3' is set but WORLD_SIZE is not"),
+        ({"RANK": "-1"}, "RANK='-1' is set but WORLD_SIZE is not"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be at least 1"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1' must be at least 1"),
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE='2' is set but RANK is not"),
+        ({"WORLD_SIZE": "1", "RANK": "1"}, r"RANK='1' must be in \[0, WORLD_SIZE=1\)"),
+        ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK='-1' must be in"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"},
+            r"RANK='5' must be in \[0, WORLD_SIZE=2\)",
+        ),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR is not set"),
+        ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "h"}, "MASTER_PORT is not set"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "99999"},
+            "MASTER_PORT='99999' must be a port",
+        ),
+        ({"WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' must be in"),
+        ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "2"}, "LOCAL_RANK='2' must be in"),
+        (
+            {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+            r"LOCAL_RANK='2' must be in \[0, 2\)",
+        ),
+        ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE='0'"),
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not a number"),
+    ],
+)
+def test_a_torchrun_environment_that_describes_no_world_is_refused(monkeypatch, env, message):
+    from aiayn import distributed
+    from aiayn.errors import AiaynError
+
+    for name in _TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(AiaynError, match=message):
+        distributed.init_from_env("cpu")
+
+
+def test_a_world_of_one_and_torchruns_own_environment_are_accepted(monkeypatch):
+    from aiayn.distributed import world_from_env
+
+    for name in _TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert world_from_env() == World(0, 1, 0)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert world_from_env() == World(0, 1, 0)
+    torchrun_env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    for name, value in {**torchrun_env, "MASTER_ADDR": "h", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    assert world_from_env() == World(3, 4, 1)
+
+
+def test_a_stray_rank_leaves_the_output_file_alone(tmp_path, monkeypatch, capsys):
+    """RANK=3 alone used to make a world of one in which rank 3 had no lines: translate
+    exited 0 and emptied the output file."""
+    from cli_util import one_line_error
+
+    for name in _TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    source, output = tmp_path / "in.de", tmp_path / "prev.txt"
+    source.write_text("ein Hund\n")
+    output.write_text("keep me\n")
+    model = str(tmp_path / "model")  # refused before the model is read
+    err = one_line_error(["translate", "--model", model, str(source), "-o", str(output)], capsys)
+    assert "RANK='3'" in err
+    assert output.read_text() == "keep me\n"

@@ -100,3 +100,34 @@ def test_a_cache_folder_that_cannot_be_written(mirror, tmp_path):
         folder.chmod(0o555)
         with pytest.raises(DownloadError, match=r"read-only: the cache folder cannot be written"):
             fetch(mirror.url + "data/b.bin", folder / "b.bin", show_progress=False)
+
+
+@pytest.mark.parametrize("timeout", [-1.0, 0.0, float("nan"), float("inf"), 1e300])
+def test_a_timeout_that_is_no_sane_number_of_seconds_is_refused_before_connecting(
+    mirror, tmp_path, timeout
+):
+    with pytest.raises(DownloadError, match=r"timeout .*: must be a number of seconds above 0"):
+        fetch(mirror.url + "data/b.bin", tmp_path / "b.bin", timeout=timeout, show_progress=False)
+    assert leftovers(tmp_path) == [] and mirror.requests == []
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [("/tmp/nomirror/b.bin", "not a URL of http"), ("http://[bad/b.bin", "Invalid IPv6 URL")],
+)
+def test_a_url_urllib_cannot_fetch_is_refused(tmp_path, url, reason):
+    with pytest.raises(DownloadError, match=reason):
+        fetch(url, tmp_path / "b.bin", show_progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_any_failure_leaves_no_empty_part(mirror, tmp_path, monkeypatch):
+    """Not only a DownloadError: an interrupt (or a bug) before the first byte too."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("urllib.request.urlopen", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fetch(mirror.url + "data/b.bin", tmp_path / "b.bin", show_progress=False)
+    assert leftovers(tmp_path) == []

@@ -94,6 +94,47 @@ def _env_int(name: str, default: int) -> int:
         raise AiaynError(f"environment variable {name}={value!r} is not a number") from None
 
 
+def _env_text(name: str) -> str:
+    return f"environment variable {name}={os.environ[name]!r}"
+
+
+def world_from_env() -> World:
+    """This process's :class:`World` as RANK, WORLD_SIZE and LOCAL_RANK describe it (a
+    world of one when none is set), checked before anything joins a group: a rank outside
+    the world would wait forever for peers that never come, and a world of one with a
+    nonzero rank would leave this process with no share of the work.
+
+    Raises AiaynError naming the variable and its value when they do not describe a
+    world torchrun could start."""
+    size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if size < 1:
+        raise AiaynError(f"{_env_text('WORLD_SIZE')} must be at least 1")
+    if "RANK" in os.environ and "WORLD_SIZE" not in os.environ:
+        raise AiaynError(f"{_env_text('RANK')} is set but WORLD_SIZE is not")
+    if size > 1 and "RANK" not in os.environ:
+        raise AiaynError(f"{_env_text('WORLD_SIZE')} is set but RANK is not")
+    if not 0 <= rank < size:
+        raise AiaynError(f"{_env_text('RANK')} must be in [0, WORLD_SIZE={size})")
+    local_size = _env_int("LOCAL_WORLD_SIZE", size)
+    if not 1 <= local_size <= size:
+        raise AiaynError(f"{_env_text('LOCAL_WORLD_SIZE')} must be in [1, WORLD_SIZE={size}]")
+    if not 0 <= local_rank < local_size:
+        raise AiaynError(f"{_env_text('LOCAL_RANK')} must be in [0, {local_size})")
+    if size > 1:
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(name):
+                raise AiaynError(
+                    f"environment variable {name} is not set (WORLD_SIZE={size} needs "
+                    "MASTER_ADDR and MASTER_PORT, as torchrun sets them)"
+                )
+        port = _env_int("MASTER_PORT", 0)
+        if not 0 < port < 65536:
+            raise AiaynError(f"{_env_text('MASTER_PORT')} must be a port in [1, 65535]")
+    return World(rank, size, local_rank)
+
+
 def init_from_env(
     device: str = "cpu", timeout_minutes: float = COLLECTIVE_TIMEOUT_MINUTES
 ) -> World:
@@ -104,7 +145,7 @@ def init_from_env(
     NCCL: here it is explicit)."""
     if not (timeout_minutes > 0 and math.isfinite(timeout_minutes)):
         raise AiaynError(f"the collective timeout must be > 0 minutes, got {timeout_minutes}")
-    world = World(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
+    world = world_from_env()
     if world.size > 1 and not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":

@@ -19,11 +19,19 @@ if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
 
 
 def read_input(path: str | None) -> list[str]:
+    """The lines of file ``path``, or of stdin (None or ``-``); AiaynError naming stdin
+    when it is closed (``<&-``: Python then has no sys.stdin) or cannot be read."""
     from aiayn.data.corpus import decode_lines, read_lines
 
-    if path is None or path == "-":  # bytes, so invalid UTF-8 is an error as in a file
-        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
-    return read_lines(path)
+    if path is not None and path != "-":
+        return read_lines(path)
+    if sys.stdin is None:
+        raise AiaynError("stdin: closed; give an input file or pipe the text in")
+    try:  # bytes, so invalid UTF-8 is an error as in a file
+        data = sys.stdin.buffer.read()
+    except OSError as e:  # a folder as stdin (`< /tmp`), a read error
+        raise AiaynError(f"stdin: cannot read ({e.strerror or e})") from None
+    return decode_lines(data, "<stdin>")
 
 
 def text_arg(value: str) -> str:

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from aiayn.errors import AiaynError
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from aiayn.train.demo import run_demo
+    from aiayn.train.demo import MAX_SEED, run_demo
 
+    # Checked before the ~80 s of training, not after it: a bar no accuracy can reach
+    # (or NaN, which none passes) made a finished demo exit 1 without a word.
+    if not (math.isfinite(args.min_accuracy) and 0 <= args.min_accuracy <= 1):
+        raise AiaynError(f"--min-accuracy must be in [0, 1], got {args.min_accuracy}")
+    if args.steps < 1:
+        raise AiaynError(f"--steps must be at least 1, got {args.steps}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise AiaynError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
     result = run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress)
     return 0 if result.accuracy >= args.min_accuracy else 1
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiayn.data.download import TIMEOUT_S, fetch, sha256_of
+from aiayn.data.download import TIMEOUT_S, check_timeout, check_url, fetch, sha256_of
 from aiayn.data.wmt import extract_wmt14
 from aiayn.errors import DownloadError
 
@@ -142,11 +142,47 @@ DATASETS = {d.name: d for d in (_multi30k(), _wmt14())}
 
 def cache_dir() -> Path:
     """Where data sets are kept: $AIAYN_DATA, else $XDG_CACHE_HOME/aiayn, else
-    ~/.cache/aiayn."""
+    ~/.cache/aiayn. DownloadError naming the variable when its ``~`` names no home, and
+    naming the path when something other than a folder is there."""
     if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "aiayn"
+        folder = _expand(CACHE_ENV)
+    elif os.environ.get("XDG_CACHE_HOME"):
+        folder = _expand("XDG_CACHE_HOME") / "aiayn"
+    else:
+        try:
+            folder = Path.home() / ".cache" / "aiayn"
+        except RuntimeError:
+            raise DownloadError(
+                f"no home folder for the data cache; set {CACHE_ENV} to a folder"
+            ) from None
+    if folder.exists() and not folder.is_dir():
+        raise DownloadError(
+            f"{folder}: the data cache is not a folder; choose another one (the {CACHE_ENV} "
+            "environment variable)"
+        )
+    return folder
+
+
+def _expand(variable: str) -> Path:
+    """The folder that environment variable ``variable`` names, ``~`` expanded."""
+    path = os.environ[variable]
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # ~user of no one, or no HOME at all
+        raise DownloadError(
+            f"environment variable {variable}={path!r}: cannot find the home folder it "
+            "names; give the cache folder as an absolute path"
+        ) from None
+
+
+def mirror_url(mirror: str | None = None) -> str | None:
+    """``mirror``, else $AIAYN_MIRROR, else None (upstream), checked to be a URL that
+    can be fetched; DownloadError naming the mirror URL (and where it came from)."""
+    if mirror:
+        return check_url(mirror, "mirror URL")
+    if os.environ.get(MIRROR_ENV):
+        return check_url(os.environ[MIRROR_ENV], f"mirror URL (environment {MIRROR_ENV})")
+    return None
 
 
 def dataset(name: str) -> Dataset:
@@ -168,6 +204,8 @@ def get(
     """Fetch data set ``name`` (only ``langs`` and ``splits`` where given) into the cache;
     returns its folder. Files already there are checked, not downloaded again."""
     data = dataset(name)
+    timeout = check_timeout(timeout)
+    base = mirror_url(mirror) or data.base_url
     folder = cache_dir() / data.name
     chosen = [
         s
@@ -181,7 +219,7 @@ def get(
         raise DownloadError(f"{name}: no split {', '.join(unknown)}")
     if not chosen:
         raise DownloadError(f"{name}: no file for languages {', '.join(langs or [])}")
-    base = (mirror or os.environ.get(MIRROR_ENV) or data.base_url).rstrip("/") + "/"
+    base = base.rstrip("/") + "/"
     recorded = _read_recorded(folder)
     fetched = 0
     for source in chosen:

@@ -8,17 +8,21 @@ What :func:`fetch` guarantees, whatever the network does:
   call asks the server for the rest (an HTTP Range request) or starts again when the
   server cannot resume;
 - a file already at ``dest`` is not downloaded again;
+- a failure leaves no empty ``dest.part`` behind (only bytes worth resuming are kept);
 - every failure is one :class:`~aiayn.errors.DownloadError` naming the URL and the file,
   and saying how to place the file by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
+import math
 import os
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import BinaryIO
@@ -28,6 +32,44 @@ from aiayn.progress import progress
 
 CHUNK = 1 << 16
 TIMEOUT_S = 60.0  # seconds without a byte from the server before a transfer is given up
+MAX_TIMEOUT_S = 86400.0  # a day: past it the socket layer overflows, and no one waits longer
+SCHEMES = ("http", "https", "ftp", "file")  # what urllib can fetch
+
+
+def check_timeout(timeout: float, name: str = "timeout") -> float:
+    """``timeout`` as a float when it is a number of seconds in (0, MAX_TIMEOUT_S];
+    DownloadError naming ``name`` otherwise (0 would make every connection fail at once,
+    NaN, infinities and huge values fail inside the socket layer)."""
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise DownloadError(
+            f"{name} {timeout!r}: must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}"
+        )
+    return seconds
+
+
+def check_url(url: str, name: str = "URL") -> str:
+    """``url`` when urllib can fetch it (a scheme of SCHEMES, a host for the network
+    ones); DownloadError naming ``name`` and the URL otherwise."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as e:  # "Invalid IPv6 URL", a bad port
+        raise DownloadError(f"{name} {url!r}: not a URL ({e})") from None
+    if parts.scheme not in SCHEMES:
+        raise DownloadError(
+            f"{name} {url!r}: not a URL of {', '.join(SCHEMES)} (e.g. https://host/path or "
+            "file:///folder)"
+        )
+    if parts.scheme != "file" and not parts.hostname:
+        raise DownloadError(f"{name} {url!r}: no host")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is no number or out of range
+    except ValueError as e:
+        raise DownloadError(f"{name} {url!r}: not a URL ({e})") from None
+    return url
 
 
 def sha256_of(path: Path) -> str:
@@ -50,6 +92,8 @@ def fetch(
     DownloadError on any failure, with ``dest`` untouched and a partial ``dest.part`` kept
     for the next call to resume."""
     dest = Path(dest)
+    timeout = check_timeout(timeout)
+    check_url(url)
     if dest.is_file():
         return False
     try:
@@ -70,9 +114,10 @@ def fetch(
     try:
         with out:
             _transfer(url, out, timeout, show_progress, dest)
-    except DownloadError:
-        if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
-            part.unlink()
+    except BaseException:  # any failure, an interrupt too
+        with contextlib.suppress(OSError):
+            if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
+                part.unlink()
         raise
     if sha256 is not None:
         got = sha256_of(part)
@@ -102,7 +147,7 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
             out.truncate()
             return _transfer(url, out, timeout, show_progress, dest)
         raise DownloadError(f"{url}: HTTP {e.code} {e.reason}. {_by_hand(url, dest)}") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
         reason = _reason(e)
         raise DownloadError(f"{url}: cannot connect ({reason}). {_by_hand(url, dest)}") from None
     with response:

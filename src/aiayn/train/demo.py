@@ -15,10 +15,13 @@ from aiayn.data.batching import Batch, collate
 from aiayn.data.demo import DemoVocab, as_pair, make_splits, word_sources
 from aiayn.decode import greedy
 from aiayn.decode.alignment import cross_attention, hard_alignment
+from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.train.schedule import NoamSchedule
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed overflows past a signed 64-bit integer
 
 
 @dataclass
@@ -67,7 +70,14 @@ def run_demo(
     log: Callable[[str], None] = print,
 ) -> DemoResult:
     """Train for ``steps`` updates with label smoothing 0.1 and the warmup schedule, then
-    decode ``n_test`` held-out numbers greedily and report exact-match accuracy."""
+    decode ``n_test`` held-out numbers greedily and report exact-match accuracy.
+    AiaynError, before any training, for fewer than one step, example or test number, or
+    a seed outside [0, 2**63 - 1] (what torch's generator takes)."""
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("n_test", n_test)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AiaynError(f"{name} must be an integer >= 1, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise AiaynError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
     start = time.perf_counter()
     torch.manual_seed(seed)
     rng = random.Random(seed)

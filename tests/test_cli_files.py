@@ -141,9 +141,12 @@ def test_any_command_whose_printed_output_cannot_be_flushed_names_stdout(
         def flush(self) -> None:
             raise self.error
 
-    monkeypatch.setattr(sys, "stdout", FullOnFlush(OSError(errno.ENOSPC, "No space left")))
     argv = ["summary", "--model", str(sample_model_dir()), "--depth", "1"]
-    assert "stdout: cannot write (No space left)" in one_line_error(argv, capsys)
+    full = OSError(errno.ENOSPC, "No space left")
+    # A small output fails at the flush; a large one (summary's table) inside print itself.
+    for stdout in (FullOnFlush(full), _Stdout(full)):
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert "stdout: cannot write (No space left)" in one_line_error(argv, capsys)
 
 
 def test_an_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
+from aiayn.cli.common import stdout_named
 from aiayn.errors import AiaynError
 
 EXIT_USER_ERROR = 2
@@ -42,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        code = args.func(args)
-        _flush_stdout()
+        with stdout_named():
+            code = args.func(args)
         shutdown(synchronize=True)  # every rank is done: leave together
         return code
     except KeyboardInterrupt:
@@ -57,15 +58,3 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     finally:
         shutdown()  # leaves a torchrun process group, if one was joined
-
-
-def _flush_stdout() -> None:
-    """Flush what a command printed now, so that a stdout that cannot take it (a full
-    disk) is one line naming stdout, not an "Exception ignored" traceback at exit."""
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
-        raise AiaynError(f"stdout: cannot write ({e.strerror or e})") from None

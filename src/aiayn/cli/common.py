@@ -8,8 +8,10 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
 from aiayn.errors import AiaynError
 
@@ -103,16 +105,52 @@ def _replace(target: Path, text: str, mode: int | None) -> None:
 
 
 def write_stdout(text: str) -> None:
-    """Write ``text`` to stdout and flush it, so that a stdout that cannot take it (a
-    full disk) is an AiaynError now, not a traceback or a failed flush at exit. A reader
-    that left (BrokenPipeError, ``| head``) propagates: the CLI ends quietly on it."""
+    """Write ``text`` to stdout and flush it (under :func:`stdout_named`, as every
+    command runs, a failure is an AiaynError naming stdout)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class _NamedStdout:
+    """sys.stdout whose failed writes and flushes (a full disk) are an AiaynError naming
+    stdout; a reader that left (BrokenPipeError, ``| head``) propagates as it is."""
+
+    def __init__(self, stream: TextIO):
+        self.stream, self.failed = stream, False
+
+    def write(self, text: str) -> int:
+        return self._named(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._named(self.stream.flush)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, encoding, isatty, ...
+        return getattr(self.stream, name)
+
+    def _named(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            self.failed = True
+            raise AiaynError(f"stdout: cannot write ({e.strerror or e})") from None
+
+
+@contextmanager
+def stdout_named() -> Iterator[None]:
+    """For the block, a write to stdout that fails, wherever a command prints, is an
+    AiaynError naming stdout, and what was printed is flushed at its end: the failure
+    shows now, as one line, not as a traceback or an "Exception ignored" at exit."""
+    named = _NamedStdout(sys.stdout)
+    sys.stdout = named
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as e:
-        raise AiaynError(f"stdout: cannot write ({e.strerror or e})") from None
+        yield
+        named.flush()
+    finally:
+        if sys.stdout is named:  # not replaced meanwhile (a broken pipe silenced it)
+            # After a failure its buffer cannot be written either: silence the exit flush.
+            sys.stdout = open(os.devnull, "w") if named.failed else named.stream  # noqa: SIM115
 
 
 def translator_for(args: argparse.Namespace, device: str | None = None) -> Translator:

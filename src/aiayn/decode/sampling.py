@@ -45,19 +45,26 @@ def _row_seed(seed: int, line: int, sample: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
+# At or below this temperature a row is its limit, the most likely token alone. Decided by
+# the temperature, not per step by checking logp / temperature (a host sync each step):
+# the best log-prob is above -ln(vocabulary) > -50, so it only overflows below ~1e-307,
+# and a GPU flushes a subnormal temperature (< 2.2e-308) to 0 (0 / 0: NaN); while from
+# here down any two float32 log-probs that differ at all are ~1e255 apart after dividing,
+# so the softmax is already exactly that limit.
+LIMIT_TEMPERATURE = 1e-300
+
+
 def sampling_probs(logp: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
     """The distribution to draw from, for rows of log-probs ``logp [n, V]`` (banned tokens
     at -inf): softmax(logp / temperature), then only the ``top_k`` most likely tokens (0:
     all; ties with the k-th are kept), then only the nucleus: the most likely tokens whose
     mass, before each one is added, is below ``top_p`` (the most likely token always stays).
     Returns ``[n, V]`` probabilities, each row summing to 1, zero outside what is kept."""
-    scaled = logp.double() / temperature
-    if temperature < 1 and not bool(scaled.amax(dim=-1).isfinite().all()):
-        # A temperature so near 0 that logp / temperature left the float range (every
-        # token -inf, or NaN where a GPU flushes a subnormal temperature to 0): its limit,
-        # the most likely token (ties shared).
+    if temperature > LIMIT_TEMPERATURE:
+        scaled = logp.double() / temperature
+    else:  # its limit, the most likely token (ties shared): see LIMIT_TEMPERATURE
         best = logp == logp.amax(dim=-1, keepdim=True)
-        scaled = torch.zeros_like(scaled).masked_fill(~best, float("-inf"))
+        scaled = torch.zeros_like(logp, dtype=torch.float64).masked_fill(~best, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if 0 < top_k < probs.size(-1):
         kth = probs.topk(top_k, dim=-1).values[:, -1:]

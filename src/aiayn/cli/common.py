@@ -90,9 +90,9 @@ def _replace(target: Path, text: str, mode: int | None) -> None:
     """Rename a temp file holding ``text`` over ``target`` (a link's target: the link
     stays), with the old file's permissions, or for a new file those the umask gives."""
     if mode is None:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
+        from aiayn.data.folders import umask
+
+        mode = 0o666 & ~umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

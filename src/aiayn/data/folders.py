@@ -61,7 +61,7 @@ def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
         raise AiaynError(f"{out}: cannot create ({_why(target, e)})") from None
     try:
         yield tmp
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp's folders are private (0700)
+        tmp.chmod(0o777 & ~umask())  # mkdtemp's folders are private (0700)
         if not target.exists():
             tmp.rename(target)
         elif not replace:
@@ -96,7 +96,8 @@ def _why(target: Path, error: OSError) -> str:
     return str(error.strerror or error)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """This process's umask (what new files and folders are stripped of)."""
     mask = os.umask(0o022)  # the only way to read it is to set it
     os.umask(mask)
     return mask

@@ -111,12 +111,18 @@ def test_a_refused_train_writes_nothing_and_keeps_what_was_there(tmp_path, sampl
     assert "--data and --train-src name two data sets" in err and not new.parent.exists()
 
 
+def _tiny_train(prepared: Path, out: Path) -> list[str]:
+    """The argv of a TINY_RUN training on ``prepared`` into ``out``; ``max_steps=N`` and
+    more settings follow (they extend its --set)."""
+    argv = ["train", "--data", str(prepared), "--out", str(out), "--no-progress"]
+    return [*argv, "--set", *TINY_RUN]
+
+
 def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
     tmp_path, sample_prepared, capsys
 ):
     out = tmp_path / "run"
-    argv = ["train", "--data", str(sample_prepared), "--out", str(out), "--no-progress"]
-    argv += ["--set", *TINY_RUN]
+    argv = _tiny_train(sample_prepared, out)
     assert main([*argv, "max_steps=2"]) == 0
     last = out / "checkpoint_last.pt"
     saved = last.read_bytes()
@@ -139,8 +145,7 @@ def test_init_from_or_resume_with_weights_that_do_not_fit_names_the_file(
     from aiayn.checkpoint import save_checkpoint
 
     out = tmp_path / "run"
-    argv = ["train", "--data", str(sample_prepared), "--out", str(out), "--no-progress"]
-    argv += ["--set", *TINY_RUN]
+    argv = _tiny_train(sample_prepared, out)
     assert main([*argv, "max_steps=1"]) == 0
     last = out / "checkpoint_last.pt"
     state = load_checkpoint(last)

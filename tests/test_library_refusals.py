@@ -9,10 +9,21 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.checkpoint import load_checkpoint, load_model, resolve_checkpoint, save_checkpoint
+from aiayn.checkpoint import (
+    load_checkpoint,
+    load_inference,
+    load_model,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from aiayn.decode import DecodeOptions, beam_search, greedy, length_limits, search
 from aiayn.decode.beam import length_penalty
-from aiayn.errors import AiaynError, CheckpointError, CorpusError, DecodeError
+from aiayn.errors import (
+    AiaynError,
+    CheckpointError,
+    CorpusError,
+    DecodeError,
+)
 from aiayn.inspect import maps
 from aiayn.inspect.attention import plot_all, plot_attention
 from aiayn.translator import Translator
@@ -200,3 +211,22 @@ def test_a_beam_larger_than_the_vocabulary_is_refused(tiny):
     with pytest.raises(DecodeError, match=f"beam {vocab + 1} is larger than the target vocab"):
         beam_search(tiny, SRC, beam_size=vocab + 1)
     assert all(beam_search(tiny, SRC, beam_size=vocab))  # as many beams as tokens: fine
+
+
+def test_quantize_must_be_a_bool_and_precision_a_known_name(sample_model_dir):
+    model_dir = sample_model_dir()
+    path = resolve_checkpoint(model_dir)
+    loaders = (
+        lambda **kw: load_model(path, **kw),
+        lambda **kw: load_inference(path, **kw),
+        lambda **kw: Translator.from_dir(model_dir, **kw),
+    )
+    for load in loaders:
+        for bad in ("no", 1, None):  # "no" quantized: a truthy string
+            with pytest.raises(AiaynError, match=r"quantize must be True or False, not an? "):
+                load(quantize=bad)
+        for bad in (["fp32"], None, "FP32"):  # a list was a TypeError (unhashable)
+            with pytest.raises(AiaynError, match="precision must be one of fp32, bf16, got"):
+                load(precision=bad)
+    model, _ = load_model(path, quantize=False, precision="fp32")
+    assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in model.modules())

@@ -327,6 +327,20 @@ def load_weights(model: Transformer, state: dict[str, Any], path: str | Path) ->
         raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
 
 
+def check_inference_settings(device: object, quantize: object, precision: object) -> None:
+    """AiaynError naming the argument unless ``quantize`` is a bool, ``precision`` one of
+    :data:`PRECISIONS` and the two fit each other and ``device``: what :func:`load_inference`
+    takes, checked before anything is read (a string such as "no" would be truthy)."""
+    if not isinstance(quantize, bool):
+        raise AiaynError(f"quantize must be True or False, not {_kind(quantize)}")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise AiaynError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if quantize and str(device) not in ("cpu", "auto"):
+        raise AiaynError(f"int8 quantization runs on the CPU only, not on {device}")
+    if quantize and precision != "fp32":
+        raise AiaynError("int8 quantization and bf16 precision exclude each other; pick one")
+
+
 def load_model(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -353,13 +367,8 @@ def load_inference(
     ``precision="bf16"`` casts the weights to bfloat16, for inference: faster on GPUs and
     on CPUs with bf16 instructions (AVX512-BF16, AMX), slower on others.
     """
-    if precision not in PRECISIONS:
-        raise AiaynError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if quantize and str(device) not in ("cpu", "auto"):
-        raise AiaynError(f"int8 quantization runs on the CPU only, not on {device}")
+    check_inference_settings(device, quantize, precision)
     device = resolve_device("cpu" if quantize else device)
-    if quantize and precision != "fp32":
-        raise AiaynError("int8 quantization and bf16 precision exclude each other; pick one")
     state = load_checkpoint(path, map_location=device)
     model, tokenizer = model_from_state(state, path)
     model = model.to(device=device, dtype=PRECISIONS[precision]).eval()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import load_inference, resolve_checkpoint
+from aiayn.checkpoint import check_inference_settings, load_inference, resolve_checkpoint
 from aiayn.data.batching import sorted_batches
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, search
@@ -70,6 +70,7 @@ class Translator:
         :func:`aiayn.checkpoint.load_model`). Several directories, or several checkpoints
         of one, make an ensemble; their tokenizers must be the same. An imported model's
         generation settings become :attr:`defaults` (those of the first model)."""
+        check_inference_settings(device, quantize, precision)  # before reading any file
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         names = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
         paths = [resolve_checkpoint(d, n) for d, n in _members(dirs, names)]

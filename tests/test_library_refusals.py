@@ -16,11 +16,13 @@ from aiayn.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from aiayn.config import MAX_POSITIONS
 from aiayn.decode import DecodeOptions, beam_search, greedy, length_limits, search
 from aiayn.decode.beam import length_penalty
 from aiayn.errors import (
     AiaynError,
     CheckpointError,
+    ConfigError,
     CorpusError,
     DecodeError,
 )
@@ -230,3 +232,11 @@ def test_quantize_must_be_a_bool_and_precision_a_known_name(sample_model_dir):
                 load(precision=bad)
     model, _ = load_model(path, quantize=False, precision="fp32")
     assert all(type(m) is not torch.ao.nn.quantized.dynamic.Linear for m in model.modules())
+
+
+def test_max_len_has_an_upper_bound():
+    # A billion positions asked torch for an 8 TB position table when the model was built.
+    for bad in (10**9, MAX_POSITIONS + 1, 0):
+        with pytest.raises(ConfigError, match=r"TransformerConfig.max_len: must be in \[1, 6"):
+            tiny_config(max_len=bad)
+    assert tiny_config(max_len=MAX_POSITIONS).max_len == MAX_POSITIONS

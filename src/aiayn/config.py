@@ -17,6 +17,10 @@ from aiayn.errors import ConfigError
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 # The FFN activations (Eq. 2 uses relu); swish is SiLU, x * sigmoid(x); gelu the exact one.
 ACTIVATIONS = ("relu", "swish", "gelu")
+# The longest max_len: the model builds a [max_len, d_model] position table up front (a
+# billion positions asked torch for terabytes), and attention over a sequence grows with
+# its square; translation models use 512 or 1024.
+MAX_POSITIONS = 65536
 
 
 _KIND_NAMES = {"int": "an int", "float": "a finite number", "bool": "true or false", "str": "text"}
@@ -87,8 +91,8 @@ class TransformerConfig:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
             if getattr(self, name) <= 0:
                 raise bad(name, f"must be a positive int, got {getattr(self, name)!r}")
-        if self.max_len <= 0:
-            raise bad("max_len", f"must be positive, got {self.max_len}")
+        if not 0 < self.max_len <= MAX_POSITIONS:
+            raise bad("max_len", f"must be in [1, {MAX_POSITIONS}], got {self.max_len}")
         if self.layer_norm_eps <= 0:
             raise bad("layer_norm_eps", f"must be > 0, got {self.layer_norm_eps}")
         if self.d_model % self.n_heads:

@@ -25,6 +25,7 @@ from aiayn.errors import (
     ConfigError,
     CorpusError,
     DecodeError,
+    ModelInputError,
 )
 from aiayn.inspect import maps
 from aiayn.inspect.attention import plot_all, plot_attention
@@ -240,3 +241,15 @@ def test_max_len_has_an_upper_bound():
         with pytest.raises(ConfigError, match=r"TransformerConfig.max_len: must be in \[1, 6"):
             tiny_config(max_len=bad)
     assert tiny_config(max_len=MAX_POSITIONS).max_len == MAX_POSITIONS
+
+
+def test_inputs_on_another_device_than_the_model_are_named(tiny):
+    # The meta device stands in for a GPU: the CPU model met it in torch's own error.
+    away = SRC.to("meta")
+    with pytest.raises(ModelInputError, match="src is on device meta but the model is on cpu"):
+        tiny.encode(away)
+    with pytest.raises(ModelInputError, match="src is on device meta but the model is on cpu"):
+        tiny(away, away)
+    with pytest.raises(ModelInputError, match="tgt_in is on device meta but src is on cpu"):
+        tiny(SRC, away)
+    assert tiny(SRC, SRC).shape == (*SRC.shape, tiny.cfg.tgt_vocab_size)  # one device: fine

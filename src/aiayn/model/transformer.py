@@ -127,13 +127,25 @@ class DecoderState:
                 self.positions = self.keys = None
 
 
-def _check_ids(name: str, ids: Tensor, vocab_size: int, max_len: int, values: bool = True) -> None:
-    """Raise ValueError naming ``name`` unless ids is a LongTensor [B, T] of valid ids
-    (``values=False``: the shape and dtype only, not the ids' range, which costs a device
-    synchronisation on a GPU)."""
+def _check_ids(
+    name: str,
+    ids: Tensor,
+    vocab_size: int,
+    max_len: int,
+    values: bool = True,
+    device: torch.device | None = None,
+) -> None:
+    """Raise ModelInputError naming ``name`` unless ids is a LongTensor [B, T] of valid ids,
+    on ``device`` when one is given (a comparison: no synchronisation). ``values=False``
+    checks the shape and dtype only, not the ids' range, which costs a device
+    synchronisation on a GPU."""
     if not isinstance(ids, Tensor):
         raise ModelInputError(
             f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}"
+        )
+    if device is not None and ids.device != device:  # torch's own error names neither
+        raise ModelInputError(
+            f"{name} is on device {ids.device} but the model is on {device}; move one of them"
         )
     if ids.dtype != torch.long:
         raise ModelInputError(f"{name} must be torch.long (int64) token ids, got dtype {ids.dtype}")
@@ -252,7 +264,8 @@ class Transformer(nn.Module):
     # -- the three entry points ------------------------------------------------------------
     def encode(self, src: Tensor, weights: list[Tensor] | None = None) -> Tensor:
         """src ``[B, S]`` -> memory ``[B, S, d_model]``."""
-        _check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len)
+        device = self.src_embed.weight.device
+        _check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, device=device)
         src_mask = padding_mask(src, self.cfg.pad_id)  # [B, 1, 1, S]
         return self.encoder(self.src_pos(self.src_embed(src)), src_mask, weights)
 
@@ -357,6 +370,10 @@ class Transformer(nn.Module):
         if both and src.dim() == tgt_in.dim() and src.size(0) != tgt_in.size(0):
             raise ModelInputError(
                 f"batch sizes differ: src has {src.size(0)} rows, tgt_in {tgt_in.size(0)}"
+            )
+        if both and tgt_in.device != src.device:  # src's is checked against the model's
+            raise ModelInputError(
+                f"tgt_in is on device {tgt_in.device} but src is on {src.device}; move one of them"
             )
         return self.decode(tgt_in, self.encode(src), src, project=project)
 

@@ -26,6 +26,7 @@ from aiayn.errors import (
     CorpusError,
     DecodeError,
     ModelInputError,
+    TokenizerError,
 )
 from aiayn.inspect import maps
 from aiayn.inspect.attention import plot_all, plot_attention
@@ -253,3 +254,40 @@ def test_inputs_on_another_device_than_the_model_are_named(tiny):
     with pytest.raises(ModelInputError, match="tgt_in is on device meta but src is on cpu"):
         tiny(SRC, away)
     assert tiny(SRC, SRC).shape == (*SRC.shape, tiny.cfg.tgt_vocab_size)  # one device: fine
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda t: t.encode(None), "text: a str, not NoneType"),
+        (lambda t: t.encode(["Ein", "Hund"]), "text: a str, not list"),  # was a batch
+        (lambda t: t.encode("Ein \ud800"), r"text: not valid Unicode \(character 4\)"),
+        (lambda t: t.encode_target(5), "text: a str, not int"),
+        (lambda t: t.encode_batch("Ein Hund"), "texts: a list of str, not str"),  # letters
+        (lambda t: t.encode_batch(["Ein", None]), r"texts\[1\]: a str, not NoneType"),
+        (lambda t: t.encode_target_batch(["a", "\udc00"]), r"texts\[1\]: not valid Unicode"),
+        (lambda t: t.decode([5, 6, 70000]), r"ids\[2\]: 70000 is outside the vocabulary \[0, "),
+        (lambda t: t.decode([5, -1]), r"ids\[1\]: -1 is outside the vocabulary"),
+        (lambda t: t.decode([5, 6.5]), r"ids\[1\]: 6.5 is not a token id \(an int\)"),
+        (lambda t: t.decode("abc"), "ids: a sequence of token ids, not str"),
+        (lambda t: t.decode(None), "ids: a sequence of token ids, not NoneType"),
+        (lambda t: t.decode(torch.tensor([5, 70000])), r"ids\[1\]: 70000 is outside"),
+        (lambda t: t.decode_batch([[5], [-3]]), r"ids\[0\]: -3 is outside the vocabulary"),
+        (lambda t: t.id_to_piece(70000), r"id: 70000 is outside the vocabulary \[0, "),
+        (lambda t: t.id_to_piece([5, 6]), r"id: \[5, 6\] is not a token id"),
+        (lambda t: t.piece_to_id(["a"]), "piece: a str, not list"),
+    ],
+)
+def test_tokenizer_inputs_are_named(translator, call, message):
+    with pytest.raises(TokenizerError, match=message):
+        call(translator.tokenizer)
+
+
+def test_tokenizer_still_takes_ids_in_any_integer_form(translator):
+    tok = translator.tokenizer
+    ids = tok.encode("Ein Hund.")
+    want = tok.decode(ids)
+    assert want and tok.decode(torch.tensor(ids)) == want == tok.decode(tuple(ids))
+    assert tok.decode([*ids, 2, 70000]) == want  # after EOS: ignored, as before
+    assert tok.id_to_piece(torch.tensor(ids[0])) == tok.id_to_piece(ids[0])
+    assert tok.encode_batch(("Ein Hund.",)) == [ids]

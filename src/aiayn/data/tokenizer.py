@@ -13,6 +13,7 @@ the constants below.
 from __future__ import annotations
 
 import io
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -149,35 +150,97 @@ class Tokenizer:
 
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
+    # The methods below raise TokenizerError naming the bad argument or item (text that is
+    # not a str, an id outside the vocabulary) instead of SentencePiece's errors; the items
+    # are looked at only after SentencePiece refused them, so good input costs nothing more.
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         """Source ids of ``text``, at most ``max_tokens`` of them (None: all)."""
-        return self.sp.encode(text)[:max_tokens]
+        return self._encode_one(text)[:max_tokens]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """Source ids of each text. ``num_threads``: SentencePiece's threads for the batch
         (-1: its default)."""
-        return self.sp.encode(list(texts), num_threads=num_threads)
+        return self._encode_many(texts, num_threads)
 
     def encode_target(self, text: str) -> list[int]:
         """Target ids of ``text`` (no BOS or EOS)."""
-        return self.sp.encode(text)
+        return self._encode_one(text)
 
     def encode_target_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-        return self.sp.encode(list(texts), num_threads=num_threads)
+        return self._encode_many(texts, num_threads)
+
+    def _encode_one(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # SentencePiece takes bytes, and a list as a batch
+            raise TokenizerError(f"text: a str, not {type(text).__name__}")
+        try:
+            return self.sp.encode(text)
+        except RuntimeError:
+            if (error := _text_error("text", text)) is None:
+                raise
+            raise error from None
+
+    def _encode_many(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        if isinstance(texts, str) or not isinstance(texts, Iterable):
+            raise TokenizerError(f"texts: a list of str, not {type(texts).__name__}")
+        texts = list(texts)
+        try:
+            return self.sp.encode(texts, num_threads=num_threads)
+        except (TypeError, RuntimeError):
+            for i, text in enumerate(texts):
+                if (error := _text_error(f"texts[{i}]", text)) is not None:
+                    raise error from None
+            raise
 
     def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (a list, tuple, 1-D tensor or array of ints): up to the first
+        EOS, PAD and BOS skipped."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")
         ids = list(ids)
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
-        return self.sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+        try:
+            return self.sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+        except (TypeError, IndexError):
+            for k, i in enumerate(ids):
+                _token_id(f"ids[{k}]", i, self.vocab_size)  # raises for the first bad one
+            raise
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
 
     def id_to_piece(self, i: int, source: bool = False) -> str:
         """The piece of target id ``i`` (source id with ``source=True``)."""
-        return self.sp.id_to_piece(i)
+        # Checked first: SentencePiece gives an IndexError, or a list of pieces for a list.
+        return self.sp.id_to_piece(_token_id("id", i, self.vocab_size))
 
     def piece_to_id(self, piece: str) -> int:
-        """The target id of ``piece``."""
+        """The target id of ``piece`` (the unknown id for a piece not in the vocabulary)."""
+        if not isinstance(piece, str):  # a list would give a list
+            raise TokenizerError(f"piece: a str, not {type(piece).__name__}")
         return self.sp.piece_to_id(piece)
+
+
+def _text_error(name: str, text: object) -> TokenizerError | None:
+    """Why ``text`` cannot be encoded (not a str, or not valid Unicode: a lone surrogate,
+    which SentencePiece's C++ cannot take), naming ``name``; None when it can."""
+    if not isinstance(text, str):
+        return TokenizerError(f"{name}: a str, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return TokenizerError(f"{name}: not valid Unicode (character {e.start})")
+    return None
+
+
+def _token_id(name: str, i: object, vocab_size: int) -> int:
+    """``i`` as an int (a numpy or tensor int too); TokenizerError naming ``name`` unless
+    it is an id in [0, vocab_size)."""
+    try:
+        value = operator.index(i)  # type: ignore[arg-type]
+    except TypeError:
+        raise TokenizerError(f"{name}: {i!r} is not a token id (an int)") from None
+    if not 0 <= value < vocab_size:
+        raise TokenizerError(f"{name}: {value} is outside the vocabulary [0, {vocab_size})")
+    return value

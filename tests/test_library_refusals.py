@@ -17,7 +17,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
 )
 from aiayn.config import MAX_POSITIONS
-from aiayn.decode import DecodeOptions, beam_search, greedy, length_limits, search
+from aiayn.decode import BeamEngine, DecodeOptions, beam_search, greedy, length_limits, search
 from aiayn.decode.beam import length_penalty
 from aiayn.errors import (
     AiaynError,
@@ -291,3 +291,13 @@ def test_tokenizer_still_takes_ids_in_any_integer_form(translator):
     assert tok.decode([*ids, 2, 70000]) == want  # after EOS: ignored, as before
     assert tok.id_to_piece(torch.tensor(ids[0])) == tok.id_to_piece(ids[0])
     assert tok.encode_batch(("Ein Hund.",)) == [ids]
+
+
+def test_engine_remove_refuses_a_str_of_tags(tiny):
+    engine: BeamEngine[str] = BeamEngine(tiny, DecodeOptions(beam=2))
+    engine.add(SRC, ["a", "b"])
+    with pytest.raises(DecodeError, match="remove: tags must be a set of tags, not the str"):
+        engine.remove("ab")  # type: ignore[arg-type]
+    assert len(engine) == 2  # nothing dropped
+    engine.remove({"a"})
+    assert len(engine) == 1

@@ -316,6 +316,8 @@ class BeamEngine(Generic[Tag]):
 
     def remove(self, tags: set[Tag]) -> None:
         """Drop the running sentences named in ``tags`` (their requests went away)."""
+        if isinstance(tags, str):  # type: ignore[unreachable]  # "ab" would drop "a" and "b"
+            raise DecodeError(f"remove: tags must be a set of tags, not the str {tags!r}")
         for tag in tags:
             self._samples.pop(tag, None)
         keep = [i for i, u in enumerate(self.units) if u.tag not in tags]

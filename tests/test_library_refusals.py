@@ -301,3 +301,12 @@ def test_engine_remove_refuses_a_str_of_tags(tiny):
     assert len(engine) == 2  # nothing dropped
     engine.remove({"a"})
     assert len(engine) == 1
+
+
+def test_options_replace_names_an_unknown_field():
+    options = DecodeOptions()
+    with pytest.raises(DecodeError, match="DecodeOptions has no field beem"):
+        options.replace(beem=3)
+    with pytest.raises(DecodeError, match="DecodeOptions has no field beem"):
+        options.given(beem=3, alpha=None)
+    assert options.given(beam=3, alpha=None).beam == 3

@@ -117,7 +117,9 @@ class DecodeOptions:
 
     def replace(self, **changes: Any) -> DecodeOptions:
         """A copy with ``changes`` (any field, to any value, None included), checked like a
-        new one."""
+        new one; DecodeError naming a field it does not have."""
+        if unknown := sorted(changes.keys() - self.__dataclass_fields__.keys()):
+            raise DecodeError(f"DecodeOptions has no field {', '.join(unknown)}")
         return replace(self, **changes) if changes else self
 
     def given(self, **settings: Any) -> DecodeOptions:

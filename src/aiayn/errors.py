@@ -30,7 +30,8 @@ class CorpusError(AiaynError):
 
 
 class TokenizerError(AiaynError):
-    """A SentencePiece model that is missing, corrupt or has other special ids."""
+    """A SentencePiece model that is missing, corrupt or has other special ids, or input a
+    tokenizer cannot take (not text, ids outside its vocabulary); names the file or item."""
 
 
 class CheckpointError(AiaynError):

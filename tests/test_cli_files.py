@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import os
 import sys
 from pathlib import Path
@@ -283,3 +284,54 @@ def test_a_closed_or_unreadable_stdin_is_one_line(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(sys, "stdin", Unreadable())
     err = one_line_error(["translate", "--model", model, "-"], capsys)
     assert "stdin: cannot read (Input/output error)" in err
+
+
+def _stdin(text: str) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
+
+
+def test_evaluate_reads_src_or_ref_from_stdin_as_translate_does(
+    sample_model_dir, tmp_path, monkeypatch, capsys
+):
+    """``--src -`` (or ``--ref -``) reads stdin, as translate's input ``-`` does (it was
+    taken for a file named "-"); two inputs cannot both read the one stdin."""
+    f = _files(tmp_path, in_de="Ein Hund.\nZwei Männer.\n", ref_en="A dog.\nTwo men.\n")
+    evaluate = ["evaluate", "--model", str(sample_model_dir()), "--quiet"]
+    assert main([*evaluate, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]) == 0
+    from_files = capsys.readouterr().out
+    assert from_files.startswith("BLEU = ")
+    src_de, ref_en = str(f["in_de"]), str(f["ref_en"])
+    for src, ref, piped in [("-", ref_en, f["in_de"]), (src_de, "-", f["ref_en"])]:
+        monkeypatch.setattr(sys, "stdin", _stdin(piped.read_text(encoding="utf-8")))
+        assert main([*evaluate, "--src", src, "--ref", ref]) == 0
+        assert capsys.readouterr().out == from_files
+    monkeypatch.setattr(sys, "stdin", _stdin("Ein Hund.\n"))
+    err = one_line_error([*evaluate, "--src", "-", "--ref", ref_en], capsys)
+    assert "stdin has 1 lines but " in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["evaluate", "--src", "-", "--ref", "-"], "--src and --ref both read stdin (-)"),
+        (["translate", "--prefix-file", "-"], "the input and --prefix-file both read stdin (-)"),
+        (["translate", "a.de", "--alignment-layer", "2"],
+         "--alignment-layer picks the layer of --alignment: give --alignment too"),
+        (["evaluate", "--src", "a.de", "--ref", "a.en", "-o", "o.en", "--alignment-layer", "1"],
+         "--alignment-layer picks the layer of --alignment: give --alignment too"),
+        (["evaluate", "--src", "a.de", "--ref", "a.en", "--format", "jsonl"],
+         "--format shapes the translations written to -o/--output, and none is given"),
+        (["evaluate", "--src", "a.de", "--ref", "a.en", "--alignment", "--format", "text"],
+         "--format and --alignment shape the translations written to -o/--output"),
+    ],
+)  # fmt: skip
+def test_flags_that_would_take_no_effect_are_refused_before_any_work(
+    tmp_path, monkeypatch, capsys, argv, message
+):
+    """A flag the user gave is never dropped without a word: refused, naming it, before the
+    model or any input is read (none of them exists here)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", _stdin("Ein Hund.\n"))
+    err = one_line_error([*argv, "--model", str(tmp_path / "no-model"), "--quiet"], capsys)
+    assert message in err
+    assert list(tmp_path.iterdir()) == []  # no -o file either

@@ -22,6 +22,7 @@ from aiayn.cli import main
 from aiayn.data import datasets
 from aiayn.data.corpus import read_lines
 from aiayn.errors import DownloadError
+from cli_util import one_line_error
 from mirror_util import Mirror
 from sample_data import PAIRS, multi30k_dir
 
@@ -135,6 +136,8 @@ def test_unknown_names_pairs_and_splits_are_refused(cache):
         datasets.pair_files("multi30k/de-xx")
     with pytest.raises(DownloadError, match="multi30k: no split test2099"):
         datasets.get("multi30k", splits=["test2099"])
+    with pytest.raises(DownloadError, match="multi30k: no language xx; it has cs, de, en, fr"):
+        datasets.get("multi30k", langs=["de", "xx"])  # was: the German files alone
     with pytest.raises(DownloadError, match="wmt14-en-de: comes whole; it has no languages"):
         datasets.get("wmt14-en-de", splits=["train"])
     assert not (cache / "wmt14-en-de").exists()  # refused before anything was written
@@ -263,3 +266,23 @@ def test_a_cache_variable_that_names_no_folder_is_one_line(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{a_file}: the data cache is not a folder" in err, err
     assert a_file.read_text() == "not a folder\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pair", "xx-yy"], "multi30k: no language pair 'xx-yy'; known pairs: cs-de, cs-en, "
+         "cs-fr, de-en, de-fr, en-fr (either direction)"),
+        (["--pair", "de-xx"], "no language pair 'de-xx'; known pairs: cs-de,"),  # was: de alone
+        (["--pair", "de"], "no language pair 'de'; known pairs"),
+        (["--pair", "de-en-fr"], "no language pair 'de-en-fr'; known pairs"),
+        (["--pair", "en-en"], "no language pair 'en-en'; known pairs"),
+        (["--pair", ""], "no language pair ''; known pairs"),  # was: every language
+        (["--pair", "cs-en", "--split", "test2017"], "multi30k: split test2017 has no cs file"),
+    ],
+)  # fmt: skip
+def test_a_pair_the_data_set_lacks_is_one_line_before_any_download(cache, capsys, argv, message):
+    with Mirror({}).running() as mirror:
+        err = one_line_error(["data", "get", "multi30k", *argv, "--mirror", mirror.url], capsys)
+        assert message in err
+        assert mirror.requests == [] and not cache.exists()

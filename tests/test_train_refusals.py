@@ -156,3 +156,41 @@ def test_init_from_or_resume_with_weights_that_do_not_fit_names_the_file(
     new = ["train", "--data", str(sample_prepared), "--out", str(tmp_path / "tuned")]
     err = one_line_error([*new, "--no-progress", "--init-from", str(last)], capsys)
     assert f"{last}: weights do not fit the model config" in err and "src_embed.weight" in err
+
+
+def test_data_named_on_the_command_line_replaces_the_recipes(tmp_path, sample_prepared, capsys):
+    """--train-src... over a recipe's ``data:`` train on that text (the recipe's prepared
+    directory used to win and the text went unread); --data over a recipe's ``dataset:``
+    and text trains on --data. Two names for the data in one recipe (its file and --set),
+    or a flag and --set for one field, are refused in one line naming both."""
+    text = sample_prepared.parent / "text"
+    files = [str(text / f"{split}.{lang}") for split in ("train", "val") for lang in ("de", "en")]
+    flags = [f"--{flag}" for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt")]
+    texts = [part for pair in zip(flags, files) for part in pair]
+    recipe = tmp_path / "prepared.yaml"
+    recipe.write_text(f"data: {sample_prepared}\nvocab_size: 120\n")
+    run = ["train", "--config", str(recipe), "--no-progress"]
+    tiny = ["--set", *TINY_RUN, "max_steps=1"]
+    assert main([*run, "--out", str(tmp_path / "a"), *texts, *tiny]) == 0
+    saved = Recipe.from_yaml(tmp_path / "a" / "recipe.yaml")
+    assert saved.data == "" and saved.train_src == files[0]
+    assert (tmp_path / "a" / "data" / "manifest.json").is_file()  # the text, prepared
+    named = tmp_path / "named.yaml"
+    named.write_text(f"dataset: multi30k\ntrain_src: {files[0]}\n")
+    argv = ["train", "--config", str(named), "--data", str(sample_prepared), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "b"), *tiny]) == 0  # nothing fetched
+    saved = Recipe.from_yaml(tmp_path / "b" / "recipe.yaml")
+    assert (saved.data, saved.dataset, saved.train_src) == (str(sample_prepared), "", "")
+    capsys.readouterr()
+    for argv, message in [
+        ([*run, *tiny, f"train_src={files[0]}"],
+         "fields data and train_src both name the training data"),
+        ([*run, *texts, *tiny, f"data={sample_prepared}"],
+         "fields data and train_src, train_tgt, valid_src, valid_tgt both name the training"),
+        ([*run, *texts, *tiny, f"train_src={files[0]}"],
+         "--train-src and --set train_src=... both set train_src: give one"),
+    ]:  # fmt: skip
+        assert message in one_line_error([*argv, "--out", str(tmp_path / "c")], capsys)
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(RecipeError, match=r"^recipe: fields data and dataset both name"):
+        Recipe(data=str(sample_prepared), dataset="multi30k").check()

@@ -36,6 +36,28 @@ def read_input(path: str | None) -> list[str]:
     return decode_lines(data, "<stdin>")
 
 
+def named(path: str | None) -> str:
+    """How a message names input ``path``: stdin for None or ``-``."""
+    return "stdin" if path is None or path == "-" else path
+
+
+def refuse_two_stdins(inputs: dict[str, str | None], device: str) -> None:
+    """AiaynError, before any work, when more than one of ``inputs`` (flag or name: path)
+    is ``-`` (stdin, which holds one text), or when one is and several processes run
+    (torchrun): each would read its own stdin, not the one given."""
+    from aiayn.distributed import init_from_env
+
+    readers = [name for name, path in inputs.items() if path == "-"]
+    if len(readers) > 1:
+        each = "both" if len(readers) == 2 else "all"
+        raise AiaynError(
+            f"{' and '.join(readers)} {each} read stdin (-), which holds one text: give all "
+            "but one as a file"
+        )
+    if readers and init_from_env(device).size > 1:
+        raise AiaynError("several processes read an input file, not stdin: give the file")
+
+
 def text_arg(value: str) -> str:
     """The argparse type of a text argument (a sentence, a prefix): its value, unless it
     holds bytes that are not UTF-8, which Python keeps as lone surrogates that no

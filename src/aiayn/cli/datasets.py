@@ -8,14 +8,14 @@ from aiayn.data.download import TIMEOUT_S
 
 
 def cmd_data_get(args: argparse.Namespace) -> int:
-    from aiayn.data.datasets import get
+    from aiayn.data.datasets import get, language_pair
     from aiayn.data.download import check_timeout, check_url
 
     # Checked here first only to name the flags; the library checks them again.
     check_timeout(args.timeout, "--timeout")
     if args.mirror:
         check_url(args.mirror, "--mirror")
-    langs = args.pair.split("-") if args.pair else None
+    langs = language_pair(args.name, args.pair) if args.pair is not None else None
     get(
         args.name,
         langs=langs,

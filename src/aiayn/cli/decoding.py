@@ -10,8 +10,10 @@ from aiayn.cli.common import (
     add_decoding_flags,
     add_inference_flags,
     add_search_flags,
+    named,
     read_input,
     refuse_overwriting_inputs,
+    refuse_two_stdins,
     text_arg,
     translate_lines,
     write_stdout,
@@ -24,18 +26,14 @@ if TYPE_CHECKING:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from aiayn.distributed import init_from_env
-
-    if (args.input is None or args.input == "-") and init_from_env(args.device).size > 1:
-        raise AiaynError("several processes read an input file, not stdin: give the file")
-    refuse_overwriting_inputs(
-        args.output,
-        {
-            "the input": args.input,
-            "--prefix-file": args.prefix_file,
-            "--closest-to": args.closest_to,
-        },
-    )
+    check_output_flags(args)
+    inputs = {
+        "the input": args.input or "-",
+        "--prefix-file": args.prefix_file,
+        "--closest-to": args.closest_to,
+    }
+    refuse_two_stdins(inputs, args.device)
+    refuse_overwriting_inputs(args.output, inputs)
     lines = read_input(args.input)
     prefixes = read_prefixes(args, len(lines))
     references = read_closest_to(args, len(lines))
@@ -105,7 +103,28 @@ def read_prefixes(args: argparse.Namespace, n_lines: int) -> list[str] | None:
 
 
 def alignment_layer(args: argparse.Namespace) -> int | None:
-    return args.alignment_layer if getattr(args, "alignment", False) else None
+    """The decoder layer to align with (``--alignment``), or None: no alignments."""
+    from aiayn.decode.alignment import DEFAULT_LAYER
+
+    if not getattr(args, "alignment", False):
+        return None
+    return DEFAULT_LAYER if args.alignment_layer is None else args.alignment_layer
+
+
+def check_output_flags(args: argparse.Namespace, shapes_output_file: bool = False) -> None:
+    """Refuse, before any work, an output flag that would take no effect: --alignment-layer
+    without --alignment, and with ``shapes_output_file`` (evaluate, whose stdout holds the
+    scores) --format or --alignment without the -o file they shape."""
+    if args.alignment_layer is not None and not args.alignment:
+        raise AiaynError("--alignment-layer picks the layer of --alignment: give --alignment too")
+    if shapes_output_file and not args.output:
+        given = [f for f, on in (("--format", args.format), ("--alignment", args.alignment)) if on]
+        if given:
+            verb = "shape" if len(given) > 1 else "shapes"
+            raise AiaynError(
+                f"{' and '.join(given)} {verb} the translations written to -o/--output, and "
+                "none is given (stdout holds the scores): give -o FILE"
+            )
 
 
 def candidate_record(t: Translation, with_alignment: bool) -> dict[str, object]:
@@ -147,17 +166,18 @@ def text_line(candidates: list[Translation], n_best: int, with_alignment: bool) 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import sacrebleu
 
-    from aiayn.data.corpus import read_lines
     from aiayn.metrics import corpus_bleu
 
-    refuse_overwriting_inputs(
-        args.output, {"--src": args.src, "--ref": args.ref, "--prefix-file": args.prefix_file}
-    )
-    src, ref = read_lines(args.src), read_lines(args.ref)
+    check_output_flags(args, shapes_output_file=True)
+    inputs = {"--src": args.src, "--ref": args.ref, "--prefix-file": args.prefix_file}
+    refuse_two_stdins(inputs, args.device)
+    refuse_overwriting_inputs(args.output, inputs)
+    src, ref = read_input(args.src), read_input(args.ref)
+    src_name, ref_name = (named(p) for p in (args.src, args.ref))
     if len(src) != len(ref):
-        raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}")
+        raise AiaynError(f"{src_name} has {len(src)} lines but {ref_name} has {len(ref)}")
     if not src:
-        raise AiaynError(f"{args.src} and {args.ref}: no lines to score")
+        raise AiaynError(f"{src_name} and {ref_name}: no lines to score")
     prefixes = read_prefixes(args, len(src))
     outputs = translate_lines(args, src, 1, prefixes, alignment_layer(args))
     if outputs is None:  # not rank 0
@@ -177,7 +197,6 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
         choices=["text", "jsonl"],
-        default="text",
         help="text (default) or one JSON object per line: text, tokens, score, logprob",
     )
     p.add_argument(
@@ -188,7 +207,6 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--alignment-layer",
         type=int,
-        default=DEFAULT_LAYER,
         help=f"decoder layer for --alignment, from 1; -1 the last (default {DEFAULT_LAYER})",
     )
     p.add_argument("--prefix", type=text_arg, help="text every output starts with (forced)")
@@ -219,7 +237,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_search_flags(p)
     add_inference_flags(p)
     add_output_flags(p)
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
-    p.add_argument("-o", "--output", help="also write the translations here")
+    p.add_argument("--src", required=True, help="source file (plain or .gz); - for stdin")
+    p.add_argument("--ref", required=True, help="reference file; - for stdin (not both)")
+    p.add_argument(
+        "-o", "--output", help="also write the translations here (as --format, --alignment)"
+    )
     p.set_defaults(func=cmd_evaluate)

@@ -53,16 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.train.recipe import Recipe
     from aiayn.train.trainer import Trainer
 
-    texts = [f for f in ("train_src", "train_tgt", "valid_src", "valid_tgt") if getattr(args, f)]
-    if args.data and texts:  # the recipe would take --data and drop the text unread
-        given = ", ".join(f"--{f.replace('_', '-')}" for f in texts)
-        raise AiaynError(f"--data and {given} name two data sets: give one or the other")
-    overrides = list(args.set or [])
-    for flag in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt"):
-        if getattr(args, flag):
-            overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
-    if args.init_from:  # MODEL_DIR[:CHECKPOINT]; the directory made absolute
-        overrides.append(f"init_from={_absolute_model_spec(args.init_from)}")
+    overrides = [*_replaced_data(args), *(args.set or []), *_flag_overrides(args)]
     recipe = (
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
     )
@@ -77,6 +68,42 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(recipe, args.out, resume=resume)
     trainer.train(progress=not args.no_progress)
     return 0
+
+
+TEXT_FLAGS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+
+
+def _replaced_data(args: argparse.Namespace) -> list[str]:
+    """The overrides that clear the recipe's own data when the command line names the run's
+    data, so that what was given is what trains (the recipe's ``data`` would win over text
+    and leave it unread): --data clears the recipe's text and ``dataset``; a text flag
+    clears its ``data`` (its ``dataset`` still fills the text fields not given). They come
+    before --set, which may set a field again (and Recipe.check refuses a contradiction)."""
+    texts = [f for f in TEXT_FLAGS if getattr(args, f)]
+    if args.data and texts:  # the recipe would take --data and drop the text unread
+        given = ", ".join(f"--{f.replace('_', '-')}" for f in texts)
+        raise AiaynError(f"--data and {given} name two data sets: give one or the other")
+    if args.data:
+        return [f"{field}=" for field in ("dataset", *TEXT_FLAGS)]
+    return ["data="] if texts else []
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The recipe overrides of --data, the text flags and --init-from (paths made
+    absolute); AiaynError when --set sets the same field too (one would be dropped)."""
+    overrides = []
+    for flag in ("data", *TEXT_FLAGS):
+        if getattr(args, flag):
+            overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
+    if args.init_from:  # MODEL_DIR[:CHECKPOINT]; the directory made absolute
+        overrides.append(f"init_from={_absolute_model_spec(args.init_from)}")
+    set_keys = {item.split("=", 1)[0] for item in args.set or []}
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if key in set_keys:
+            flag = f"--{key.replace('_', '-')}"
+            raise AiaynError(f"{flag} and --set {key}=... both set {key}: give one")
+    return overrides
 
 
 def _absolute_model_spec(spec: str) -> str:

@@ -191,6 +191,19 @@ def dataset(name: str) -> Dataset:
     return DATASETS[name]
 
 
+def language_pair(name: str, pair: str) -> list[str]:
+    """The two languages of ``pair`` ("de-en", either direction) of data set ``name``;
+    DownloadError naming the pairs it has otherwise (checked before any download)."""
+    data = dataset(name)
+    langs = pair.split("-")
+    if len(langs) == 2 and langs[0] != langs[1] and set(langs) <= set(data.languages):
+        return langs
+    known = [f"{a}-{b}" for i, a in enumerate(data.languages) for b in data.languages[i + 1 :]]
+    raise DownloadError(
+        f"{name}: no language pair {pair!r}; known pairs: {', '.join(known)} (either direction)"
+    )
+
+
 def get(
     name: str,
     *,
@@ -217,6 +230,8 @@ def get(
     unknown = sorted(set(splits or []) - {s.split for s in data.sources})
     if unknown:
         raise DownloadError(f"{name}: no split {', '.join(unknown)}")
+    if langs:
+        chosen = _with_every_language(data, chosen, langs, splits)
     if not chosen:
         raise DownloadError(f"{name}: no file for languages {', '.join(langs or [])}")
     base = base.rstrip("/") + "/"
@@ -240,6 +255,27 @@ def get(
         data.extract(folder, log)
     log(f"{name}: {fetched} file(s) downloaded, {len(chosen) - fetched} already there -> {folder}")
     return folder
+
+
+def _with_every_language(
+    data: Dataset, chosen: list[Source], langs: list[str], splits: list[str] | None
+) -> list[Source]:
+    """Of ``chosen``, the files of the splits that have every one of ``langs``: a split
+    asked for by name that lacks one, or a language the data set lacks, is a
+    DownloadError (nothing is fetched for half a pair)."""
+    unknown = [lang for lang in langs if lang not in data.languages]
+    if unknown:
+        raise DownloadError(
+            f"{data.name}: no language {', '.join(unknown)}; it has {', '.join(data.languages)}"
+        )
+    having: dict[str, set[str]] = {}
+    for source in data.sources:
+        having.setdefault(source.split, set()).add(source.lang)
+    for split in splits or []:
+        lacking = [lang for lang in langs if lang not in having[split]]
+        if lacking:
+            raise DownloadError(f"{data.name}: split {split} has no {', '.join(lacking)} file")
+    return [s for s in chosen if set(langs) <= having[s.split]]
 
 
 def pair_files(

@@ -63,6 +63,8 @@ CHOICES = {"spm_model_type": ("bpe", "unigram"), "schedule": SCHEDULES, "precisi
 # The fields a resumed run takes from its checkpoint whatever the recipe says: Adam's
 # settings, which loading the optimizer's state restores (the model is the checkpoint's too).
 RESUME_FIXED = ("adam_betas", "adam_eps", "weight_decay")
+# A run's text files (its data, else named by data: a prepared directory, or dataset).
+TEXT_FIELDS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
 
 
 @dataclass
@@ -166,7 +168,7 @@ class Recipe:
             raise RecipeError(f"{path}: holds no recipe (no field: value in it)")
         if not isinstance(data, dict):
             raise RecipeError(f"{path}: a recipe is a mapping of field: value")
-        for key in ("data", "train_src", "train_tgt", "valid_src", "valid_tgt", "init_from"):
+        for key in ("data", *TEXT_FIELDS, "init_from"):
             value = data.get(key)  # relative paths are relative to the recipe file
             if isinstance(value, str) and value and not Path(value).is_absolute():
                 data[key] = str((path.parent / value).resolve())
@@ -213,6 +215,12 @@ class Recipe:
         for f in fields(self):
             if f.name not in ("model", "given_model_fields"):
                 self._set(f.name, getattr(self, f.name), source)
+        others = [k for k in ("dataset", *TEXT_FIELDS) if getattr(self, k)]
+        if self.data and others:  # the prepared directory would be read, the rest unused
+            raise RecipeError(
+                f"{source}: fields data and {', '.join(others)} both name the training data "
+                "(data, a prepared directory, would leave the others unused): give one"
+            )
         if self.schedule != "noam" and not (self.max_steps or self.time_limit_minutes):
             raise RecipeError(
                 f"{source}: schedule {self.schedule!r} decays to 0 at the end of the run: it "
@@ -386,13 +394,3 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
                 f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
                 f"has {saved[key]!r}): its optimizer state keeps the run's own"
             )
-
-
-def budget_spent(recipe: Recipe, step: int, elapsed: float) -> str:
-    """ "max_steps" or "time_limit" once a run at update ``step`` after ``elapsed``
-    seconds has used that budget of ``recipe``; "" while it has not."""
-    if recipe.max_steps and step >= recipe.max_steps:
-        return "max_steps"
-    if recipe.time_limit_minutes and elapsed >= recipe.time_limit_minutes * 60:
-        return "time_limit"
-    return ""

@@ -1,6 +1,6 @@
 """The learning-rate schedule of Section 5.3 (Eq. 3), often called "Noam", and variants
 that know the run's budget (an update count or a wall-clock limit) and decay to zero at
-its end.
+its end; :func:`budget_spent` tells when that end has come.
 
 The paper's rate is still high when a short run stops (a run of twice the warmup ends at
 70% of the peak); a schedule that anneals to zero by the budget's end gets the benefit of
@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from torch.optim import Optimizer
 
 from aiayn.errors import RecipeError
+
+if TYPE_CHECKING:
+    from aiayn.train.recipe import Recipe
 
 # noam: Eq. 3. linear / cosine: linear warmup to Eq. 3's peak, then down to 0 at the end
 # of the budget. noam_cooldown: Eq. 3, multiplied down to 0 over the budget's last
@@ -131,3 +135,13 @@ class NoamSchedule:
     def load_state_dict(self, state: dict) -> None:
         self.step_count = int(state["step_count"])
         self._apply()
+
+
+def budget_spent(recipe: Recipe, step: int, elapsed: float) -> str:
+    """ "max_steps" or "time_limit" once a run at update ``step`` after ``elapsed``
+    seconds has used that budget of ``recipe``; "" while it has not."""
+    if recipe.max_steps and step >= recipe.max_steps:
+        return "max_steps"
+    if recipe.time_limit_minutes and elapsed >= recipe.time_limit_minutes * 60:
+        return "time_limit"
+    return ""

@@ -37,9 +37,9 @@ from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.optim import make_optimizer
-from aiayn.train.recipe import Recipe, budget_spent, fine_tune_config, step_settings
+from aiayn.train.recipe import Recipe, fine_tune_config, step_settings
 from aiayn.train.rundir import RunDirectory
-from aiayn.train.schedule import NoamSchedule
+from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
 from aiayn.train.validation import translate_texts, validate_world
 

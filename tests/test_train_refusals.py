@@ -139,6 +139,27 @@ def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
     assert load_checkpoint(last)["step"] == 3
 
 
+def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(
+    tmp_path, sample_prepared, capsys
+):
+    """A run stopped before its first checkpoint_last.pt (killed after a validation saved
+    its best) or whose last was deleted keeps its other checkpoints: a new run into that
+    folder, or --resume auto, is refused, and nothing there changes."""
+    out = tmp_path / "run"
+    argv = _tiny_train(sample_prepared, out)
+    assert main([*argv, "max_steps=2"]) == 0
+    (out / "checkpoint_last.pt").unlink()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert "checkpoint_best.pt" in before
+    for extra in ([], ["--resume", "auto"]):
+        err = one_line_error([*argv, "max_steps=2", *extra], capsys)
+        assert "holds checkpoints of an earlier run (checkpoint_best.pt" in err, extra
+        assert "no checkpoint_last.pt to resume from" in err
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    err = one_line_error([*argv, "max_steps=2", "--resume"], capsys)
+    assert "nothing to resume" in err
+
+
 def test_init_from_or_resume_with_weights_that_do_not_fit_names_the_file(
     sample_prepared, tmp_path, capsys
 ):

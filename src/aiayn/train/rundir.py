@@ -168,6 +168,16 @@ class RunDirectory:
                 f"{self.out_dir} already holds a training run ({LAST}); resume it or train "
                 "into another directory"
             )
+        # A run stopped before its first checkpoint_last.pt (or whose last was deleted)
+        # can still have saved its best, epoch or timed checkpoints: a new run would
+        # overwrite them. Only a folder with none of them is a failed run to replace.
+        kept = sorted(p.name for p in self.out_dir.glob("checkpoint*.pt"))
+        if kept:
+            raise CheckpointError(
+                f"{self.out_dir} holds checkpoints of an earlier run ({', '.join(kept[:3])}"
+                f"{', ...' if len(kept) > 3 else ''}) but no {LAST} to resume from; train "
+                "into another directory, or move them away first"
+            )
         return None
 
     def new_run(self, r: Recipe) -> dict | None:

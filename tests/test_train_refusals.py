@@ -4,6 +4,7 @@ finished run resumed, and weights that do not fit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,13 @@ def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(
         assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     err = one_line_error([*argv, "max_steps=2", "--resume"], capsys)
     assert "nothing to resume" in err
+    # A run that saved no checkpoint is replaced, and its log with it (not appended to).
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "metrics.jsonl").write_text('{"kind": "train", "step": 7, "loss": 9.0}\n')
+    assert main([*_tiny_train(sample_prepared, failed), "max_steps=2"]) == 0
+    steps = [json.loads(line)["step"] for line in (failed / "metrics.jsonl").open()]
+    assert steps and 7 not in steps
 
 
 def test_init_from_or_resume_with_weights_that_do_not_fit_names_the_file(

@@ -262,7 +262,8 @@ class RunDirectory:
         self, r: Recipe, state: dict | None, cfg: TransformerConfig, tokenizer: Tokenizer
     ) -> None:
         """A new run writes its tokenizer's files and its recipe, once its model config
-        is known to be good (nothing overwritten for a run refused before); one that starts
+        is known to be good (nothing overwritten for a run refused before), and drops the
+        logs of a run it replaces (one that saved no checkpoint); one that starts
         from a model (``init_from``) writes the model fields it really has (the starting
         model's), not the recipe defaults. A resumed run writes neither."""
         if state is not None:
@@ -274,5 +275,9 @@ class RunDirectory:
         def save() -> None:
             tokenizer.save(self.out_dir)
             r.save(self.out_dir / "recipe.yaml")
+            # The logs of the run being replaced (one that saved no checkpoint, see
+            # _resume_path) would mix with this run's, which appends to them.
+            (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
 
         self.write(save)

@@ -140,9 +140,7 @@ def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
     assert load_checkpoint(last)["step"] == 3
 
 
-def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(
-    tmp_path, sample_prepared, capsys
-):
+def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(tmp_path, sample_prepared, capsys):
     """A run stopped before its first checkpoint_last.pt (killed after a validation saved
     its best) or whose last was deleted keeps its other checkpoints: a new run into that
     folder, or --resume auto, is refused, and nothing there changes."""

@@ -92,6 +92,19 @@ def test_health_ready_info_docs_and_page(client):
         assert not re.search(r"https?:|(src|href)=\"//|@import|url\(", text), asset
 
 
+def test_every_get_endpoint_answers_head_with_its_headers_and_no_body(client):
+    for path in ["/health", "/ready", "/info", "/docs", "/", "/static/app.js", "/metrics"]:
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == 200, (path, head.text)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if path != "/metrics":  # its counters move between the two requests
+            assert head.headers["content-length"] == str(len(got.content)), path
+    r = client.head("/translate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert client.head("/nowhere").status_code == 404
+
+
 def test_metrics_in_prometheus_text(client):
     client.post("/translate", json={"src": ["Ein Hund."]})
     post(client, b"{")

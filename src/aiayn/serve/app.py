@@ -52,6 +52,7 @@ from aiayn.serve.process import ProcessWorker
 from aiayn.serve.protocol import (
     CLIENT_GONE,
     ApiError,
+    HeadAsGet,
     RequestCounter,
     TranslateRequest,
     attention_json,
@@ -227,6 +228,7 @@ def create_app(
         return error_response(422, str(exc.errors()[0].get("msg", "invalid request")))
 
     app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(HeadAsGet)  # outermost: everything inside sees HEAD as GET
 
     @app.post(
         "/translate",

@@ -144,6 +144,28 @@ class RequestCounter:
             self.metrics.request_done(path, status, seconds)
 
 
+class HeadAsGet:
+    """ASGI middleware: a ``HEAD`` request is served as the ``GET`` of its path, with the
+    same status and headers (Content-Length included) and no body, as Starlette's own
+    routes do; FastAPI's routes take only the methods they name, and load balancers and
+    uptime checks probe with HEAD. A path without GET still answers 405."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":  # the server may not drop it
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 async def client_gone(receive: Receive) -> None:
     """Return once the client has closed its connection (call it after the body is read).
 

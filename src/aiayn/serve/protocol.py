@@ -246,7 +246,8 @@ def request_options(
     req: TranslateRequest, defaults: DecodeOptions, max_beam: int, max_alpha: float
 ) -> DecodeOptions:
     """The decoding options of a request: the model's ``defaults`` with the fields it sets,
-    checked (422 naming the field) against the server's limits and by DecodeOptions."""
+    checked (422 naming the field) against the server's limits and by DecodeOptions. A
+    sampling setting (``seed`` too) with sampling off is a 422."""
     if req.beam is not None and not 1 <= req.beam <= max_beam:
         raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
     if req.alpha is not None and not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
@@ -264,6 +265,11 @@ def request_options(
         limit = beam if beam is not None else defaults.beam
         if not 1 <= req.n_best <= limit:
             raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({limit})")
+        # Refused like temperature, top_k and top_p: a seed without sampling changes
+        # nothing, and the client that sent it expected samples. (DecodeOptions lets it
+        # pass, as the CLI's --seed does: a library caller may keep one options object.)
+        if req.seed is not None:
+            raise ApiError(422, f"seed={req.seed} only applies with sampling, which is off")
     try:
         return defaults.given(
             beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling,

@@ -15,7 +15,9 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from fastapi.testclient import TestClient
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
+from aiayn.decode import DecodeOptions
 from aiayn.serve import ServeConfig, create_app
+from aiayn.serve.protocol import ApiError, TranslateRequest, request_options
 from aiayn.translator import Translator
 from serve_util import ControlledTranslator, live_server, wait_for, wait_warmed_up
 
@@ -92,6 +94,19 @@ def test_health_ready_info_docs_and_page(client):
         assert not re.search(r"https?:|(src|href)=\"//|@import|url\(", text), asset
 
 
+def test_every_get_endpoint_answers_head_with_its_headers_and_no_body(client):
+    for path in ["/health", "/ready", "/info", "/docs", "/", "/static/app.js", "/metrics"]:
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == 200, (path, head.text)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if path != "/metrics":  # its counters move between the two requests
+            assert head.headers["content-length"] == str(len(got.content)), path
+    r = client.head("/translate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert client.head("/nowhere").status_code == 404
+
+
 def test_metrics_in_prometheus_text(client):
     client.post("/translate", json={"src": ["Ein Hund."]})
     post(client, b"{")
@@ -130,6 +145,8 @@ BAD = [
     (b'{"src": ["a"], "prefix": "\\udfff"}', 422, "prefix: not valid Unicode"),
     (b'{"src": ["a", "b"], "prefix": ["A", null]}', 422, "prefix.1: Input should be a valid"),
     (b'{"src": ["a"], "prefix": 5}', 422, "prefix: Input should be a valid"),
+    (b'{"src": ["a"], "seed": 5}', 422, "seed=5 only applies with sampling, which is off"),
+    (b'{"src": ["a"], "sampling": false, "seed": 0}', 422, "seed=0 only applies with sampling"),
 ]
 
 
@@ -384,3 +401,17 @@ def test_sampling_with_a_seed_is_reproducible(client, translator):
     for bad, message in (({"top_p": 0.0}, "top_p must be in"), ({"beam": 3}, "takes no beam")):
         r = client.post("/translate", json={**body, **bad})
         assert r.status_code == 422 and message in r.json()["error"]["message"], r.text
+
+
+def test_a_seed_needs_sampling_on_in_the_request_or_the_models_defaults():
+    sampler = DecodeOptions.from_generation({"do_sample": True, "top_k": 5})
+    for defaults, body in [
+        (DecodeOptions(), {"sampling": True}),
+        (sampler, {}),  # a model that samples by default takes a seed alone
+    ]:
+        got = request_options(TranslateRequest(src=["x"], seed=3, **body), defaults, 16, 10.0)
+        assert got.sampling and got.seed == 3
+    for defaults, body in [(DecodeOptions(), {}), (sampler, {"sampling": False})]:
+        with pytest.raises(ApiError, match="seed=3 only applies with sampling") as e:
+            request_options(TranslateRequest(src=["x"], seed=3, **body), defaults, 16, 10.0)
+        assert e.value.status == 422

@@ -1,8 +1,10 @@
 """`aiayn serve` under real concurrency: many parallel requests batched together, each
-answered with exactly its own translations; SIGTERM lets a request in flight finish."""
+answered with exactly its own translations; SIGTERM lets a request in flight finish, and
+one still running when the grace period ends gets a 503."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -108,15 +110,17 @@ from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.serve import serve
 from serve_util import GatedTranslator
 translator = GatedTranslator(*load_model(resolve_checkpoint(sys.argv[1])), sys.argv[2])
-serve(translator, threads=1, sock=socket.socket(fileno=int(sys.argv[3])))
+sock = socket.socket(fileno=int(sys.argv[3]))
+serve(translator, threads=1, sock=sock, graceful_s=float(sys.argv[4]))
 """
 
 
-def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
+@contextlib.contextmanager
+def gated_server(model_dir: Path, tmp_path: Path, graceful_s: float):
     """`serve` in a process of its own, on a socket bound here and handed over (no port
-    found free, closed and reused), with a translator that holds its batches at a gate:
-    SIGTERM comes while a request is known to be running, the server stops listening, and
-    only then is the gate opened; the request still gets its whole answer."""
+    found free, closed and reused), with a translator that holds its batches at a gate
+    (``tmp_path / "gate"``, armed once the server is ready). Yields the process, its URL
+    and the gate; the log (``serve.log``) must hold no traceback."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -126,21 +130,43 @@ def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
     log = (tmp_path / "serve.log").open("w")
     gate = tmp_path / "gate"
     gate.mkdir()
-    cmd = [sys.executable, "-c", SERVE, str(sample_model_dir()), str(gate), str(sock.fileno())]
+    cmd = [sys.executable, "-c", SERVE, str(model_dir), str(gate), str(sock.fileno())]
     proc = subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=[sock.fileno()]
+        [*cmd, str(graceful_s)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        pass_fds=[sock.fileno()],
     )
     sock.close()  # the server holds it now
     try:
         wait_ready(base, timeout=60)
         (gate / "armed").touch()
-        body = {"src": [de for de, _ in PAIRS[:64]], "beam": 12, "n_best": 2}
-        answer: list = []
-        thread = threading.Thread(
-            target=lambda: answer.append(httpx.post(f"{base}/translate", json=body, timeout=120))
-        )
-        thread.start()
-        wait_for(lambda: (gate / "entered").exists(), "the request at the gate", 60)
+        yield proc, base, gate
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def _post_at_the_gate(base: str, gate: Path) -> tuple[threading.Thread, list]:
+    body = {"src": [de for de, _ in PAIRS[:64]], "beam": 12, "n_best": 2}
+    answer: list = []
+    thread = threading.Thread(
+        target=lambda: answer.append(httpx.post(f"{base}/translate", json=body, timeout=120))
+    )
+    thread.start()
+    wait_for(lambda: (gate / "entered").exists(), "the request at the gate", 60)
+    return thread, answer
+
+
+def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
+    """SIGTERM comes while a request is known to be running, the server stops listening,
+    and only then is the gate opened; the request still gets its whole answer."""
+    with gated_server(sample_model_dir(), tmp_path, graceful_s=30) as (proc, base, gate):
+        thread, answer = _post_at_the_gate(base, gate)
         proc.send_signal(signal.SIGTERM)
 
         def refused() -> bool:
@@ -163,12 +189,21 @@ def test_sigterm_lets_the_request_in_flight_finish(sample_model_dir, tmp_path):
         response = answer[0]
         assert response.status_code == 200, response.text
         assert len(response.json()["translations"]) == 64
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_a_request_still_running_when_the_grace_period_ends_gets_a_503(sample_model_dir, tmp_path):
+    """Past the grace period uvicorn cancels the request: it gets a JSON 503 saying so (it
+    was a bare 500, and a traceback in the log), and the server still exits cleanly."""
+    with gated_server(sample_model_dir(), tmp_path, graceful_s=0.5) as (proc, base, gate):
+        thread, answer = _post_at_the_gate(base, gate)
+        proc.send_signal(signal.SIGTERM)
+        thread.join(60)  # the gate stays shut: the batch is still running
+        response = answer[0]
+        assert response.status_code == 503, response.text
+        message = response.json()["error"]["message"]
+        assert message == "the server stopped before this translation finished"
+        (gate / "open").touch()  # the worker finishes its step and stops
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
 
 
 def test_serve_cli_errors_are_one_line(sample_model_dir, tmp_path, capsys):

@@ -52,6 +52,7 @@ from aiayn.serve.process import ProcessWorker
 from aiayn.serve.protocol import (
     CLIENT_GONE,
     ApiError,
+    HeadAsGet,
     RequestCounter,
     TranslateRequest,
     attention_json,
@@ -158,8 +159,9 @@ def create_app(
         prefix: list[list[int]] | None = None,
     ) -> Outcome:
         """Submit a job and wait for whichever comes first: its outcome, its client going
-        away (ApiError 499) or the deadline (ApiError 504, on the loop's clock). Whichever
-        it is, the job ends in the worker (the other two cancel it)."""
+        away (ApiError 499) or the deadline (ApiError 504, on the loop's clock); a server
+        stopping past its grace period is an ApiError 503. Whichever it is, the job ends in
+        the worker (all but the outcome cancel it)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         job = Job(src, settings, attention, future_reply(loop, future), prefix)
@@ -173,9 +175,12 @@ def create_app(
                 timeout=timeout,
                 return_when=asyncio.FIRST_COMPLETED,
             )
-        except asyncio.CancelledError:  # the server stops (past its grace period)
+        except asyncio.CancelledError:  # the server stops, past its grace period
             worker.cancel(job)
-            raise
+            # uvicorn cancels the request's task and would log a traceback and send a bare
+            # 500: answer, as a dead worker's requests are answered. (uvicorn cancels
+            # no request task for any other reason: see client_gone.)
+            raise ApiError(503, "the server stopped before this translation finished") from None
         finally:
             left = gone is not None and gone.done()
             if gone is not None:
@@ -227,6 +232,7 @@ def create_app(
         return error_response(422, str(exc.errors()[0].get("msg", "invalid request")))
 
     app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(HeadAsGet)  # outermost: everything inside sees HEAD as GET
 
     @app.post(
         "/translate",

@@ -144,6 +144,28 @@ class RequestCounter:
             self.metrics.request_done(path, status, seconds)
 
 
+class HeadAsGet:
+    """ASGI middleware: a ``HEAD`` request is served as the ``GET`` of its path, with the
+    same status and headers (Content-Length included) and no body, as Starlette's own
+    routes do; FastAPI's routes take only the methods they name, and load balancers and
+    uptime checks probe with HEAD. A path without GET still answers 405."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":  # the server may not drop it
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 async def client_gone(receive: Receive) -> None:
     """Return once the client has closed its connection (call it after the body is read).
 
@@ -224,7 +246,8 @@ def request_options(
     req: TranslateRequest, defaults: DecodeOptions, max_beam: int, max_alpha: float
 ) -> DecodeOptions:
     """The decoding options of a request: the model's ``defaults`` with the fields it sets,
-    checked (422 naming the field) against the server's limits and by DecodeOptions."""
+    checked (422 naming the field) against the server's limits and by DecodeOptions. A
+    sampling setting (``seed`` too) with sampling off is a 422."""
     if req.beam is not None and not 1 <= req.beam <= max_beam:
         raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
     if req.alpha is not None and not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
@@ -242,6 +265,11 @@ def request_options(
         limit = beam if beam is not None else defaults.beam
         if not 1 <= req.n_best <= limit:
             raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({limit})")
+        # Refused like temperature, top_k and top_p: a seed without sampling changes
+        # nothing, and the client that sent it expected samples. (DecodeOptions lets it
+        # pass, as the CLI's --seed does: a library caller may keep one options object.)
+        if req.seed is not None:
+            raise ApiError(422, f"seed={req.seed} only applies with sampling, which is off")
     try:
         return defaults.given(
             beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling,

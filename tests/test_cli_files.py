@@ -335,3 +335,22 @@ def test_flags_that_would_take_no_effect_are_refused_before_any_work(
     err = one_line_error([*argv, "--model", str(tmp_path / "no-model"), "--quiet"], capsys)
     assert message in err
     assert list(tmp_path.iterdir()) == []  # no -o file either
+
+
+def test_a_seed_without_sampling_is_refused_as_the_server_refuses_it(
+    sample_model_dir, tmp_path, capsys
+):
+    """--seed only seeds sampling: with sampling off (the flags and the model's defaults)
+    it would change nothing, so it is refused, as the server's 422 does."""
+    model = str(sample_model_dir())
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund läuft.\n")
+    argv = ["translate", str(src), "--model", model, "--quiet"]
+    err = one_line_error([*argv, "--seed", "3"], capsys)
+    assert "--seed seeds sampling, which is off: give --sampling too" in err
+    err = one_line_error([*argv, "--seed", "3", "--beam", "1"], capsys)
+    assert "--seed seeds sampling" in err
+    assert main([*argv, "--seed", "3", "--sampling"]) == 0
+    first = capsys.readouterr().out
+    assert main([*argv, "--seed", "3", "--sampling"]) == 0
+    assert capsys.readouterr().out == first and first.strip()

@@ -200,11 +200,15 @@ def decode_options(
     args: argparse.Namespace, defaults: DecodeOptions, n_best: int = 1
 ) -> DecodeOptions:
     """``defaults`` (a :class:`~aiayn.decode.DecodeOptions`) with the decoding flags that
-    were given; checked there. Sampling without a beam flag samples (beam 1)."""
+    were given; checked there. Sampling without a beam flag samples (beam 1); a seed
+    without sampling (given, or the model's default) would be ignored, and is refused."""
     given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
     if given["sampling"] and given["beam"] is None:
         given["beam"] = 1
-    return defaults.given(n_best=n_best, **given)
+    options = defaults.given(n_best=n_best, **given)
+    if given["seed"] is not None and not options.sampling:  # as the server's 422
+        raise AiaynError("--seed seeds sampling, which is off: give --sampling too")
+    return options
 
 
 def translate_lines(

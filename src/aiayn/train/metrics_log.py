@@ -3,52 +3,92 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from aiayn.errors import TrainingError
+
+T = TypeVar("T")
 
 
 class MetricsLog:
     """Appends one JSON object per line to metrics.jsonl, and mirrors scalars to
-    TensorBoard when the ``tensorboard`` package is installed."""
+    TensorBoard when the ``tensorboard`` package is installed.
 
-    def __init__(self, out_dir: Path, tensorboard: bool = True, enabled: bool = True):
+    A resumed run passes ``keep``, the size the log had when its checkpoint was saved
+    (:meth:`size`), and the checkpoint's ``step``: the lines written after that save (by a
+    run killed before its next one) are cut off, and TensorBoard drops its points after
+    ``step``, since the resumed run logs those updates again. A write that fails (a full
+    disk) is a TrainingError naming the file."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        tensorboard: bool = True,
+        enabled: bool = True,
+        keep: int | None = None,
+        step: int = 0,
+    ):
         self.enabled = enabled  # False on every rank but 0 of a distributed run: no file
         if not enabled:
             return
-        self.file = (out_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.path = out_dir / "metrics.jsonl"
+        self.file = self._guard(lambda: self.path.open("a", encoding="utf-8"))
+        if keep is not None and self.file.tell() > keep:
+            self._guard(lambda: self.file.truncate(keep))
         self.flushed_train = False
         self.tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+                purge = {"purge_step": step + 1} if keep is not None else {}
+                self.tb = SummaryWriter(str(out_dir / "tensorboard"), **purge)
             except ImportError:  # optional dependency
                 self.tb = None
 
+    def _guard(self, work: Callable[[], T]) -> T:
+        try:
+            return work()
+        except OSError as e:
+            raise TrainingError(f"{self.path}: cannot write ({e.strerror or e})") from None
+
     def write(self, kind: str, step: int, **values: float | str) -> None:
         """One line of ``kind`` at ``step``; the numbers among ``values`` also go to
-        TensorBoard (strings are for what JSON cannot hold, such as a NaN loss)."""
+        TensorBoard. A number that is not finite is written as a string ("nan"), as JSON
+        has no NaN or infinity."""
         if not self.enabled:
             return
-        self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        text = {
+            k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in values.items()
+        }
+        self._guard(
+            lambda: self.file.write(json.dumps({"kind": kind, "step": step, **text}) + "\n")
+        )
         # Current for `tail -f` without a flush per update: the first update shows at once.
         if kind != "train" or not self.flushed_train:
-            self.file.flush()
+            self._guard(self.file.flush)
             self.flushed_train = self.flushed_train or kind == "train"
         if self.tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):
                     self.tb.add_scalar(f"{kind}/{key}", value, step)
 
-    def flush(self) -> None:
-        """Put every line written so far on disk (before a checkpoint: a run resumed from
-        it after a kill then has the log of every step up to it)."""
-        if self.enabled:
-            self.file.flush()
+    def size(self) -> int:
+        """Put every line written so far on disk and return the log's size in bytes
+        (before a checkpoint: a run resumed from it after a kill then has the log of
+        every step up to it, and no more: see ``keep``)."""
+        if not self.enabled:
+            return 0
+        self._guard(self.file.flush)
+        return self.file.tell()
 
     def close(self) -> None:
         if not self.enabled:
             return
-        self.file.close()
+        self._guard(self.file.close)  # flushes: a full disk fails here too
         if self.tb is not None:
             self.tb.close()

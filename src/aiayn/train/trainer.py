@@ -121,6 +121,7 @@ class Trainer:
         )  # fmt: skip
         self.epoch_checkpoints: list[str] = []
         self._metrics: MetricsLog | None = None  # while train() runs
+        self._resumed_log_size = None if state is None else state.get("metrics_bytes")
         if state is not None:
             self._restore(state)
             self.log(
@@ -171,6 +172,8 @@ class Trainer:
             "best_bleu": self.best_bleu,
             "elapsed": self.elapsed,
             "skipped": self.skipped,
+            # The log of every step up to this state, on disk first (see MetricsLog).
+            "metrics_bytes": self._metrics.size() if self._metrics is not None else None,
             "epoch_checkpoints": list(self.epoch_checkpoints),
             "config": self.cfg.to_dict(),
             "recipe": self.recipe.to_dict(),
@@ -207,8 +210,6 @@ class Trainer:
         path = self.out_dir / name
 
         def write() -> None:
-            if self._metrics is not None:
-                self._metrics.flush()  # the log of every step up to this state first
             save_checkpoint(self._state(), path)
 
         if fence:
@@ -262,7 +263,10 @@ class Trainer:
         epoch checkpoint at the end of every epoch (or at a stop), checkpoint_last.pt every
         ``save_every_steps`` updates."""
         opened: list[MetricsLog] = []  # rank 0 opens the log; a failure stops every rank
-        self.run.on_main(lambda: opened.append(MetricsLog(self.out_dir)))
+        log_size = self._resumed_log_size  # None for a new run: nothing to cut
+        self.run.on_main(
+            lambda: opened.append(MetricsLog(self.out_dir, keep=log_size, step=self.step))
+        )
         metrics = opened[0] if opened else MetricsLog(self.out_dir, enabled=False)
         self._metrics = metrics
         self._start = time.perf_counter() - self.elapsed

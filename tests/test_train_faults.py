@@ -1,0 +1,74 @@
+"""`aiayn train` meeting faults a user's own run meets: a kill between checkpoints and
+--resume, a full disk, non-finite numbers in the log, data changed under a resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from aiayn.errors import TrainingError
+from aiayn.train.metrics_log import MetricsLog
+from test_train_refusals import TINY_RUN
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory) -> dict[str, Path]:
+    """The built-in sample pairs as text files (train.de, train.en, val.de, val.en)."""
+    from sample_data import write_sample
+
+    return write_sample(tmp_path_factory.mktemp("text"))
+
+
+def train_text(text: dict[str, Path], out: Path, *settings: str) -> list[str]:
+    """The argv of a TINY_RUN training on the sample text into ``out``."""
+    files = ["--train-src", text["train.de"], "--train-tgt", text["train.en"]]
+    files += ["--valid-src", text["val.de"], "--valid-tgt", text["val.en"]]
+    argv = ["train", *map(str, files), "--out", str(out), "--no-progress"]
+    return [*argv, "--set", *TINY_RUN, "vocab_size=120", *settings]
+
+
+def logged(out: Path, kind: str = "train") -> list[int]:
+    """The steps of the ``kind`` lines of ``out``'s metrics.jsonl, read as strict JSON."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=refuse) for line in lines]
+    return [r["step"] for r in records if r["kind"] == kind]
+
+
+def test_a_resume_cuts_the_log_back_to_its_checkpoint(tmp_path, text):
+    """Lines a killed run logged after its last checkpoint (the buffer reaches the disk
+    every few dozen updates) are logged again by the resumed run: they are cut off at
+    resume, so that every update is in metrics.jsonl once."""
+    out = tmp_path / "run"
+    assert main(train_text(text, out, "max_steps=3")) == 0
+    with (out / "metrics.jsonl").open("a") as log:  # as a run killed after update 4 left it
+        log.write('{"kind": "train", "step": 4, "loss": 9.0}\n')
+        log.write('{"kind": "valid", "step": 4, "loss": 9.0}\n')
+    assert main([*train_text(text, out, "max_steps=5"), "--resume"]) == 0
+    assert logged(out) == [1, 2, 3, 4, 5]
+    assert 9.0 not in [json.loads(line).get("loss") for line in (out / "metrics.jsonl").open()]
+
+
+def test_the_log_writes_json_and_names_itself_when_the_disk_is_full(tmp_path):
+    """A NaN loss is logged as a string (JSON has no NaN); a failed write is one
+    TrainingError naming metrics.jsonl, not an OSError from deep inside."""
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.write("valid", 1, loss=float("nan"), ppl=float("inf"), bleu=0.0)
+    log.size()
+    assert logged(tmp_path, "valid") == [1]
+
+    class Full:
+        def write(self, _text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+        flush = close = tell = lambda self: 0
+
+    log.file = Full()  # type: ignore[assignment]
+    with pytest.raises(TrainingError, match=r"metrics\.jsonl: cannot write \(No space left"):
+        log.write("valid", 2, loss=1.0)

@@ -11,6 +11,7 @@ import pytest
 from aiayn.cli import main
 from aiayn.errors import TrainingError
 from aiayn.train.metrics_log import MetricsLog
+from cli_util import one_line_error
 from test_train_refusals import TINY_RUN
 
 
@@ -72,3 +73,35 @@ def test_the_log_writes_json_and_names_itself_when_the_disk_is_full(tmp_path):
     log.file = Full()  # type: ignore[assignment]
     with pytest.raises(TrainingError, match=r"metrics\.jsonl: cannot write \(No space left"):
         log.write("valid", 2, loss=1.0)
+
+
+def test_a_full_disk_while_preparing_or_starting_a_run_is_one_line(
+    tmp_path, text, monkeypatch, capsys
+):
+    """A write that fails for want of space (token files, the run's tokenizer or recipe)
+    is one line naming the folder, not an OSError traceback; no half-prepared data stays."""
+    import aiayn.data.shards as shards
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.train.recipe import Recipe
+
+    def full(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(shards.SplitWriter, "write", full)
+        out = tmp_path / "prepared"
+        files = [str(text[name]) for name in ("train.de", "train.en", "val.de", "val.en")]
+        flags = ("--train-src", "--train-tgt", "--valid-src", "--valid-tgt")
+        argv = ["prepare", *(x for pair in zip(flags, files) for x in pair), "--out", str(out)]
+        err = one_line_error([*argv, "--vocab-size", "120", "--no-progress"], capsys)
+        assert f"{out}: cannot write the prepared data (No space left on device)" in err
+        assert list(tmp_path.iterdir()) == []  # no folder, no .prepared.*.tmp
+        err = one_line_error(train_text(text, tmp_path / "run", "max_steps=1"), capsys)
+        assert f"{tmp_path / 'run' / 'data'}: cannot write the prepared data" in err
+    for owner in (Tokenizer, Recipe):  # spm.model, then recipe.yaml
+        with monkeypatch.context() as patch:
+            patch.setattr(owner, "save", full)
+            run = tmp_path / owner.__name__
+            err = one_line_error(train_text(text, run, "max_steps=1"), capsys)
+            assert f"{run}: cannot write " in err and "No space left on device" in err
+            assert not list(run.glob("checkpoint*"))

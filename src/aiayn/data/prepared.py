@@ -170,7 +170,8 @@ def prepare(
     the one ``spm_model`` holds (a SentencePiece model, a tokenizer file or a model
     directory: :meth:`Tokenizer.load`), or a joint one of ``vocab_size`` trained on
     ``sample`` pairs drawn with ``seed``.
-    Raises CorpusError (file and line) for unusable text, and when ``out`` exists.
+    Raises CorpusError (file and line) for unusable text, and when ``out`` exists;
+    AiaynError naming ``out`` when its files cannot be written (a full disk).
     """
     out = Path(out)
     for name, value in (("workers", workers), ("sample", sample), ("chunk_pairs", chunk_pairs)):
@@ -187,13 +188,16 @@ def prepare(
         raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
     for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a prepare that was killed
         shutil.rmtree(stale, ignore_errors=True)
-    with staged_folder(out) as tmp:
-        if tokenizer is None and spm_model is not None:
-            tokenizer = Tokenizer.load(spm_model)
-        manifest = _prepare_into(
-            tmp, train, valid, vocab_size, tokenizer, spm_model, model_type, max_len_words,
-            workers, sample, seed, chunk_pairs, log, show_progress,
-        )  # fmt: skip
+    try:
+        with staged_folder(out) as tmp:
+            if tokenizer is None and spm_model is not None:
+                tokenizer = Tokenizer.load(spm_model)
+            manifest = _prepare_into(
+                tmp, train, valid, vocab_size, tokenizer, spm_model, model_type, max_len_words,
+                workers, sample, seed, chunk_pairs, log, show_progress,
+            )  # fmt: skip
+    except OSError as e:  # writing the files (a full disk); the text's own are CorpusErrors
+        raise AiaynError(f"{out}: cannot write the prepared data ({e.strerror or e})") from None
     log(f"prepared {out}")
     return manifest
 

@@ -273,8 +273,15 @@ class RunDirectory:
             r.model = {k: v for k, v in cfg.to_dict().items() if k not in skip}
 
         def save() -> None:
-            tokenizer.save(self.out_dir)
-            r.save(self.out_dir / "recipe.yaml")
+            what = "the tokenizer's files"
+            try:  # a full disk: one line naming the file, not an OSError from pathlib
+                tokenizer.save(self.out_dir)
+                what = "recipe.yaml"
+                r.save(self.out_dir / "recipe.yaml")
+            except OSError as e:
+                raise AiaynError(
+                    f"{self.out_dir}: cannot write {what} ({e.strerror or e})"
+                ) from None
             # The logs of the run being replaced (one that saved no checkpoint, see
             # _resume_path) would mix with this run's, which appends to them.
             (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)

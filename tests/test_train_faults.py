@@ -105,3 +105,23 @@ def test_a_full_disk_while_preparing_or_starting_a_run_is_one_line(
             err = one_line_error(train_text(text, run, "max_steps=1"), capsys)
             assert f"{run}: cannot write " in err and "No space left on device" in err
             assert not list(run.glob("checkpoint*"))
+
+
+def test_a_resume_naming_other_text_is_refused(tmp_path, text, capsys):
+    """--resume with text files other than those the run's data/ was prepared from used
+    to go on with the old data and leave them unread; now refused in one line. The same
+    text moved elsewhere (same size and sha256) resumes."""
+    out = tmp_path / "run"
+    assert main(train_text(text, out, "max_steps=2")) == 0
+    other = tmp_path / "other.de"
+    other.write_text("Ein anderer Satz.\n" * 50, encoding="utf-8")
+    argv = train_text(text, out, "max_steps=3")
+    changed = [str(other) if a == str(text["train.de"]) else a for a in argv]
+    err = one_line_error([*changed, "--resume"], capsys)
+    assert f"recipe field train_src={other} is not the file the run being resumed" in err
+    assert str(text["train.de"]) in err
+    moved = tmp_path / "moved.de"
+    moved.write_bytes(text["train.de"].read_bytes())
+    argv = [str(moved) if a == str(text["train.de"]) else a for a in argv]
+    assert main([*argv, "--resume"]) == 0
+    assert logged(out) == [1, 2, 3]

@@ -33,10 +33,10 @@ from aiayn.config import TransformerConfig
 from aiayn.data import Tokenizer
 from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
-from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
+from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer, read_manifest, sha256_file
 from aiayn.distributed import World
-from aiayn.errors import AiaynError, CheckpointError
-from aiayn.train.recipe import Recipe, check_new_model, check_resume
+from aiayn.errors import AiaynError, CheckpointError, RecipeError
+from aiayn.train.recipe import TEXT_FIELDS, Recipe, check_new_model, check_resume
 
 T = TypeVar("T")
 
@@ -49,6 +49,26 @@ def portable(error: BaseException) -> BaseException:
         return error
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def same_text(r: Recipe, directory: Path) -> None:
+    """RecipeError when a text file ``r`` names is not the one ``directory`` (a resumed
+    run's data) was prepared from: the run would go on with its own data and leave the
+    named file unread. A file at another path with the same size and sha256 (a moved
+    corpus) is the same."""
+    inputs = read_manifest(directory)["inputs"]
+    for field in TEXT_FIELDS:
+        given, was = Path(getattr(r, field)).resolve(), inputs[field]
+        if str(given) == was["path"]:
+            continue
+        same_size = given.is_file() and given.stat().st_size == was["bytes"]
+        if same_size and sha256_file(given) == was["sha256"]:
+            continue
+        raise RecipeError(
+            f"recipe field {field}={getattr(r, field)} is not the file the run being resumed "
+            f"was prepared from ({was['path']}, in {directory}): a resumed run goes on with its "
+            "own data; give the same files, or train into a new directory"
+        )
 
 
 class RunDirectory:
@@ -225,7 +245,7 @@ class RunDirectory:
 
             def make() -> None:
                 if state is not None and (directory / MANIFEST).is_file():
-                    return  # resuming: the run's own prepared data
+                    return same_text(r, directory)  # resuming: the run's own prepared data
                 if (directory / MANIFEST).is_file():  # ours, from a run that never saved
                     shutil.rmtree(directory)
                 prepare(

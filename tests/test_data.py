@@ -16,6 +16,7 @@ from aiayn.data import (
     ParallelDataset,
     Tokenizer,
     collate,
+    decode_lines,
     normalize,
     read_lines,
     read_parallel,
@@ -40,6 +41,16 @@ def test_plain_and_gzip_read_the_same_lines(tmp_path):
     plain = read_lines(write(tmp_path / "a.de", text))
     packed = read_lines(write(tmp_path / "a.de.gz", text, gz=True))
     assert plain == packed == ["Ein Hund.", "Zwei Katzen.", "", "Drei."]
+
+
+def test_a_byte_order_mark_at_the_start_is_not_text(tmp_path):
+    """A UTF-8 BOM (as Windows editors write one) stayed in the first sentence as U+FEFF:
+    in a validation reference it cost BLEU. It is dropped there only."""
+    text = "\ufeffEin Hund.\r\n\ufeffZwei.\n"
+    lines = ["Ein Hund.", "\ufeffZwei."]
+    assert read_lines(write(tmp_path / "a.de", text)) == lines
+    assert read_lines(write(tmp_path / "a.de.gz", text, gz=True)) == lines
+    assert decode_lines(text.encode(), "<stdin>") == lines
 
 
 def test_normalize_folds_no_break_and_stray_spaces():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aiayn.errors import CorpusError
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, as Windows editors start a file with
 _SPACES = re.compile(r"\s+")  # \s covers tabs and the no-break spaces U+00A0, U+202F, U+2007
 
 
@@ -64,9 +65,9 @@ def decode_line(line: bytes, name: str, number: int) -> str:
 
 
 def decode_lines(raw: bytes, name: str) -> list[str]:
-    """Split ``raw`` into lines (no newline, no trailing CR) and decode them as UTF-8
-    (:func:`decode_line`'s errors)."""
-    lines = raw.split(b"\n")
+    """Split ``raw`` into lines (no newline, no trailing CR, no byte order mark) and decode
+    them as UTF-8 (:func:`decode_line`'s errors)."""
+    lines = raw.removeprefix(BOM).split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start a new one
     return [decode_line(line, name, number) for number, line in enumerate(lines, start=1)]
@@ -74,7 +75,8 @@ def decode_lines(raw: bytes, name: str) -> list[str]:
 
 def iter_lines(path: str | Path) -> Iterator[str]:
     """The lines of ``path`` one at a time, as :func:`read_lines` gives them, in constant
-    memory: plain or gzip (recognised by its magic bytes), UTF-8 checked line by line.
+    memory: plain or gzip (recognised by its magic bytes), UTF-8 checked line by line; a
+    byte order mark that starts the file is dropped.
 
     Raises CorpusError for a path that is not a regular file (:func:`check_readable_file`),
     or naming the line where gzip data is bad (truncated, a bad checksum, a corrupt
@@ -89,6 +91,8 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             raw.seek(0)
             f = gzip.GzipFile(fileobj=raw) if packed else raw
             for number, line in enumerate(f, start=1):
+                if number == 1:  # not text: it would stay in the first sentence (U+FEFF)
+                    line = line.removeprefix(BOM)
                 yield decode_line(line[:-1] if line.endswith(b"\n") else line, str(path), number)
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
         where = f", line {number + 1}" if number else ""

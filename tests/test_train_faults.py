@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
 from aiayn.errors import TrainingError
 from aiayn.train.metrics_log import MetricsLog
@@ -125,3 +126,27 @@ def test_a_resume_naming_other_text_is_refused(tmp_path, text, capsys):
     argv = [str(moved) if a == str(text["train.de"]) else a for a in argv]
     assert main([*argv, "--resume"]) == 0
     assert logged(out) == [1, 2, 3]
+
+
+def test_a_validation_with_a_non_finite_loss_is_never_the_best(tmp_path, text, monkeypatch):
+    """A model that gives a NaN validation loss is broken: it is not saved as the best,
+    whatever BLEU its (garbage) translations get; a finite one then is."""
+    import aiayn.train.trainer as trainer
+
+    losses = [float("nan"), 2.0]  # then 2.0 again at every later validation
+    monkeypatch.setattr(
+        trainer,
+        "validate_world",
+        lambda *a: {
+            "loss": losses.pop(0) if len(losses) > 1 else losses[0],
+            "ppl": 1.0,
+            "bleu": 5.0,
+        },
+    )
+    out = tmp_path / "run"
+    argv = train_text(text, out, "max_steps=2", "valid_every_steps=1", "max_epochs=1")
+    assert main(argv) == 0
+    valid = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    valid = [r for r in valid if r["kind"] == "valid"]
+    assert [r["loss"] for r in valid][:2] == ["nan", 2.0]
+    assert load_checkpoint(out / "checkpoint_best.pt")["step"] == 2

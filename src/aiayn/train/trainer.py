@@ -248,7 +248,8 @@ class Trainer:
         """Every rank validates its share; rank 0 logs, and saves the best."""
         v = self.validate()
         metrics.write("valid", self.step, epoch=self.epoch + 1, seconds=round(self.elapsed, 2), **v)
-        improved = v["bleu"] > self.best_bleu
+        # A model whose validation loss is not finite is broken, whatever its BLEU says.
+        improved = math.isfinite(v["loss"]) and v["bleu"] > self.best_bleu
         self.log(
             f"valid epoch {self.epoch + 1} step {self.step}: loss {v['loss']:.3f} "
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")

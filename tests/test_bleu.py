@@ -47,8 +47,7 @@ def test_equals_sacrebleu_on_real_captions(p):
     hyps = noisy(refs, seed=int(p * 100), p=p)
     ours = corpus_bleu(hyps, refs)
     theirs = sacrebleu.corpus_bleu(hyps, [refs])
-    assert ours.score == pytest.approx(theirs.score, abs=0.01)
-    assert ours.bp == pytest.approx(theirs.bp, abs=1e-4)
+    assert (ours.score, ours.bp, ours.precisions) == (theirs.score, theirs.bp, theirs.precisions)
     assert (ours.sys_len, ours.ref_len) == (theirs.sys_len, theirs.ref_len)
     assert ours.counts == theirs.counts and ours.totals == theirs.totals
 
@@ -60,7 +59,7 @@ def test_equals_sacrebleu_with_two_reference_streams_and_short_output():
     ours = corpus_bleu(hyps, [refs, other])
     theirs = sacrebleu.corpus_bleu(hyps, [refs, other])
     assert ours.bp < 0.5
-    assert ours.score == pytest.approx(theirs.score, abs=0.01)
+    assert ours.score == theirs.score
     assert ours.ref_len == theirs.ref_len
 
 
@@ -70,7 +69,7 @@ def test_lowercase_and_smoothing_edge_cases_match_sacrebleu():
         for lowercase in (False, True):
             ours = corpus_bleu(hyps, refs, lowercase=lowercase)
             theirs = sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase)
-            assert ours.score == pytest.approx(theirs.score, abs=0.01), (hyps, lowercase)
+            assert ours.score == theirs.score, (hyps, lowercase)
 
 
 def test_sentence_bleu_equals_sacrebleus():
@@ -80,7 +79,7 @@ def test_sentence_bleu_equals_sacrebleus():
     hyps = noisy(refs, seed=3, p=0.3) + [" ".join(r.split()[:k]) for r in refs for k in (1, 2, 3)]
     for hyp, ref in zip(hyps, refs * 4):
         theirs = sacrebleu.sentence_bleu(hyp, [ref])
-        assert sentence_bleu(hyp, ref).score == pytest.approx(theirs.score, abs=0.01), hyp
+        assert sentence_bleu(hyp, ref).score == theirs.score, hyp
     assert sentence_bleu("a b c d", "a b c d").score == pytest.approx(100.0)
     assert (
         sentence_bleu("A dog runs", "A dog runs fast").score
@@ -142,3 +141,83 @@ def test_unknown_settings_are_refused_by_name():
     with pytest.raises(AiaynError) as e:
         corpus_bleu(["a"], ["a"], smooth="floor")
     assert str(e.value) == "smooth must be 'exp' or 'none', got 'floor'"
+
+
+SETTINGS = [(lc, tok, smooth, eff) for lc in (False, True) for tok in ("13a", "none")
+            for smooth in ("exp", "none") for eff in (False, True)]  # fmt: skip
+EDGE_CASES = [  # found by benchmarks/bleu_fuzz.py; each one differed before its fix
+    (["a b c d-\n"], [["a b c d-"]]),  # trailing whitespace goes before 13a: "-" stays
+    (["A b c d -\n\t"], [["a b c d -"], ["a b c d"]]),
+    (["x y z"], [["a b c"]]),  # no match at all: precisions all 0
+    ([""], [[""]]),  # empty output of empty references: BP 1
+    (["<skipped>", " "], [["<skipped>", ""], ["", "\u3000"]]),
+    (["d a c e d d c", "e c e f"], [["c e b e b c b", "b c a f a f c d"]]),  # float order
+    (
+        ["Ein Hund &amp; 3.5-4 \u00a0 İ", "一只狗 🐶 e\u0301"],
+        [["ein hund & 3.5 - 4", "一只狗 🐶 é"]],
+    ),
+]
+
+
+@pytest.mark.parametrize("hyps, refs", EDGE_CASES)
+def test_edge_cases_equal_sacrebleu_bit_for_bit_in_every_setting(hyps, refs):
+    """Score, BP and precisions are sacreBLEU's to the last bit (the same float operations
+    in the same order), counts and lengths equal, in every setting."""
+    for lowercase, tokenize, smooth, eff in SETTINGS:
+        ours = corpus_bleu(hyps, refs, lowercase, tokenize, smooth, eff)
+        theirs = sacrebleu.corpus_bleu(
+            hyps, refs, smooth, lowercase=lowercase, tokenize=tokenize, use_effective_order=eff
+        )
+        where = (lowercase, tokenize, smooth, eff)
+        assert (ours.score, ours.bp, ours.precisions) == (
+            theirs.score, theirs.bp, theirs.precisions
+        ), where  # fmt: skip
+        assert (ours.counts, ours.totals) == (theirs.counts, theirs.totals), where
+        assert (ours.sys_len, ours.ref_len) == (theirs.sys_len, theirs.ref_len), where
+    for hyp, ref in zip(hyps, refs[0]):
+        ours, theirs = sentence_bleu(hyp, ref), sacrebleu.sentence_bleu(hyp, [ref])
+        assert (ours.score, ours.bp, ours.precisions) == (
+            theirs.score,
+            theirs.bp,
+            theirs.precisions,
+        )
+
+
+def test_the_fixed_differences_one_by_one():
+    # sacreBLEU rstrips a segment before 13a, so a final "-\n" is no hyphenation to join.
+    assert sentence_bleu("a b c d-\n", "a b c d-").counts == [4, 3, 2, 1]
+    # No matching word: sacreBLEU stops early with all precisions 0 (printed 0.0/0.0/...).
+    assert corpus_bleu(["x y z"], ["a b c"]).precisions == [0.0] * 4
+    # BP is 1 unless the output is shorter than the references: 1 for empty and empty.
+    assert corpus_bleu([""], [""]).bp == 1.0
+    # 100 * exp(mean log(p / 100)) rounds differently from sacreBLEU's exp(mean log p).
+    assert sentence_bleu("a b c d", "a b c d").score == 100.00000000000004
+
+
+def test_files_as_read_score_as_sacrebleus_command_line(tmp_path):
+    """`aiayn evaluate` reads its reference with read_lines (which keeps trailing spaces
+    and a BOM); the sacrebleu command reads with newline="\\n" and rstrips each line. The
+    score is the same either way: CRLF, a BOM, trailing spaces, blank lines, a line of
+    spaces and no final newline."""
+    ref = tmp_path / "ref.txt"
+    ref.write_bytes(
+        "\ufeffA man rides a bike .  \r\n\r\nTwo dogs play -\u00a0\r\n   \r\n"
+        "A boy sits on a wall.\t\r\nThe end".encode()
+    )
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_bytes(b"A man rides a bike .\nTwo dogs\n\nplay -\nA boy sits on the wall .\nend\n")
+
+    def sacrebleu_lines(path):
+        with open(path, encoding="utf-8", newline="\n") as f:
+            return [line.rstrip() for line in f]
+
+    ours = corpus_bleu(read_lines(hyp), read_lines(ref))
+    theirs = sacrebleu.corpus_bleu(sacrebleu_lines(hyp), [sacrebleu_lines(ref)])
+    assert len(read_lines(ref)) == len(sacrebleu_lines(ref)) == 6
+    assert (ours.score, ours.bp, ours.precisions) == (theirs.score, theirs.bp, theirs.precisions)
+    assert (ours.counts, ours.sys_len, ours.ref_len) == (
+        theirs.counts,
+        theirs.sys_len,
+        theirs.ref_len,
+    )
+    assert str(ours) == str(theirs)  # what `aiayn evaluate` prints, as sacreBLEU's

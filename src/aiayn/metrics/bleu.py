@@ -89,7 +89,9 @@ def _corpus_statistics(
 
 def _precisions(counts: list[int], totals: list[int], smooth: str) -> list[float]:
     """p_n in percent; with "exp" smoothing a zero count becomes 1 / (2^k * total) for the
-    k-th zero, as sacreBLEU's."""
+    k-th zero, as sacreBLEU's. No match at all: all 0 (sacreBLEU stops early there)."""
+    if not any(counts):
+        return [0.0] * MAX_ORDER
     precisions, smooth_factor = [], 1.0
     for n in range(MAX_ORDER):
         if totals[n] == 0:
@@ -136,7 +138,8 @@ def corpus_bleu(
         raise AiaynError(f"smooth must be 'exp' or 'none', got {smooth!r}")
 
     def prepare(text: str) -> list[str]:
-        text = text.lower() if lowercase else text
+        # rstrip before tokenizing, as sacreBLEU: a line's trailing "-\n" stays a dash
+        text = (text.lower() if lowercase else text).rstrip()
         return (tokenize_13a(text) if tokenize == "13a" else text).split()
 
     counts, totals, sys_len, ref_len = _corpus_statistics(hypotheses, streams, prepare)
@@ -146,17 +149,18 @@ def corpus_bleu(
     if effective_order:
         orders = sum(1 for total in totals if total > 0)
     used = precisions[:orders]
+    # BP is 1 unless the output is shorter (so 1 for an empty output of empty references).
+    bp = 1.0 if sys_len >= ref_len else (math.exp(1 - ref_len / sys_len) if sys_len else 0.0)
     if sys_len == 0 or not any(counts) or min(used, default=0.0) == 0.0:
         score = 0.0
-    else:
-        score = 100.0 * math.exp(sum(math.log(p / 100.0) for p in used) / orders)
-    bp = 1.0 if sys_len > ref_len else (math.exp(1 - ref_len / sys_len) if sys_len else 0.0)
+    else:  # sacreBLEU's float operations in its order, so the score is the same bits
+        score = bp * math.exp(sum(math.log(p) for p in used) / orders)
     signature = (
         f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|"
         f"eff:{'yes' if effective_order else 'no'}|tok:{tokenize}|"
         f"smooth:{smooth}|version:aiayn"
     )
-    return BLEUScore(score * bp, precisions, bp, sys_len, ref_len, counts, totals, signature)
+    return BLEUScore(score, precisions, bp, sys_len, ref_len, counts, totals, signature)
 
 
 def sentence_bleu(hypothesis: str, reference: str) -> BLEUScore:

@@ -195,8 +195,9 @@ def test_the_fixed_differences_one_by_one():
 
 
 def test_files_as_read_score_as_sacrebleus_command_line(tmp_path):
-    """`aiayn evaluate` reads its reference with read_lines (which keeps trailing spaces
-    and a BOM); the sacrebleu command reads with newline="\\n" and rstrips each line. The
+    """`aiayn evaluate` reads its reference with read_lines(keep_bom=True) (which keeps
+    trailing spaces and, as sacreBLEU does, a BOM); the sacrebleu command reads with
+    newline="\\n" and rstrips each line. The
     score is the same either way: CRLF, a BOM, trailing spaces, blank lines, a line of
     spaces and no final newline."""
     ref = tmp_path / "ref.txt"
@@ -211,7 +212,7 @@ def test_files_as_read_score_as_sacrebleus_command_line(tmp_path):
         with open(path, encoding="utf-8", newline="\n") as f:
             return [line.rstrip() for line in f]
 
-    ours = corpus_bleu(read_lines(hyp), read_lines(ref))
+    ours = corpus_bleu(read_lines(hyp), read_lines(ref, keep_bom=True))
     theirs = sacrebleu.corpus_bleu(sacrebleu_lines(hyp), [sacrebleu_lines(ref)])
     assert len(read_lines(ref)) == len(sacrebleu_lines(ref)) == 6
     assert (ours.score, ours.bp, ours.precisions) == (theirs.score, theirs.bp, theirs.precisions)
@@ -221,3 +222,33 @@ def test_files_as_read_score_as_sacrebleus_command_line(tmp_path):
         theirs.ref_len,
     )
     assert str(ours) == str(theirs)  # what `aiayn evaluate` prints, as sacreBLEU's
+
+
+def test_evaluate_scores_a_reference_with_a_bom_as_sacrebleu_does(
+    sample_model_dir, tmp_path, capsys
+):
+    """A byte order mark is dropped from text to translate, but `aiayn evaluate` keeps it
+    in the reference, as sacreBLEU reads it: the printed BLEU equals sacreBLEU's on the
+    same files (dropping it would score the first word differently)."""
+    from aiayn.cli import main
+    from sample_data import PAIRS
+
+    src, ref, hyp = tmp_path / "src.de", tmp_path / "ref.en", tmp_path / "hyp.en"
+    src.write_bytes(("\ufeff" + "\n".join(de for de, _ in PAIRS[:8]) + "\n").encode())
+    ref.write_bytes(("\ufeff" + "\n".join(en for _, en in PAIRS[:8]) + "\n").encode())
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(hyp)]
+    assert main([*argv, "--src", str(src), "--ref", str(ref)]) == 0
+    printed = capsys.readouterr().out.splitlines()[0]
+    with open(ref, encoding="utf-8", newline="\n") as f:  # as the sacrebleu command reads
+        refs = [line.rstrip() for line in f]
+    assert refs[0].startswith("\ufeff")
+    theirs = sacrebleu.corpus_bleu(hyp.read_text().splitlines(), [refs])
+    assert printed.startswith(f"BLEU = {theirs.score:.2f} ")
+    assert read_lines(hyp)[0] == main_translation(sample_model_dir(), PAIRS[0][0])
+
+
+def main_translation(model_dir, line: str) -> str:
+    """The translation of ``line`` without a BOM before it."""
+    from aiayn.translator import Translator
+
+    return Translator.from_dir(model_dir).translate([line])[0][0]

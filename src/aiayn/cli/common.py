@@ -20,20 +20,21 @@ if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
     from aiayn.translator import Translation, Translator
 
 
-def read_input(path: str | None) -> list[str]:
-    """The lines of file ``path``, or of stdin (None or ``-``); AiaynError naming stdin
-    when it is closed (``<&-``: Python then has no sys.stdin) or cannot be read."""
+def read_input(path: str | None, keep_bom: bool = False) -> list[str]:
+    """The lines of file ``path``, or of stdin (None or ``-``), a starting byte order mark
+    dropped unless ``keep_bom`` (:func:`~aiayn.data.corpus.iter_lines`); AiaynError naming
+    stdin when it is closed (``<&-``: Python then has no sys.stdin) or cannot be read."""
     from aiayn.data.corpus import decode_lines, read_lines
 
     if path is not None and path != "-":
-        return read_lines(path)
+        return read_lines(path, keep_bom)
     if sys.stdin is None:
         raise AiaynError("stdin: closed; give an input file or pipe the text in")
     try:  # bytes, so invalid UTF-8 is an error as in a file
         data = sys.stdin.buffer.read()
     except OSError as e:  # a folder as stdin (`< /tmp`), a read error
         raise AiaynError(f"stdin: cannot read ({e.strerror or e})") from None
-    return decode_lines(data, "<stdin>")
+    return decode_lines(data, "<stdin>", keep_bom)
 
 
 def named(path: str | None) -> str:

@@ -172,7 +172,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     inputs = {"--src": args.src, "--ref": args.ref, "--prefix-file": args.prefix_file}
     refuse_two_stdins(inputs, args.device)
     refuse_overwriting_inputs(args.output, inputs)
-    src, ref = read_input(args.src), read_input(args.ref)
+    # The reference as sacreBLEU reads it (a BOM kept), so the score equals its own.
+    src, ref = read_input(args.src), read_input(args.ref, keep_bom=True)
     src_name, ref_name = (named(p) for p in (args.src, args.ref))
     if len(src) != len(ref):
         raise AiaynError(f"{src_name} has {len(src)} lines but {ref_name} has {len(ref)}")

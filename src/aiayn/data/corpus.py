@@ -23,13 +23,15 @@ def normalize(text: str) -> str:
     return _SPACES.sub(" ", unicodedata.normalize("NFC", text)).strip()
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """All lines of ``path`` without their newline; gzip is recognised by its magic bytes.
+def read_lines(path: str | Path, keep_bom: bool = False) -> list[str]:
+    """All lines of ``path`` without their newline; gzip is recognised by its magic bytes;
+    a byte order mark that starts the file is dropped unless ``keep_bom`` (as sacreBLEU
+    reads a reference: see :func:`iter_lines`).
 
     Raises CorpusError for a path that is not a readable regular file, bad gzip data, or
     invalid UTF-8 (with the line).
     """
-    return list(iter_lines(path))
+    return list(iter_lines(path, keep_bom))
 
 
 def check_readable_file(path: Path) -> None:
@@ -64,19 +66,21 @@ def decode_line(line: bytes, name: str, number: int) -> str:
         ) from None
 
 
-def decode_lines(raw: bytes, name: str) -> list[str]:
-    """Split ``raw`` into lines (no newline, no trailing CR, no byte order mark) and decode
-    them as UTF-8 (:func:`decode_line`'s errors)."""
-    lines = raw.removeprefix(BOM).split(b"\n")
+def decode_lines(raw: bytes, name: str, keep_bom: bool = False) -> list[str]:
+    """Split ``raw`` into lines (no newline, no trailing CR, no byte order mark unless
+    ``keep_bom``) and decode them as UTF-8 (:func:`decode_line`'s errors)."""
+    lines = (raw if keep_bom else raw.removeprefix(BOM)).split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start a new one
     return [decode_line(line, name, number) for number, line in enumerate(lines, start=1)]
 
 
-def iter_lines(path: str | Path) -> Iterator[str]:
+def iter_lines(path: str | Path, keep_bom: bool = False) -> Iterator[str]:
     """The lines of ``path`` one at a time, as :func:`read_lines` gives them, in constant
     memory: plain or gzip (recognised by its magic bytes), UTF-8 checked line by line; a
-    byte order mark that starts the file is dropped.
+    byte order mark that starts the file is dropped (it is no text: it would stay in the
+    first sentence as U+FEFF), unless ``keep_bom``: sacreBLEU keeps it in a reference, and
+    a score equal to sacreBLEU's on the same file must too.
 
     Raises CorpusError for a path that is not a regular file (:func:`check_readable_file`),
     or naming the line where gzip data is bad (truncated, a bad checksum, a corrupt
@@ -91,7 +95,7 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             raw.seek(0)
             f = gzip.GzipFile(fileobj=raw) if packed else raw
             for number, line in enumerate(f, start=1):
-                if number == 1:  # not text: it would stay in the first sentence (U+FEFF)
+                if number == 1 and not keep_bom:
                     line = line.removeprefix(BOM)
                 yield decode_line(line[:-1] if line.endswith(b"\n") else line, str(path), number)
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError

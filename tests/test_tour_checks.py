@@ -48,10 +48,31 @@ def attention_with(scale=None, after=False, dim=-1, inverted=False, fill=None, n
     return fn
 
 
+def mask_after_softmax(q, k, v, mask=None):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), -1)
+    return (w if mask is None else w * mask) @ v
+
+
+def keyword_only_mask(q, k, v, *, mask=None):
+    return learner_attention(q, k, v, mask)
+
+
+def kl_div_loss(logits, target, eps, pad_id):
+    """Label smoothing as a KL divergence: the cross-entropy less a constant."""
+    V, keep = logits.size(-1), target != pad_id
+    q = torch.full_like(logits, eps / V).scatter(1, target[:, None], 1 - eps + eps / V)
+    return F.kl_div(logits.log_softmax(-1)[keep], q[keep], reduction="sum")
+
+
 @pytest.mark.parametrize(
     "fn",
-    [learner_attention, lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask)],
-    ids=["learner", "library"],
+    [
+        learner_attention,
+        lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask),
+        keyword_only_mask,
+        lambda q, k, v, mask=None: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    ],
+    ids=["learner", "library", "keyword_only_mask", "torch_sdpa"],
 )
 def test_check_attention_passes_correct_implementations(fn):
     report = tour.check_attention(fn)
@@ -87,6 +108,13 @@ def test_check_attention_passes_the_library_with_weights():
         (attention_with(scale=lambda q, k: math.sqrt(k.size(1))), "scale_from_wrong_axis"),
         (lambda q, k, v: attention_with()(q, k, v), "raises"),  # takes no mask
         (lambda q, k, v, mask=None: torch.softmax(q @ k.T / 4, -1) @ v, "raises"),
+        (attention_with(scale=lambda q, k: math.sqrt(q.size(1) * q.size(-1))), "scale_by_d_model"),
+        (attention_with(scale=lambda q, k: math.sqrt(512)), "scale_by_d_model"),
+        (mask_after_softmax, "mask_after_softmax"),
+        (
+            lambda q, k, v, mask=None: F.dropout(learner_attention(q, k, v, mask), 0.1),
+            "random_output",
+        ),
     ],
 )
 @pytest.mark.filterwarnings("ignore:The use of `x.T`")
@@ -95,6 +123,15 @@ def test_check_attention_names_each_bug(fn, bug):
     assert not report.ok
     assert report.bug == bug, str(report)
     assert bug.replace("_", " ") in str(report) and report.message
+
+
+def test_every_failure_names_a_page():
+    """A learner's function that raises (or returns the wrong shape) still points to a page."""
+    report = tour.check_attention(lambda q, k, v, mask=None: 1 / 0)
+    assert report.bug == "raises" and report.page == "03-scaled-dot-product.md"
+    assert "see docs/tour/03-scaled-dot-product.md" in str(report)
+    assert tour.check_split_heads(lambda x, h: x).page == "05-multi-head.md"
+    assert tour.check_causal_mask(lambda n: [[1]]).page == "04-masks.md"
 
 
 def test_check_attention_measures_rather_than_compares():
@@ -122,6 +159,7 @@ def test_mask_checkers():
         "notes_convention": lambda n: torch.ones(n, n, dtype=torch.bool).triu(1),
         "diagonal_masked": lambda n: torch.ones(n, n, dtype=torch.bool).tril(-1),
         "sees_the_future": lambda n: torch.ones(n, n, dtype=torch.bool).triu(),
+        "sees_one_future_token": lambda n: torch.ones(n, n, dtype=torch.bool).tril(1),
         "not_boolean": lambda n: torch.full((n, n), float("-inf")).triu(1),
     }
     for bug, fn in bugs.items():
@@ -160,14 +198,25 @@ def test_check_split_heads():
     flat = lambda x: x.reshape(x.size(0), x.size(2), -1)  # noqa: E731
     assert tour.check_split_heads(split, flat).bug == "merge_without_transpose"
 
+    def thrown_away(x, h):
+        B, T, d = x.shape
+        x.view(B, T, h, d // h)  # the bug: the view's result is not kept
+        return x.transpose(1, 2)
+
+    assert tour.check_split_heads(thrown_away).bug == "result_thrown_away"
+    assert tour.check_split_heads(lambda x, h: x.unflatten(-1, (h, -1)).permute(0, 2, 1, 3))
+
 
 class LearnerMHA(nn.Module):
     """Separate W^Q, W^K, W^V, W^O; the three bugs are switches."""
 
-    def __init__(self, d_model, n_heads, bare_reshape=False, kv_from_query=False):
+    def __init__(
+        self, d_model, n_heads, bare_reshape=False, kv_from_query=False, bug=None, fused=False
+    ):
         super().__init__()
-        self.d_model, self.h = d_model, n_heads
+        self.d_model, self.h, self.bug, self.fused = d_model, n_heads, bug, fused
         self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.qkv = nn.Linear(d_model, 3 * d_model)  # used instead when fused
         self.bare_reshape, self.kv_from_query = bare_reshape, kv_from_query
 
     def split(self, x):
@@ -178,12 +227,23 @@ class LearnerMHA(nn.Module):
 
     def forward(self, x, memory=None, mask=None):
         source = x if memory is None or self.kv_from_query else memory
+        if self.fused:  # one nn.Linear(d, 3d): W^Q on x, W^K and W^V on the source
+            w_q, w_kv = self.qkv.weight.split([self.d_model, 2 * self.d_model])
+            b_q, b_kv = self.qkv.bias.split([self.d_model, 2 * self.d_model])
+            k, v = F.linear(source, w_kv, b_kv).chunk(2, -1)
+            q, k, v = self.split(F.linear(x, w_q, b_q)), self.split(k), self.split(v)
+            return self.w_o(learner_attention(q, k, v, mask).transpose(1, 2).flatten(2))
         q, k, v = (
             self.split(self.w_q(x)),
             self.split(self.w_k(source)),
             self.split(self.w_v(source)),
         )
-        out = learner_attention(q, k, v, mask)
+        if self.bug == "cross_softmax_over_queries" and memory is not None:
+            out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), -2) @ v
+        elif self.bug == "dropout_always":
+            out = F.dropout(learner_attention(q, k, v, mask), 0.1)
+        else:
+            out = learner_attention(q, k, v, mask)
         return self.w_o(out.transpose(1, 2).reshape(x.shape))
 
 
@@ -199,7 +259,10 @@ class LayerNormInForward(nn.Module):
 def test_check_multi_head_attention():
     assert tour.check_multi_head_attention(MultiHeadAttention(12, 3))
     assert tour.check_multi_head_attention(LearnerMHA(12, 3))
+    assert tour.check_multi_head_attention(LearnerMHA(12, 3, fused=True))
     cases = {
+        "queries_interact": LearnerMHA(12, 3, bug="cross_softmax_over_queries"),
+        "dropout_in_eval": LearnerMHA(12, 3, bug="dropout_always"),
         "mixes_positions": LearnerMHA(12, 3, bare_reshape=True),
         "kv_from_query": LearnerMHA(12, 3, kv_from_query=True),
         "module_built_in_forward": LayerNormInForward(12, 3),
@@ -237,12 +300,21 @@ def test_check_positional_encoding():
     )
     odd = lambda L, d: table(L, d, lambda i, d: 2 * i / (d + 2))  # noqa: E731
     assert tour.check_positional_encoding(odd).bug == "wrong_frequencies"
+    # [max_len, 1, d_model] (PyTorch's tutorial) and a NumPy table are tables too
+    assert tour.check_positional_encoding(lambda L, d: sinusoidal_table(L, d)[:, None])
+    assert tour.check_positional_encoding(lambda L, d: sinusoidal_table(L, d).numpy())
+    from_1 = lambda L, d: table(L + 1, d)[1:]  # noqa: E731
+    assert tour.check_positional_encoding(from_1).bug == "positions_start_at_1"
+    doubled = lambda L, d: table(L, d, lambda i, d: 4 * i / d)  # noqa: E731
+    assert tour.check_positional_encoding(doubled).bug == "doubled_exponent"
 
 
 def test_check_feed_forward():
     assert tour.check_feed_forward(FeedForward(8, 16), 8)
     linear = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
     assert tour.check_feed_forward(linear, 8).bug == "no_relu"
+    relu_last = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU())
+    assert tour.check_feed_forward(relu_last, 8).bug == "relu_after_second_layer"
 
 
 CFG = TransformerConfig(
@@ -274,17 +346,67 @@ class NoCrossMask(DecoderLayer):
         return super().forward(x, memory, self_mask, None, cache, need_weights)
 
 
+class HeadAveraged(DecoderLayer):
+    """Weights averaged over the heads, [B, T, S], as torch's nn.MultiheadAttention gives."""
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        x, self_w, cross_w = super().forward(x, memory, self_mask, cross_mask, cache, True)
+        return x, self_w.mean(1), cross_w.mean(1)
+
+
+class CrossOverTarget(DecoderLayer):
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        return super().forward(x, x, self_mask, None, cache, need_weights)  # the bug: memory
+
+
+class DecoderNoResidual(DecoderLayer):
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        x, self_w, cross_w = super().forward(x, memory, self_mask, cross_mask, cache, need_weights)
+        return self.ffn_norm(self.ffn(x)), self_w, cross_w  # the bug: no x + around the FFN
+
+
 class NoCausalMask(DecoderLayer):
     def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
         return super().forward(x, memory, None, cross_mask, cache, need_weights)
+
+
+class NoResidual(EncoderLayer):
+    def forward(self, x, src_mask, need_weights=False):
+        y, w = self._sa_block(x, src_mask, need_weights)
+        x = self.self_attn_norm(y)  # the bug: x + y
+        return self.ffn_norm(x + self._ff_block(x)), w
+
+
+class NormedResidual(EncoderLayer):
+    """Pre-LN with the residual added to the normalised input."""
+
+    def forward(self, x, src_mask, need_weights=False):
+        x = self.self_attn_norm(x)
+        y, w = self._sa_block(x, src_mask, need_weights)
+        x = self.ffn_norm(x + y)
+        return x + self._ff_block(x), w
+
+
+class TorchEncoderLayer(nn.Module):
+    def __init__(self, norm_first):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(12, 3, 24, batch_first=True, norm_first=norm_first)
+
+    def forward(self, x, src_mask):
+        return self.layer(x, src_key_padding_mask=~src_mask[:, 0, 0])
 
 
 def test_check_encoder_layer():
     for norm_first in (False, True):
         cfg = TransformerConfig(**{**CFG.to_dict(), "norm_first": norm_first})
         assert tour.check_encoder_layer(EncoderLayer(cfg), 12)
+        report = tour.check_encoder_layer(TorchEncoderLayer(norm_first), 12)
+        assert report.ok, str(report)
     assert tour.check_encoder_layer(FreshNorm(CFG), 12).bug == "module_built_in_forward"
     assert tour.check_encoder_layer(AlwaysDropout(CFG), 12).bug == "dropout_in_eval"
+    assert tour.check_encoder_layer(NoResidual(CFG), 12).bug == "missing_residual"
+    normed = tour.check_encoder_layer(NormedResidual(CFG), 12)
+    assert normed.bug == "residual_on_normalized_input", str(normed)
 
 
 def test_check_decoder_layer():
@@ -293,10 +415,14 @@ def test_check_decoder_layer():
     report = tour.check_decoder_layer(layer, 12)
     assert report.ok, str(report)
     assert layer.training  # the checker restores the mode it found
+    report = tour.check_decoder_layer(HeadAveraged(CFG), 12)
+    assert report.ok, str(report)
     cases = {
         "returns_self_attention_twice": SelfTwice(CFG),
         "source_padding_leaks": NoCrossMask(CFG),
         "future_leaks": NoCausalMask(CFG),
+        "kv_from_query": CrossOverTarget(CFG),
+        "missing_residual": DecoderNoResidual(CFG),
     }
     for bug, module in cases.items():
         report = tour.check_decoder_layer(module, 12)
@@ -310,10 +436,19 @@ def test_training_checkers():
     assert tour.check_shift_target(shift_target)
     assert tour.check_shift_target(lambda ys: (ys, ys)).bug == "not_shifted"
     assert tour.check_shift_target(lambda ys: shift_target(ys)[::-1]).bug == "swapped"
+    shifts = {
+        "eos_in_input": lambda ys: ([[1, *y, 2] for y in ys], [[*y, 2] for y in ys]),
+        "bos_in_output": lambda ys: ([[1, *y] for y in ys], [[1, *y, 2] for y in ys]),
+        "no_eos": lambda ys: ([[1, *y] for y in ys], [list(y) for y in ys]),
+    }
+    for bug, fn in shifts.items():
+        assert tour.check_shift_target(fn).bug == bug
 
     assert tour.check_label_smoothing(lambda *a: label_smoothed_cross_entropy(*a)[0])
     torch_mean = lambda lg, t, eps, p: F.cross_entropy(lg, t, ignore_index=p, label_smoothing=eps)  # noqa: E731
     assert tour.check_label_smoothing(torch_mean)
+    assert tour.check_label_smoothing(kl_div_loss)
+    assert tour.check_label_smoothing(label_smoothed_cross_entropy)  # (loss, nll, n)
     no_ignore = lambda lg, t, eps, p: F.cross_entropy(lg, t, label_smoothing=eps, reduction="sum")  # noqa: E731
     assert tour.check_label_smoothing(no_ignore).bug == "pads_counted"
     plain = lambda lg, t, eps, p: F.cross_entropy(lg, t, ignore_index=p, reduction="sum")  # noqa: E731
@@ -327,9 +462,64 @@ def test_training_checkers():
 
     assert tour.check_label_smoothing(other_v_minus_1).bug == "smoothing_over_v_minus_1"
 
+    def smoothed(logits, target, spread, on_target, pad_column=True):
+        q = torch.full_like(logits, spread)
+        if not pad_column:
+            q[:, 0] = 0.0
+        return q.scatter(1, target[:, None], on_target)
+
+    def annotated(logits, target, eps, pad_id):  # The Annotated Transformer's
+        q = smoothed(logits, target, eps / (logits.size(-1) - 2), 1 - eps, pad_column=False)
+        return F.kl_div(
+            logits.log_softmax(-1)[target != pad_id], q[target != pad_id], reduction="sum"
+        )
+
+    def one_minus_eps(logits, target, eps, pad_id):
+        q = smoothed(logits, target, eps / logits.size(-1), 1 - eps)
+        return -(q * logits.log_softmax(-1)).sum(-1)[target != pad_id].sum()
+
+    def no_log_softmax(logits, target, eps, pad_id):
+        V = logits.size(-1)
+        return (
+            -(smoothed(logits, target, eps / V, 1 - eps + eps / V) * logits)
+            .sum(-1)[target != pad_id]
+            .sum()
+        )
+
+    def mean_counts_pads(logits, target, eps, pad_id):
+        loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="none")
+        return loss.masked_fill(target == pad_id, 0.0).mean()
+
+    losses = {
+        "smoothing_skips_pad_column": annotated,
+        "target_gets_1_minus_eps": one_minus_eps,
+        "no_log_softmax": no_log_softmax,
+        "mean_counts_pads": mean_counts_pads,
+    }
+    for bug, fn in losses.items():
+        assert tour.check_label_smoothing(fn).bug == bug
+
     assert tour.check_noam_rate(noam_rate)
     wrong = lambda s, d, w: d**-0.5 * min(s**-0.5, s * w**-0.5)  # noqa: E731
-    assert tour.check_noam_rate(wrong).bug == "wrong_rate"
+    assert tour.check_noam_rate(wrong).bug == "warmup_exponent"
+    assert tour.check_noam_rate(lambda s, d, w: 1e-3).bug == "wrong_rate"
+
+
+@pytest.mark.parametrize(
+    ("fn", "bug"),
+    [
+        (lambda s, d, w: noam_rate(s, d, w) * 10, "wrong_rate"),
+        (lambda s, d, w: d**-0.5 * min(s**-0.5, s * w**1.5), "warmup_exponent_sign"),
+        (lambda s, d, w: min(s**-0.5, s * w**-1.5), "missing_d_model_factor"),
+        (lambda s, d, w: d**0.5 * min(s**-0.5, s * w**-1.5), "d_model_exponent"),
+        (lambda s, d, w: d**-0.5 * max(s**-0.5, s * w**-1.5), "max_not_min"),
+        (lambda s, d, w: noam_rate(s + 1, d, w), "step_off_by_one"),
+    ],
+)
+def test_check_noam_rate_names_each_slip(fn, bug):
+    assert tour.check_noam_rate(fn).bug == bug
+    written_otherwise = lambda s, d, w: (1 / math.sqrt(d)) * min(s * w ** (-1.5), 1 / math.sqrt(s))  # noqa: E731
+    assert tour.check_noam_rate(written_otherwise)
 
 
 def test_trace_shapes_observes_the_model():

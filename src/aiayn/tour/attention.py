@@ -8,6 +8,7 @@ with a stored answer.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -52,16 +53,33 @@ def check_attention(fn: Callable[..., object]) -> Report:
     eye = torch.eye(T_K).expand(B, H, T_K, T_K)  # values = identity: the output IS the weights
     state: dict[str, Tensor] = {}
 
+    try:  # a mask parameter named mask is passed by name: it may be keyword-only
+        by_name = "mask" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C function: no signature to read
+        by_name = False
+
     def call(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        out = fn(q, k, v) if mask is None else fn(q, k, v, mask)
+        if mask is None:
+            out = fn(q, k, v)
+        else:
+            out = fn(q, k, v, mask=mask) if by_name else fn(q, k, v, mask)
         return first_tensor(out, "the function")
 
     def shape() -> None:
+        out = call(q, k, v)
         expect_shape(
-            call(q, k, v),
+            out,
             (B, H, T_Q, D_K),
             f"The output for q {[B, H, T_Q, D_K]}, k and v {[B, H, T_K, D_K]}",
         )
+        if not torch.equal(out, call(q, k, v)):
+            raise FoundBugError(
+                "random_output",
+                "two calls on the same q, k, v give different outputs: dropout is always on "
+                "(F.dropout(x, p) defaults to training=True). Pass training=self.training, "
+                "or use an nn.Dropout module, which eval() turns off.",
+                "08-residual-layernorm.md",
+            )
 
     def weighted_average() -> None:
         w = call(q, k, eye)
@@ -136,6 +154,16 @@ def check_attention(fn: Callable[..., object]) -> Report:
                 said + ": they are divided by d_k, not sqrt(d_k).",
                 "03-scaled-dot-product.md",
             )
+        if abs(s * math.sqrt(H * D_K) - 1) < 0.01 or any(
+            abs(s * math.sqrt(n) - 1) < 0.002 for n in (128, 256, 512, 768, 1024, 2048)
+        ):
+            raise FoundBugError(
+                "scale_by_d_model",
+                said + f": it is 1/sqrt({1 / s**2:.0f}), 1/sqrt(d_model) (here h * d_k = "
+                f"{H * D_K}). Each head scales its own scores by 1/sqrt(d_k), d_k = "
+                "q.size(-1), the size of one head.",
+                "03-scaled-dot-product.md",
+            )
         axes = (("queries", T_Q), ("keys", T_K), ("heads", H), ("sentences", B))
         for axis, size in axes:
             if abs(s * math.sqrt(size) - 1) < 0.01:
@@ -152,6 +180,17 @@ def check_attention(fn: Callable[..., object]) -> Report:
         on_allowed = float(w.masked_fill(~allowed, 0).sum(-1).mean())
         on_forbidden = float(w.masked_fill(allowed, 0).abs().sum(-1).max())
         if on_forbidden <= 1e-6:
+            rows = w.sum(-1)
+            if not torch.allclose(rows, torch.ones_like(rows), atol=1e-4):
+                raise FoundBugError(
+                    "mask_after_softmax",
+                    "the forbidden keys get no weight, but with the mask the weights of a "
+                    f"query sum to {rows.min():.3f}..{rows.max():.3f}, not 1: the mask is "
+                    "applied after the softmax (weights * mask), which only removes weight. "
+                    "Mask the scores before it, scores.masked_fill(~mask, float('-inf')), so "
+                    "the softmax shares the weight among the allowed keys.",
+                    "04-masks.md",
+                )
             return
         if on_allowed < 1e-6:
             raise FoundBugError(
@@ -222,6 +261,7 @@ def check_attention(fn: Callable[..., object]) -> Report:
             ("a query with no allowed key gives no NaN, nor does its gradient", fully_masked),
             ("sentences and heads are computed independently", independent),
         ],
+        "03-scaled-dot-product.md",
     )
 
 
@@ -266,6 +306,13 @@ def check_causal_mask(fn: Callable[[int], Tensor]) -> Report:
                 "position t may not attend to itself: use tril(), not tril(-1)",
                 "04-masks.md",
             )
+        if torch.equal(m, ones.tril(1)):
+            raise FoundBugError(
+                "sees_one_future_token",
+                "query t may attend to key t+1, one step into the future: tril(1) is off by "
+                "one. Use tril() (diagonal 0): keys 0..t.",
+                "04-masks.md",
+            )
         if torch.equal(m, ones.triu()):
             raise FoundBugError(
                 "sees_the_future",
@@ -283,6 +330,7 @@ def check_causal_mask(fn: Callable[[int], Tensor]) -> Report:
     return run_checks(
         f"check_causal_mask({name_of(fn)})",
         [("True on and below the diagonal, False above", convention), ("size 1", one)],
+        "04-masks.md",
     )
 
 
@@ -335,4 +383,5 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> Report:
     return run_checks(
         f"check_padding_mask({name_of(fn)})",
         [("False at pad keys, for every query and head", keys), ("uses pad_id", pad_id)],
+        "04-masks.md",
     )

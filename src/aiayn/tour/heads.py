@@ -42,7 +42,17 @@ def check_split_heads(
     x = torch.randn(B, T, D_MODEL, generator=g)
 
     def shape() -> None:
-        expect_shape(split(x, H), (B, H, T, D_K), f"split(x {[B, T, D_MODEL]}, {H})")
+        out = split(x, H)
+        if tuple(out.shape) in ((B, T, H, D_K), (B, D_MODEL, T)):
+            raise FoundBugError(
+                "result_thrown_away",
+                f"split(x {[B, T, D_MODEL]}, {H}) has shape {list(out.shape)}, expected "
+                f"{[B, H, T, D_K]}: one step's result is thrown away. view(), reshape() and "
+                "transpose() return a new tensor and leave x as it was: write "
+                "x = x.view(B, T, h, d_k), then return x.transpose(1, 2).",
+                "05-multi-head.md",
+            )
+        expect_shape(out, (B, H, T, D_K), f"split(x {[B, T, D_MODEL]}, {H})")
 
     def positions() -> None:
         bumped = x.clone()
@@ -99,7 +109,7 @@ def check_split_heads(
         checks.append(
             ("merge undoes split (the concatenation of the heads)", lambda: merged(merge))
         )
-    return run_checks(f"check_split_heads({name_of(split)})", checks)
+    return run_checks(f"check_split_heads({name_of(split)})", checks, "05-multi-head.md")
 
 
 def check_multi_head_attention(module: nn.Module, d_model: int | None = None) -> Report:
@@ -122,7 +132,15 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             return first_tensor(module(x, memory=memory, mask=mask), "the module")
 
     def self_shape() -> None:
-        expect_shape(attend(x), (B, T, d), f"The output for x {[B, T, d]}")
+        out = attend(x)
+        expect_shape(out, (B, T, d), f"The output for x {[B, T, d]}")
+        if not torch.equal(out, attend(x)):
+            raise FoundBugError(
+                "dropout_in_eval",
+                "two calls in eval mode give different outputs: dropout is still on. "
+                "Use nn.Dropout modules (or F.dropout(x, p, training=self.training)).",
+                "08-residual-layernorm.md",
+            )
 
     def built_in_forward() -> None:
         check_no_modules_built_in_forward(module, lambda: attend(x, memory))
@@ -147,8 +165,10 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             raise FoundBugError(
                 "future_leaks",
                 "with a causal mask, changing positions 3.. changed the output at positions "
-                "0..2: the future leaks into the past (a head split without transpose does "
-                "this, or a mask applied with the wrong convention)",
+                "0..2: the future leaks into the past. A head split without transpose does "
+                "this, or a mask applied with the wrong convention (True = may attend), or "
+                "after the softmax instead of to the scores, or a softmax over the queries "
+                "(dim -2) instead of the keys (dim -1).",
                 "05-multi-head.md",
             )
 
@@ -168,17 +188,27 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
         bumped = x.clone()
         bumped[:, 0] += 1.0  # change query position 0 only
         a, b = attend(x, memory), attend(bumped, memory)
+        other = torch.randn(B, S, d, generator=torch.Generator().manual_seed(1))
+        reads_memory = not close(a, attend(x, other), atol=1e-6)
         if not close(a[:, 1:], b[:, 1:], atol=1e-5):
+            if not reads_memory:
+                raise FoundBugError(
+                    "kv_from_query",
+                    "in encoder-decoder attention, changing query position 0 changed the "
+                    "output at the other positions: keys and values are computed from x (the "
+                    "query side), so the decoder attends to itself and never reads the source. "
+                    "Project K and V from memory.",
+                    "10-decoder.md",
+                )
             raise FoundBugError(
-                "kv_from_query",
+                "queries_interact",
                 "in encoder-decoder attention, changing query position 0 changed the output "
-                "at the other positions: keys and values are computed from x (the query "
-                "side), so the decoder attends to itself and never reads the source. "
-                "Project K and V from memory.",
+                "at the other positions: each query must read only memory. Either K or V is "
+                "projected from x instead of memory, or the softmax runs over the queries "
+                "(dim -2) instead of the keys (dim -1).",
                 "10-decoder.md",
             )
-        other = torch.randn(B, S, d, generator=torch.Generator().manual_seed(1))
-        if close(attend(x, memory), attend(x, other), atol=1e-6):
+        if not reads_memory:
             raise FoundBugError(
                 "ignores_memory", "the output does not change when memory changes", "10-decoder.md"
             )
@@ -206,4 +236,5 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             ("cross-attention: keys and values come from memory", kv_from_memory),
             ("cross-attention: masked memory positions are ignored", source_padding),
         ],
+        "05-multi-head.md",
     )

@@ -1,11 +1,10 @@
-"""Checkers for the positional encoding and the layers (tour pages 6 to 10): the
-feed-forward network, the encoder layer and the decoder layer, each called as aiayn's own."""
+"""Checkers for the layers (tour pages 7 to 10): the feed-forward network, the encoder
+layer and the decoder layer, each called as aiayn's own."""
 
 from __future__ import annotations
 
 import inspect
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -23,6 +22,7 @@ from aiayn.tour.report import (
     name_of,
     run_checks,
 )
+from aiayn.tour.residual import check_residual
 
 B, T, S = 2, 5, 7
 
@@ -31,95 +31,6 @@ class _Run(Protocol):
     """A layer's output for ``x`` (``grad=True``: in training mode, for a backward)."""
 
     def __call__(self, x: Tensor, *, grad: bool = False) -> Tensor: ...
-
-
-def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
-    """Check a learner's ``fn(max_len, d_model) -> [max_len, d_model]`` table:
-    PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same). The frequency
-    of every (sin, cos) pair is measured from the table. Bugs: ``sin_cos_swapped``,
-    ``halves_not_interleaved``, ``halved_exponent``, ``wrong_frequencies``,
-    ``wrong_values``."""
-    L, d = 50, 32
-
-    def table() -> Tensor:
-        pe = fn(L, d)
-        if not isinstance(pe, Tensor):
-            raise FoundBugError("wrong_return", f"fn returned {type(pe).__name__}, not a tensor")
-        pe = pe.squeeze(0) if pe.dim() == 3 else pe
-        expect_shape(pe, (L, d), f"fn({L}, {d})", "06-positional-encoding.md")
-        return pe.double()
-
-    def position_zero() -> None:
-        row = table()[0]  # sin(0) = 0 in even dimensions, cos(0) = 1 in odd ones
-        zeros, ones = torch.zeros(d // 2, dtype=row.dtype), torch.ones(d // 2, dtype=row.dtype)
-        if torch.allclose(row[0::2], zeros) and torch.allclose(row[1::2], ones):
-            return
-        if torch.allclose(row[0::2], ones) and torch.allclose(row[1::2], zeros):
-            raise FoundBugError(
-                "sin_cos_swapped",
-                "position 0 is [1, 0, 1, 0, ...]: the even dimensions hold cos, the odd ones sin",
-                "06-positional-encoding.md",
-            )
-        if torch.allclose(row[: d // 2], zeros) and torch.allclose(row[d // 2 :], ones):
-            raise FoundBugError(
-                "halves_not_interleaved",
-                "position 0 is [0, ..., 0, 1, ..., 1]: all the sines first, then all the "
-                "cosines (tensor2tensor's layout). The paper interleaves them: sin in "
-                "dimension 2i, cos in 2i+1.",
-                "06-positional-encoding.md",
-            )
-        raise FoundBugError(
-            "wrong_values",
-            f"position 0 should be [0, 1, 0, 1, ...], got "
-            f"{[round(x, 3) for x in row[:6].tolist()]}...",
-            "06-positional-encoding.md",
-        )
-
-    def frequencies() -> None:
-        pe = table()
-        # At position 1, pair i holds (sin w_i, cos w_i): its angle is the frequency w_i.
-        w = torch.atan2(pe[1, 0::2], pe[1, 1::2])
-        i = torch.arange(d // 2, dtype=torch.float64)
-        expected = 10000.0 ** (-2 * i / d)
-        if torch.allclose(w, expected, rtol=1e-4, atol=1e-9):
-            return
-        longest = 2 * math.pi / float(w[-1]) if float(w[-1]) > 0 else math.inf
-        said = (
-            f"the longest wavelength is {longest:.0f} positions, where the paper's formula "
-            f"gives {2 * math.pi / float(expected[-1]):.0f} for d_model = {d} (its wavelengths "
-            "run from 2 pi towards 10000 * 2 pi = 62832, which only a next pair would reach)"
-        )
-        if torch.allclose(w, 10000.0 ** (-i / d), rtol=1e-4, atol=1e-9):
-            raise FoundBugError(
-                "halved_exponent",
-                said + ": the exponent is i/d_model, not 2i/d_model",
-                "06-positional-encoding.md",
-            )
-        raise FoundBugError("wrong_frequencies", said, "06-positional-encoding.md")
-
-    def every_position() -> None:
-        pe = table()
-        pos = torch.arange(L, dtype=torch.float64)[:, None]
-        angle = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        if not (
-            torch.allclose(pe[:, 0::2], angle.sin(), atol=1e-5)
-            and torch.allclose(pe[:, 1::2], angle.cos(), atol=1e-5)
-        ):
-            raise FoundBugError(
-                "wrong_values",
-                "the table differs from the formula at later positions",
-                "06-positional-encoding.md",
-            )
-
-    return run_checks(
-        f"check_positional_encoding({name_of(fn)})",
-        [
-            ("returns [max_len, d_model]", table),
-            ("position 0 is sin(0) = 0 and cos(0) = 1, alternately", position_zero),
-            ("pair i has the frequency 1/10000^(2i/d_model)", frequencies),
-            ("every position follows the formula", every_position),
-        ],
-    )
 
 
 def check_feed_forward(module: nn.Module, d_model: int) -> Report:
@@ -148,6 +59,15 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
                 "07-feed-forward.md",
             )
 
+    def linear_output() -> None:
+        if bool((run(x) >= 0).all()):
+            raise FoundBugError(
+                "relu_after_second_layer",
+                "no output is negative: a ReLU comes after W_2. The FFN is "
+                "max(0, x W_1 + b_1) W_2 + b_2, the ReLU between the two maps only.",
+                "07-feed-forward.md",
+            )
+
     return run_checks(
         f"check_feed_forward({name_of(module)})",
         [
@@ -158,7 +78,9 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
             ),
             ("each position on its own", position_wise),
             ("a ReLU between the two maps", nonlinear),
+            ("no ReLU after the second map", linear_output),
         ],
+        "07-feed-forward.md",
     )
 
 
@@ -240,12 +162,16 @@ def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
                 "04-masks.md",
             )
 
+    def residual() -> None:
+        check_residual(layer, lambda m, x: first_tensor(m(x, everyone), "the layer"), x)
+
     checks = _common_checks(layer, run, x, d_model)
     checks += [
         ("positions treated alike (no mask)", permutation),
         ("pads do not reach real positions", padding),
+        ("the residual connections (post-LN or pre-LN)", residual),
     ]
-    return run_checks(f"check_encoder_layer({name_of(layer)})", checks)
+    return run_checks(f"check_encoder_layer({name_of(layer)})", checks, "09-encoder.md")
 
 
 def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
@@ -261,12 +187,14 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     sources = torch.ones(B, 1, 1, S, dtype=torch.bool)
     sources[1, ..., 5:] = False  # sentence 1: 5 real source tokens, then 2 pads
 
-    def outputs(x: Tensor, memory: Tensor = memory, grad: bool = False) -> Sequence[Any]:
+    def outputs(
+        x: Tensor, memory: Tensor = memory, grad: bool = False, module: nn.Module = layer
+    ) -> Sequence[Any]:
         if grad:
-            result = _with_weights(layer, x, memory, causal, sources)
+            result = _with_weights(module, x, memory, causal, sources)
         else:
-            with evaluating(layer):
-                result = _with_weights(layer, x, memory, causal, sources)
+            with evaluating(module):
+                result = _with_weights(module, x, memory, causal, sources)
         if not (isinstance(result, (tuple, list)) and len(result) == 3):
             raise FoundBugError(
                 "wrong_return",
@@ -288,7 +216,9 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
                 "the two weights must be tensors (ask for them with need_weights=True)",
                 "10-decoder.md",
             )
-        h = self_w.size(1) if self_w.dim() == 4 else 0
+        if self_w.dim() == 3 and cross_w.dim() == 3:  # averaged over the heads (as torch's)
+            self_w, cross_w = self_w[:, None], cross_w[:, None]
+        h = self_w.size(1) if self_w.dim() == 4 else 1
         expect_shape(self_w, (B, h, T, T), "The self-attention weights", "10-decoder.md")
         if cross_w is self_w or close(cross_w, self_w, atol=0):
             raise FoundBugError(
@@ -296,6 +226,15 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
                 f"the 'encoder-decoder' weights are the self-attention weights again "
                 f"([B, h, T, T] = {list(cross_w.shape)}). Return the weights of the second "
                 f"attention, over the source: [B, h, T, S] = {[B, h, T, S]}.",
+                "10-decoder.md",
+            )
+        if tuple(cross_w.shape) == (B, h, T, T):
+            raise FoundBugError(
+                "kv_from_query",
+                f"the encoder-decoder weights have shape {list(cross_w.shape)}, [B, h, T, T]: "
+                f"the second attention attends over the target, not the source of length "
+                f"{S}. Its keys and values must come from memory (the encoder output), its "
+                "queries from x.",
                 "10-decoder.md",
             )
         expect_shape(cross_w, (B, h, T, S), "The encoder-decoder weights", "10-decoder.md")
@@ -347,5 +286,9 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
         ("the weights: [B, h, T, T] over the target, [B, h, T, S] over the source", weights),
         ("the causal mask keeps the future out", causality),
         ("the source enters, its padding does not", source),
+        (
+            "the residual connections (post-LN or pre-LN)",
+            lambda: check_residual(layer, lambda m, x: outputs(x, module=m)[0], x),
+        ),
     ]
-    return run_checks(f"check_decoder_layer({name_of(layer)})", checks)
+    return run_checks(f"check_decoder_layer({name_of(layer)})", checks, "10-decoder.md")

@@ -65,19 +65,21 @@ class Report:
         return "\n".join(lines)
 
 
-def run_checks(subject: str, checks: Sequence[Check]) -> Report:
+def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
     """Run ``checks`` (name, function) in order until one raises :class:`FoundBugError`. Any other
-    exception comes from the learner's code and is reported as the bug ``raises``."""
+    exception comes from the learner's code and is reported as the bug ``raises``. ``page``
+    is the tour page of the piece checked: a failure that names no page of its own (the
+    learner's code raised, returned no tensor, a wrong shape) points there."""
     report = Report(subject)
     for name, check in checks:
         try:
             check()
         except FoundBugError as found:
-            report.failed, report.bug, report.page = name, found.bug, found.page
+            report.failed, report.bug, report.page = name, found.bug, found.page or page
             report.message = found.message
             return report
         except Exception as error:  # the learner's function raised: say where and what
-            report.failed, report.bug = name, "raises"
+            report.failed, report.bug, report.page = name, "raises", page
             report.message = f"calling it raised {type(error).__name__}: {error}"
             if "size of tensor" in str(error) or "must match" in str(error):
                 report.message += (

@@ -71,6 +71,7 @@ def check_pad(fn: Callable[[list[list[int]]], Tensor]) -> Report:
             ("ids first, then padding", right),
             ("the padding is PAD", pad_id),
         ],
+        "04-masks.md",
     )
 
 
@@ -98,6 +99,28 @@ def check_shift_target(fn: Callable) -> Report:
                 "first and predict EOS last",
                 "12-teacher-forcing.md",
             )
+        said = f"for y = {ys[0]} tgt_in is {tgt_in[0]} and tgt_out {tgt_out[0]}: "
+        if tgt_in == [[BOS_ID, *y, EOS_ID] for y in ys]:
+            raise FoundBugError(
+                "eos_in_input",
+                said + "EOS stays in the decoder input. The input is BOS + y (no EOS: "
+                "nothing is predicted after it), so it lines up with the labels y + EOS.",
+                "12-teacher-forcing.md",
+            )
+        if tgt_out in ([[BOS_ID, *y, EOS_ID] for y in ys], [[BOS_ID, *y] for y in ys]):
+            raise FoundBugError(
+                "bos_in_output",
+                said + "BOS is among the labels. BOS is only ever given, never "
+                "predicted: the labels are y + EOS, the input shifted one step left.",
+                "12-teacher-forcing.md",
+            )
+        if tgt_in == [[BOS_ID, *y] for y in ys] and tgt_out == [list(y) for y in ys]:
+            raise FoundBugError(
+                "no_eos",
+                said + "the labels lack EOS (and are one shorter than the input), so the "
+                "model never learns to end a sentence. The labels are y + EOS.",
+                "12-teacher-forcing.md",
+            )
         raise FoundBugError(
             "wrong_shift",
             f"for y = {ys[0]} expected tgt_in {[BOS_ID, *ys[0]]} and "
@@ -106,74 +129,157 @@ def check_shift_target(fn: Callable) -> Report:
         )
 
     return run_checks(
-        f"check_shift_target({name_of(fn)})", [("tgt_in = BOS + y, tgt_out = y + EOS", shifted)]
+        f"check_shift_target({name_of(fn)})",
+        [("tgt_in = BOS + y, tgt_out = y + EOS", shifted)],
+        "12-teacher-forcing.md",
     )
 
 
+def _smoothed(V: int, target: Tensor, spread: float, on_target: float, pad_col: bool) -> Tensor:
+    """A target distribution per row: ``on_target`` on the target, ``spread`` elsewhere
+    (and 0 in the pad column when ``pad_col`` is False)."""
+    q = torch.full((len(target), V), spread, dtype=torch.float64)
+    if not pad_col:
+        q[:, PAD_ID] = 0.0
+    q[torch.arange(len(target)), target] = on_target
+    return q
+
+
 def check_label_smoothing(fn: Callable) -> Report:
-    """Check a learner's ``fn(logits [N, V], target [N], eps, pad_id) -> loss``: the
-    cross-entropy against 1 - eps + eps/V on the target and eps/V elsewhere, summed over
-    the non-pad targets (a mean over them is accepted too). Bugs: ``pads_counted``,
-    ``smoothing_over_v_minus_1``, ``no_smoothing``, ``wrong_loss``."""
+    """Check a learner's ``fn(logits [N, V], target [N], eps, pad_id) -> loss`` (or a tuple
+    starting with it): the cross-entropy against 1 - eps + eps/V on the target and eps/V
+    elsewhere, summed over the non-pad targets (a mean over them is accepted too). The KL
+    divergence from that distribution (``F.kl_div``) is accepted as well: it differs by the
+    distribution's entropy, a constant, so its gradient is the same. Bugs:
+    ``pads_counted``, ``mean_counts_pads``, ``smoothing_over_v_minus_1``,
+    ``smoothing_skips_pad_column``, ``target_gets_1_minus_eps``, ``no_smoothing``,
+    ``no_log_softmax``, ``wrong_loss``."""
     g = torch.Generator().manual_seed(0)
     V, eps = 9, 0.1
     logits = torch.randn(6, V, generator=g, dtype=torch.float64)
     target = torch.tensor([3, 1, 4, 0, 5, 0])  # two pad targets (id 0)
     logp = logits.log_softmax(-1)
-    real = target != PAD_ID
+    real, every = target != PAD_ID, torch.ones(6, dtype=torch.bool)
+    n = int(real.sum())
+    right = _smoothed(V, target, eps / V, 1 - eps + eps / V, True)
 
-    def loss_with(spread: float, on_target: float, keep: Tensor) -> Tensor:
-        q = torch.full((6, V), spread, dtype=torch.float64)
-        q[torch.arange(6), target] = on_target
-        return -(q * logp).sum(-1)[keep].sum()
+    def totals(q: Tensor, keep: Tensor, logp: Tensor = logp) -> list[float]:
+        """The loss against ``q`` over the rows ``keep``, as a cross-entropy or a KL
+        divergence, summed or averaged over the real targets."""
+        ce = -(q * logp).sum(-1)
+        kl = ce + torch.xlogy(q, q).sum(-1)
+        return [float(t[keep].sum()) / k for t in (ce, kl) for k in (1, n)]
 
     def value() -> None:
-        got = float(fn(logits, target, eps, PAD_ID))
-        n = int(real.sum())
-        right = float(loss_with(eps / V, 1 - eps + eps / V, real))
-        for total in (right, right / n):  # a sum, or a mean over the real targets
-            if math.isclose(got, total, rel_tol=1e-5):
-                return
-        all_rows = torch.ones(6, dtype=torch.bool)
+        result = fn(logits, target, eps, PAD_ID)
+        got = float(result[0] if isinstance(result, (tuple, list)) else result)
+        if any(math.isclose(got, t, rel_tol=1e-5) for t in totals(right, real)):
+            return
         candidates = {
-            "pads_counted": loss_with(eps / V, 1 - eps + eps / V, all_rows),
-            "smoothing_over_v_minus_1": loss_with(eps / (V - 1), 1 - eps, real),
-            "no_smoothing": loss_with(0.0, 1.0, real),
+            "pads_counted": totals(right, every) + [t * n / 6 for t in totals(right, every)],
+            "mean_counts_pads": [t / 6 for t in totals(right, real)[::2]],
+            "smoothing_over_v_minus_1": totals(
+                _smoothed(V, target, eps / (V - 1), 1 - eps, True), real
+            ),
+            "smoothing_skips_pad_column": totals(
+                _smoothed(V, target, eps / (V - 2), 1 - eps, False), real
+            ),
+            "target_gets_1_minus_eps": totals(_smoothed(V, target, eps / V, 1 - eps, True), real),
+            "no_smoothing": totals(_smoothed(V, target, 0.0, 1.0, True), real),
+            "no_log_softmax": totals(right, real, logits),
         }
         explain = {
             "pads_counted": "the pad targets are counted: leave them out of the loss",
+            "mean_counts_pads": f"the pad targets are left out of the sum but counted in the "
+            f"mean: it divides by all {len(target)} targets, not the {n} real ones",
             "smoothing_over_v_minus_1": "eps is spread over the V - 1 other tokens; aiayn "
             "(like torch's cross_entropy(label_smoothing=...)) spreads it over all V",
+            "smoothing_skips_pad_column": "eps is spread over V - 2 tokens, the pad column "
+            "left at 0 (The Annotated Transformer's convention); the tour, like torch's "
+            "cross_entropy(label_smoothing=...), spreads it over all V: eps/V each, and "
+            "1 - eps + eps/V on the target",
+            "target_gets_1_minus_eps": "the target gets 1 - eps and every other token eps/V, "
+            "so the smoothed target sums to 1 - eps/V, not 1: the target's share is "
+            "1 - eps + eps/V (eps/V of the spread lands on it too)",
             "no_smoothing": "this is plain cross-entropy: eps is not used",
+            "no_log_softmax": "the logits are used as log-probabilities: take "
+            "logits.log_softmax(-1) first",
         }
-        for bug, loss in candidates.items():
-            if any(math.isclose(got, float(t), rel_tol=1e-5) for t in (loss, loss / n)):
+        for bug, losses in candidates.items():
+            if any(math.isclose(got, t, rel_tol=1e-5) for t in losses):
                 raise FoundBugError(bug, explain[bug], "13-label-smoothing.md")
         raise FoundBugError(
             "wrong_loss",
-            f"loss {got:.4f}, expected {right:.4f} (sum over the {n} real targets)",
+            f"loss {got:.4f}, expected {totals(right, real)[0]:.4f} (sum over the {n} real "
+            "targets)",
             "13-label-smoothing.md",
         )
 
     return run_checks(
-        f"check_label_smoothing({name_of(fn)})", [("the label-smoothed cross-entropy", value)]
+        f"check_label_smoothing({name_of(fn)})",
+        [("the label-smoothed cross-entropy", value)],
+        "13-label-smoothing.md",
     )
+
+
+def _noam(
+    step: int, d: int, w: int, e_d: float = -0.5, e_w: float = -1.5, pick: Callable = min
+) -> float:
+    return float(d**e_d * pick(step**-0.5, step * w**e_w))
+
+
+# Slips in Eq. 3, each as the rate it computes instead
+_NOAM_SLIPS: dict[str, tuple[Callable[[int, int, int], float], str]] = {
+    "warmup_exponent": (
+        lambda s, d, w: _noam(s, d, w, e_w=-0.5),
+        "the warmup branch is step * warmup^-0.5; Eq. 3 has warmup^-1.5, so that both "
+        "branches meet at step = warmup",
+    ),
+    "warmup_exponent_sign": (
+        lambda s, d, w: _noam(s, d, w, e_w=1.5),
+        "the warmup branch is step * warmup^1.5; Eq. 3 has warmup^-1.5",
+    ),
+    "missing_d_model_factor": (
+        lambda s, d, w: _noam(s, d, w, e_d=0.0),
+        "the factor d_model^-0.5 is missing",
+    ),
+    "d_model_exponent": (
+        lambda s, d, w: _noam(s, d, w, e_d=0.5),
+        "the rate is multiplied by d_model^0.5; Eq. 3 has d_model^-0.5",
+    ),
+    "max_not_min": (
+        lambda s, d, w: _noam(s, d, w, pick=max),
+        "it takes the max of the two branches; Eq. 3 takes the min (a linear rise, then "
+        "the inverse square root decay)",
+    ),
+    "step_off_by_one": (
+        lambda s, d, w: _noam(s + 1, d, w),
+        "fn(step) is Eq. 3 at step + 1: steps are counted from 1, the first update is step 1",
+    ),
+}
 
 
 def check_noam_rate(fn: Callable[[int, int, int], float]) -> Report:
     """Check a learner's ``fn(step, d_model, warmup) -> learning rate``: Eq. 3,
     d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), for steps from 1."""
+    points = [
+        (step, d, w)
+        for d, w in ((512, 4000), (256, 1000))
+        for step in (1, 10, w // 2, w, w + 1, 4 * w, 25 * w)
+    ]
 
     def rate() -> None:
-        for d, w in ((512, 4000), (256, 1000)):
-            for step in (1, 10, w // 2, w, w + 1, 4 * w, 25 * w):
-                got = float(fn(step, d, w))
-                want = d**-0.5 * min(step**-0.5, step * w**-1.5)
-                if not math.isclose(got, want, rel_tol=1e-6):
-                    raise FoundBugError(
-                        "wrong_rate",
-                        f"fn({step}, {d}, {w}) = {got:.6g}, Eq. 3 gives {want:.6g}",
-                        "14-warmup.md",
-                    )
+        got = {p: float(fn(*p)) for p in points}
+        for step, d, w in points:
+            want = _noam(step, d, w)
+            if math.isclose(got[step, d, w], want, rel_tol=1e-6):
+                continue
+            said = f"fn({step}, {d}, {w}) = {got[step, d, w]:.6g}, Eq. 3 gives {want:.6g}"
+            for bug, (slip, why) in _NOAM_SLIPS.items():
+                if all(math.isclose(got[p], slip(*p), rel_tol=1e-6) for p in points):
+                    raise FoundBugError(bug, f"{said}: {why}", "14-warmup.md")
+            raise FoundBugError("wrong_rate", said, "14-warmup.md")
 
-    return run_checks(f"check_noam_rate({name_of(fn)})", [("Eq. 3 at every step", rate)])
+    return run_checks(
+        f"check_noam_rate({name_of(fn)})", [("Eq. 3 at every step", rate)], "14-warmup.md"
+    )

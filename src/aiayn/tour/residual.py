@@ -1,0 +1,91 @@
+"""The residual check of the layer checkers (tour page 8): with every sub-layer silenced,
+a layer must hand its input through, as x itself (pre-LN) or as LayerNorm(x) (post-LN)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.tour.report import FoundBugError
+
+PAGE = "08-residual-layernorm.md"
+
+
+def _silenceable(layer: nn.Module) -> bool:
+    """True when every weight matrix of ``layer`` sits in an nn.Linear or an
+    nn.MultiheadAttention (whose out_proj is an nn.Linear): zeroing the nn.Linear weights
+    and biases then makes every sub-layer output exactly 0."""
+    linear_owned = {
+        id(p)
+        for m in layer.modules()
+        if isinstance(m, (nn.Linear, nn.MultiheadAttention))
+        for p in m.parameters()
+    }
+    matrices = [p for p in layer.parameters() if p.dim() >= 2]
+    return bool(matrices) and all(id(p) in linear_owned for p in matrices)
+
+
+def _normalized(y: Tensor) -> bool:
+    """Each position of ``y`` has mean 0 and one common spread, as LayerNorm with its
+    initial gain 1 and bias 0 leaves it (whatever its eps or variance estimator)."""
+    std = y.std(-1)
+    return bool(y.mean(-1).abs().max() < 1e-3) and bool((std / std.mean() - 1).abs().max() < 1e-2)
+
+
+def check_residual(
+    layer: nn.Module, call: Callable[[nn.Module, Tensor], Tensor], x: Tensor
+) -> None:
+    """Raise :class:`FoundBugError` unless ``layer`` keeps the paper's residual paths.
+
+    ``call(module, x)`` runs a copy of the layer (eval mode, no grad) and returns its output.
+    On a copy whose nn.Linear weights and biases are all zero and whose nn.LayerNorms are
+    reset, every sub-layer outputs 0, so a pre-LN layer must return x and a post-LN one a
+    per-position normalisation of x; a post-LN layer must also return normalised vectors
+    with its weights in place. A layer whose weights are not all in nn.Linear modules
+    cannot be silenced this way and passes unchecked.
+    """
+    if not _silenceable(layer):
+        return
+    copied = copy.deepcopy(layer)
+    with torch.no_grad():
+        for m in copied.modules():
+            if isinstance(m, nn.LayerNorm) and m.elementwise_affine:
+                nn.init.ones_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        live = call(copied, x)
+        for m in copied.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.zero_()
+                if m.bias is not None:
+                    m.bias.zero_()
+        silent = call(copied, x)
+    if torch.allclose(silent, x, atol=1e-5):
+        return  # pre-LN: the residual stream is x itself
+    centered = x - x.mean(-1, keepdim=True)
+    cosine = torch.cosine_similarity(silent - silent.mean(-1, keepdim=True), centered, dim=-1)
+    if bool((cosine > 0.999).all()) and _normalized(silent):
+        if _normalized(live):
+            return  # post-LN: LayerNorm(x + sublayer(x)), and LayerNorm(x) when silenced
+        raise FoundBugError(
+            "residual_on_normalized_input",
+            "with every sub-layer silenced (all nn.Linear weights and biases 0) the layer "
+            "returns LayerNorm(x), as post-LN does, but with its weights its output is not "
+            "normalised: the sub-layer is added to the normalised input, "
+            "norm(x) + sublayer(...). Post-LN is norm(x + sublayer(x)); pre-LN is "
+            "x + sublayer(norm(x)), adding to x itself.",
+            PAGE,
+        )
+    raise FoundBugError(
+        "missing_residual",
+        "with every sub-layer silenced (all nn.Linear weights and biases 0) a layer must "
+        "pass its input through its residual connections: x itself (pre-LN) or "
+        "LayerNorm(x) (post-LN). This one returns neither, so some sub-layer's output is "
+        "not added to its input: write norm(x + sublayer(x)) (post-LN) or "
+        "x + sublayer(norm(x)) (pre-LN) around self-attention, the feed-forward network "
+        "and (in the decoder) the encoder-decoder attention.",
+        PAGE,
+    )

@@ -53,6 +53,23 @@ def _shards(folder) -> None:
     (folder / second).unlink()
 
 
+def _generation(folder, **changes) -> None:
+    """generation_config.json with ``changes`` (a None value removes the key)."""
+    path = folder / "generation_config.json"
+    settings = {**json.loads(path.read_text()), **changes}
+    path.write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
+
+
+def _pad(folder) -> int:
+    return json.loads((folder / "config.json").read_text())["pad_token_id"]
+
+
+def _settings_in_config(folder) -> None:
+    """An older folder: no generation_config.json, config.json without bad_words_ids."""
+    (folder / "generation_config.json").unlink()
+    _config(folder, num_beams=4, max_length=20)
+
+
 def _cut(name: str, tensors: dict) -> None:
     tensors[name] = tensors[name][..., :-1].contiguous()
 
@@ -99,6 +116,48 @@ BREAKS = {
     ),
     "shard": (_shards, r"model-00002-of-\d+\.safetensors: missing \(listed in model\.safetensors"),
     "source.spm": (lambda f: (f / "source.spm").unlink(), r"source\.spm: missing"),
+    # Generation settings generate() would decode otherwise with than aiayn's searches do.
+    "no bad_words_ids": (
+        lambda f: _generation(f, bad_words_ids=None),
+        r"generation_config\.json: bad_words_ids None: aiayn's searches ban exactly the pad "
+        r"and decoder start ids \[\d+\]",
+    ),
+    "more bad_words_ids": (
+        lambda f: _generation(f, bad_words_ids=[[_pad(f)], [5]]),
+        r"generation_config\.json: bad_words_ids \[\[\d+\], \[5\]\]: aiayn's searches ban",
+    ),
+    "settings in config.json": (
+        _settings_in_config,
+        r"config\.json: bad_words_ids None: aiayn's searches ban exactly",
+    ),
+    "no_repeat_ngram_size": (
+        lambda f: _generation(f, no_repeat_ngram_size=3),
+        r"generation_config\.json: no_repeat_ngram_size 3: aiayn's searches have no such",
+    ),
+    "repetition_penalty": (
+        lambda f: _generation(f, repetition_penalty=1.2),
+        r"generation_config\.json: repetition_penalty 1\.2: aiayn's searches have no such",
+    ),
+    "forced_bos_token_id": (
+        lambda f: _generation(f, forced_bos_token_id=5),
+        r"generation_config\.json: forced_bos_token_id 5",
+    ),
+    "two eos ids": (
+        lambda f: _generation(f, eos_token_id=[0, 5]),
+        r"generation_config\.json: eos_token_id \[0, 5\]: aiayn decodes with the config's id 0",
+    ),
+    "another decoder start": (
+        lambda f: _generation(f, decoder_start_token_id=5),
+        r"generation_config\.json: decoder_start_token_id 5: aiayn decodes with the config's",
+    ),
+    "negative length_penalty": (
+        lambda f: _generation(f, length_penalty=-1.0),
+        r"generation_config\.json: length_penalty -1\.0: aiayn's length penalty exponent",
+    ),
+    "beam sampling": (
+        lambda f: _generation(f, do_sample=True, num_beams=4),
+        r"generation_config\.json: num_beams 4: aiayn samples without a beam",
+    ),
 }
 
 

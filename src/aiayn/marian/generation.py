@@ -19,6 +19,10 @@ from aiayn.errors import ConversionError, DecodeError
 
 # Settings whose processors aiayn's searches lack, with the values that leave generate()
 # unchanged (transformers' defaults; min_length counts the decoder's start token).
+# Not among them: renormalize_logits, which OPUS-MT folders set to true. generate() then
+# normalises the log-probs again after banning the pad (and start) id, aiayn before the
+# ban (DecodeStep.normalise): each step's log-prob differs by log(1 - p(banned)), which
+# for a trained model (never taught to output the pad) is 0 to float precision.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_length": (None, 0, 1),
     "min_new_tokens": (None, 0),
@@ -34,7 +38,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "num_beam_groups": (None, 1),
     "diversity_penalty": (None, 0, 0.0),
     "penalty_alpha": (None, 0, 0.0),
-    "renormalize_logits": (None, False),
     "force_words_ids": (None, []),
     "constraints": (None, []),
     "guidance_scale": (None, 1, 1.0),
@@ -62,14 +65,17 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
         found = value if isinstance(value, list) else [value]
         if value is not None and any(v != want for v in found):
             raise refuse(key, f"aiayn decodes with the config's id {want} only")
-    banned = settings.get("bad_words_ids")
-    ours = sorted({cfg.pad_id, cfg.bos_id})
+    # aiayn always bans the pad and start ids; a folder that bans fewer (none: an older or
+    # re-saved folder) differs only where generate() would output the pad, which a trained
+    # model gives no probability. One that bans other ids or sequences aiayn would output.
+    banned = settings.get("bad_words_ids") or []
+    ours = {cfg.pad_id, cfg.bos_id}
     found_ids = [_id(w) for w in banned] if isinstance(banned, list) else [None]
-    if None in found_ids or sorted({i for i in found_ids if i is not None}) != ours:
+    if None in found_ids or not set(found_ids) <= ours:
         raise ConversionError(
-            f"{where}: bad_words_ids {banned!r}: aiayn's searches ban exactly the pad and "
-            f"decoder start ids {ours}, so generate() must ban them too "
-            f"({[[i] for i in ours]}, as OPUS-MT models do)"
+            f"{where}: bad_words_ids {banned!r}: aiayn's searches ban the pad and decoder "
+            f"start ids {sorted(ours)} and no others ({[[i] for i in sorted(ours)]}, as "
+            "OPUS-MT models have)"
         )
     alpha = settings.get("length_penalty", 1.0)
     if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha < 0:

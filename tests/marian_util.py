@@ -102,8 +102,9 @@ def make_marian(
     **config,
 ):
     """A random MarianMTModel (2+2 layers, d_model 16) saved with ``save_pretrained`` into
-    ``folder`` beside a copy of the tokenizer files of ``tokenizer``; returns the model
-    (float32, eval mode)."""
+    ``folder`` beside a copy of the tokenizer files of ``tokenizer``, its generation
+    settings banning the pad id as OPUS-MT models' do; returns the model (float32, eval
+    mode)."""
     from transformers import MarianConfig, MarianMTModel
 
     vocab = json.loads((tokenizer / "vocab.json").read_text("utf-8"))
@@ -132,6 +133,7 @@ def make_marian(
             elif "embed_tokens" in name or "shared" in name or "lm_head" in name:
                 p.normal_(0.0, 0.3)  # the pad row too: the decoder starts from it
         model.final_logits_bias.normal_(0.0, 1.0)
+    model.generation_config.bad_words_ids = [[pad]]  # as every OPUS-MT model's
     folder.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(folder)
     for name in ("source.spm", "target.spm", "vocab.json", "target_vocab.json"):

@@ -37,6 +37,7 @@ VARIANTS = {
     "separate": dict(shared=False, separate=True),
     "fp16": dict(dtype=torch.float16),
     "gelu_unscaled": dict(activation="gelu", scale_embedding=False),
+    "gelu_python": dict(activation="gelu_python"),  # transformers' exact gelu, in Python
     "relu_6_layers": dict(activation="relu", encoder_layers=3, decoder_layers=1),
 }
 
@@ -173,6 +174,9 @@ def test_generation_settings_are_kept(folders, tmp_path):
     (old / "generation_config.json").unlink()
     config = json.loads((old / "config.json").read_text())
     config.update(num_beams=6, max_length=512, bad_words_ids=[[config["pad_token_id"]]])
+    # the neutral values transformers 4 wrote into config.json: no refusal
+    config.update(min_length=0, no_repeat_ngram_size=0, repetition_penalty=1.0, num_beam_groups=1)
+    config.update(diversity_penalty=0.0, eos_token_id=[config["eos_token_id"]])
     (old / "config.json").write_text(json.dumps(config))
     settings = json.loads(
         (import_marian(old, tmp_path / "m") / "generation_config.json").read_text()

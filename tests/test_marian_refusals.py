@@ -53,6 +53,23 @@ def _shards(folder) -> None:
     (folder / second).unlink()
 
 
+def _generation(folder, **changes) -> None:
+    """generation_config.json with ``changes`` (a None value removes the key)."""
+    path = folder / "generation_config.json"
+    settings = {**json.loads(path.read_text()), **changes}
+    path.write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
+
+
+def _pad(folder) -> int:
+    return json.loads((folder / "config.json").read_text())["pad_token_id"]
+
+
+def _settings_in_config(folder) -> None:
+    """An older folder: no generation_config.json, config.json without bad_words_ids."""
+    (folder / "generation_config.json").unlink()
+    _config(folder, num_beams=4, max_length=20)
+
+
 def _cut(name: str, tensors: dict) -> None:
     tensors[name] = tensors[name][..., :-1].contiguous()
 
@@ -99,6 +116,47 @@ BREAKS = {
     ),
     "shard": (_shards, r"model-00002-of-\d+\.safetensors: missing \(listed in model\.safetensors"),
     "source.spm": (lambda f: (f / "source.spm").unlink(), r"source\.spm: missing"),
+    # Generation settings generate() would decode otherwise with than aiayn's searches do.
+    "more bad_words_ids": (
+        lambda f: _generation(f, bad_words_ids=[[_pad(f)], [5]]),
+        r"generation_config\.json: bad_words_ids \[\[\d+\], \[5\]\]: aiayn's searches ban",
+    ),
+    "a bad word sequence": (
+        lambda f: _generation(f, bad_words_ids=[[_pad(f)], [5, 6]]),
+        r"generation_config\.json: bad_words_ids \[\[\d+\], \[5, 6\]\]: aiayn's searches",
+    ),
+    "settings in config.json": (
+        lambda f: (_settings_in_config(f), _config(f, no_repeat_ngram_size=3)),
+        r"config\.json: no_repeat_ngram_size 3: aiayn's searches have no such",
+    ),
+    "no_repeat_ngram_size": (
+        lambda f: _generation(f, no_repeat_ngram_size=3),
+        r"generation_config\.json: no_repeat_ngram_size 3: aiayn's searches have no such",
+    ),
+    "repetition_penalty": (
+        lambda f: _generation(f, repetition_penalty=1.2),
+        r"generation_config\.json: repetition_penalty 1\.2: aiayn's searches have no such",
+    ),
+    "forced_bos_token_id": (
+        lambda f: _generation(f, forced_bos_token_id=5),
+        r"generation_config\.json: forced_bos_token_id 5",
+    ),
+    "two eos ids": (
+        lambda f: _generation(f, eos_token_id=[0, 5]),
+        r"generation_config\.json: eos_token_id \[0, 5\]: aiayn decodes with the config's id 0",
+    ),
+    "another decoder start": (
+        lambda f: _generation(f, decoder_start_token_id=5),
+        r"generation_config\.json: decoder_start_token_id 5: aiayn decodes with the config's",
+    ),
+    "negative length_penalty": (
+        lambda f: _generation(f, length_penalty=-1.0),
+        r"generation_config\.json: length_penalty -1\.0: aiayn's length penalty exponent",
+    ),
+    "beam sampling": (
+        lambda f: _generation(f, do_sample=True, num_beams=4),
+        r"generation_config\.json: num_beams 4: aiayn samples without a beam",
+    ),
 }
 
 
@@ -121,6 +179,26 @@ def test_import_refusals_are_one_line_naming_file_and_field(marian, tmp_path, ca
 def test_the_unbroken_folder_imports(marian, tmp_path):
     """The refusals above come from each break, not from the folder they start from."""
     assert main(["import", "marian", str(marian), "--out", str(tmp_path / "ok")]) == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda f: _generation(f, renormalize_logits=True),  # as OPUS-MT folders have
+        lambda f: _generation(f, bad_words_ids=None),  # an older or re-saved folder
+        lambda f: _generation(f, bad_words_ids=[]),
+        _settings_in_config,  # no generation_config.json, no bad_words_ids in config.json
+    ],
+    ids=["renormalize_logits", "no bad_words_ids", "empty bad_words_ids", "config.json only"],
+)
+def test_folders_as_published_import(marian, tmp_path, change):
+    """What real folders carry is no reason to refuse: renormalize_logits true (its
+    scores differ by log(1 - p(pad)) per step, 0 for a trained model), and no ban list
+    (aiayn bans the pad anyway, which a trained model never outputs)."""
+    folder = tmp_path / "hf"
+    shutil.copytree(marian, folder)
+    change(folder)
+    assert main(["import", "marian", str(folder), "--out", str(tmp_path / "ok")]) == 0
 
 
 def test_export_refuses_another_layer_norm_epsilon(sample_model_dir, tmp_path, capsys):

@@ -38,6 +38,7 @@ from aiayn.data.marian_tokenizer import (
     MarianTokenizer,
 )
 from aiayn.errors import ConversionError
+from aiayn.marian.generation import NEUTRAL, check_generation
 from aiayn.marian.weights import GENERATION_KEYS, config_from_marian, to_aiayn
 from aiayn.model.transformer import Transformer
 
@@ -209,11 +210,18 @@ class MarianFolder:
         return model
 
     def _generation(self) -> dict[str, Any]:
+        """The folder's generation settings, refused (naming the file and field) where
+        aiayn would decode otherwise than generate() with them."""
         path = self.folder / GENERATION_CONFIG
         if path.is_file():
-            return read_json(path)
-        found = {k: self.hf[k] for k in GENERATION_KEYS if self.hf.get(k) is not None}
-        return {"_from_model_config": True, **found}
+            settings = read_json(path)
+        else:  # as transformers does: the generation settings config.json holds
+            path = self.folder / CONFIG
+            keys = dict.fromkeys([*GENERATION_KEYS, *NEUTRAL])
+            found = {k: self.hf[k] for k in keys if self.hf.get(k) is not None}
+            settings = {"_from_model_config": True, **found}
+        check_generation(settings, self.model.cfg, str(path))
+        return settings
 
     def origin(self) -> dict[str, Any]:
         return {

@@ -29,7 +29,9 @@ from aiayn.errors import ConversionError
 from aiayn.model.transformer import Transformer
 
 # transformers' activation_function names -> TransformerConfig.activation
-ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+ACTIVATIONS = {
+    "relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu", "gelu_python": "gelu",
+}  # fmt: skip
 LAYER_NORM_EPS = 1e-5  # Marian's LayerNorm (torch's default); aiayn's too
 # Generation settings a config.json may hold (older OPUS-MT folders have no
 # generation_config.json): kept as transformers reads them, see folder.generation_settings.

@@ -64,6 +64,28 @@ def test_language_token_is_one_id_and_vocab_ids_are_not_sentencepiece_ids(folder
     assert ours.encode("Ein Mann fährt Fahrrad.")[:-1] != spm_ids
 
 
+def test_ids_outside_the_vocabulary_are_named_not_wrapped(folder):
+    """A negative id indexed the piece list from its end (the last piece, without a word)
+    and a too large one was a bare IndexError: both are a TokenizerError naming the item."""
+    import torch
+
+    ours = Tokenizer.load(folder)
+    size = ours.tgt_vocab_size
+    ids = ours.encode_target("Ein Hund")
+    with pytest.raises(TokenizerError, match=r"^id: -1 is outside the vocabulary"):
+        ours.id_to_piece(-1)
+    with pytest.raises(
+        TokenizerError, match=rf"^ids\[1\]: -1 is outside the vocabulary \[0, {size}\)"
+    ):
+        ours.decode([ids[0], -1])
+    with pytest.raises(TokenizerError, match=rf"^ids\[0\]: {size} is outside the vocabulary"):
+        ours.decode([size])
+    with pytest.raises(TokenizerError, match=r"^ids: a sequence of token ids, not str"):
+        ours.decode("abc")
+    assert ours.decode(torch.tensor(ids)) == ours.decode(ids) == ours.decode(tuple(ids))
+    assert ours.id_to_piece(torch.tensor(ids[0])) == ours.id_to_piece(ids[0])
+
+
 def test_cut_to_a_length_the_eos_stays_last(folder):
     ours = Tokenizer.load(folder)
     ids = ours.encode("Ein Mann fährt mit dem Fahrrad über die Brücke.")

@@ -28,13 +28,13 @@ import io
 import json
 import re
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 
-from aiayn.data.tokenizer import Tokenizer
+from aiayn.data.tokenizer import Tokenizer, token_id
 from aiayn.errors import TokenizerError
 
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
@@ -259,7 +259,8 @@ class MarianTokenizer(Tokenizer):
         return f"Marian, {self.vocab_size} shared tokens"
 
     def id_to_piece(self, i: int, source: bool = False) -> str:
-        return (self.source_pieces if source else self.target_pieces)[i]
+        pieces = self.source_pieces if source else self.target_pieces
+        return pieces[token_id("id", i, len(pieces))]  # -1 would be the last piece
 
     def piece_to_id(self, piece: str) -> int:
         return self.target_vocab.get(piece, self.unk_id)
@@ -321,7 +322,18 @@ class MarianTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of target ``ids``: special ids skipped (all of them, as transformers'
         ``decode(ids, skip_special_tokens=True)``), pieces joined."""
-        pieces = [self.target_pieces[i] for i in ids if i not in self.skip_target]
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")
+        ids = list(ids)
+        try:  # a negative id would index from the end: the last pieces, without a word
+            if min(ids, default=0) < 0:
+                raise IndexError
+            pieces = [self.target_pieces[i] for i in ids if i not in self.skip_target]
+        except (TypeError, IndexError):
+            for k, i in enumerate(ids):
+                token_id(f"ids[{k}]", i, len(self.target_pieces))  # raises for the first bad
+            raise
         text = self.spm_detok.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
         return _clean_up_tokenization(text) if self.clean_up else text
 

@@ -204,7 +204,7 @@ class Tokenizer:
             return self.sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
         except (TypeError, IndexError):
             for k, i in enumerate(ids):
-                _token_id(f"ids[{k}]", i, self.vocab_size)  # raises for the first bad one
+                token_id(f"ids[{k}]", i, self.vocab_size)  # raises for the first bad one
             raise
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
@@ -213,7 +213,7 @@ class Tokenizer:
     def id_to_piece(self, i: int, source: bool = False) -> str:
         """The piece of target id ``i`` (source id with ``source=True``)."""
         # Checked first: SentencePiece gives an IndexError, or a list of pieces for a list.
-        return self.sp.id_to_piece(_token_id("id", i, self.vocab_size))
+        return self.sp.id_to_piece(token_id("id", i, self.vocab_size))
 
     def piece_to_id(self, piece: str) -> int:
         """The target id of ``piece`` (the unknown id for a piece not in the vocabulary)."""
@@ -234,7 +234,7 @@ def _text_error(name: str, text: object) -> TokenizerError | None:
     return None
 
 
-def _token_id(name: str, i: object, vocab_size: int) -> int:
+def token_id(name: str, i: object, vocab_size: int) -> int:
     """``i`` as an int (a numpy or tensor int too); TokenizerError naming ``name`` unless
     it is an id in [0, vocab_size)."""
     try:

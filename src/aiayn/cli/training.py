@@ -50,14 +50,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from aiayn.train.recipe import Recipe
+    from aiayn.train.recipe import TEXT_FIELDS, Recipe
     from aiayn.train.trainer import Trainer
 
     overrides = [*_replaced_data(args), *(args.set or []), *_flag_overrides(args)]
     recipe = (
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
     )
-    for flag in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+    for flag in TEXT_FIELDS:
         if not recipe.data and not recipe.dataset and not getattr(recipe, flag):
             raise AiaynError(
                 f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data, "
@@ -70,29 +70,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-TEXT_FLAGS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
-
-
 def _replaced_data(args: argparse.Namespace) -> list[str]:
     """The overrides that clear the recipe's own data when the command line names the run's
     data, so that what was given is what trains (the recipe's ``data`` would win over text
     and leave it unread): --data clears the recipe's text and ``dataset``; a text flag
     clears its ``data`` (its ``dataset`` still fills the text fields not given). They come
     before --set, which may set a field again (and Recipe.check refuses a contradiction)."""
-    texts = [f for f in TEXT_FLAGS if getattr(args, f)]
+    from aiayn.train.recipe import TEXT_FIELDS
+
+    texts = [f for f in TEXT_FIELDS if getattr(args, f)]
     if args.data and texts:  # the recipe would take --data and drop the text unread
         given = ", ".join(f"--{f.replace('_', '-')}" for f in texts)
         raise AiaynError(f"--data and {given} name two data sets: give one or the other")
     if args.data:
-        return [f"{field}=" for field in ("dataset", *TEXT_FLAGS)]
+        return [f"{field}=" for field in ("dataset", *TEXT_FIELDS)]
     return ["data="] if texts else []
 
 
 def _flag_overrides(args: argparse.Namespace) -> list[str]:
     """The recipe overrides of --data, the text flags and --init-from (paths made
     absolute); AiaynError when --set sets the same field too (one would be dropped)."""
+    from aiayn.train.recipe import TEXT_FIELDS
+
     overrides = []
-    for flag in ("data", *TEXT_FLAGS):
+    for flag in ("data", *TEXT_FIELDS):
         if getattr(args, flag):
             overrides.append(f"{flag}={Path(getattr(args, flag)).resolve()}")
     if args.init_from:  # MODEL_DIR[:CHECKPOINT]; the directory made absolute

@@ -235,9 +235,7 @@ class RunDirectory:
             directory = Path(r.data)
         else:
             directory = self.out_dir / "data"
-            empty = [
-                k for k in ("train_src", "train_tgt", "valid_src", "valid_tgt") if not getattr(r, k)
-            ]
+            empty = [k for k in TEXT_FIELDS if not getattr(r, k)]
             if r.dataset and empty:  # fetched (when the cache lacks it) by rank 0 alone
                 named = self.on_main(lambda: pair_files(r.dataset, log=self.log))
                 for key in empty:

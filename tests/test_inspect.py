@@ -4,6 +4,7 @@ from metrics.jsonl; the layer table of a trained model."""
 from __future__ import annotations
 
 import json
+import math
 from importlib.util import find_spec
 
 import pytest
@@ -127,6 +128,29 @@ def test_plot_training_curves(tmp_path, capsys):
     assert {p.name for p in (run / "plots").iterdir()} == names
     assert all((run / "plots" / n).read_bytes()[:8] == PNG for n in names)
     assert capsys.readouterr().out.count("wrote ") == 4
+
+
+def test_curves_keep_the_losses_logged_as_nan(tmp_path):
+    """The trainer logs a non-finite loss as "nan"/"inf" (JSON has neither): such a
+    point is NaN in the series (a gap in the plot, not its neighbours joined), and the
+    smoothed train curve goes on after it instead of staying NaN for good."""
+    from aiayn.inspect.curves import read_metrics, series, smooth
+    from aiayn.train.metrics_log import MetricsLog
+
+    log = MetricsLog(tmp_path, tensorboard=False)
+    for step, loss in enumerate([4.0, 3.0, float("nan"), float("inf"), 2.0, 1.0], 1):
+        log.write("train", step, loss=loss)
+    log.write("valid", 6, loss=float("-inf"), bleu="n/a")  # not a number: left out
+    log.close()
+    records = read_metrics(tmp_path)
+    steps, losses = series(records, "train", "loss")
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert losses[:2] == [4.0, 3.0] and math.isnan(losses[2]) and losses[3:] == [math.inf, 2, 1]
+    assert series(records, "valid", "loss") == ([6], [-math.inf])
+    assert series(records, "valid", "bleu") == ([], [])
+    finite = [v if math.isfinite(v) else math.nan for v in losses]
+    assert smooth(finite, 2) == [4.0, 3.5, 3.0, pytest.approx(math.nan, nan_ok=True), 2.0, 1.5]
+    assert smooth([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]  # as before for finite values
 
 
 @draws

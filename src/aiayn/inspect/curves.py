@@ -4,9 +4,13 @@ the trainer: kind "train" per update, "valid" per validation, "speed" every few 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from aiayn.errors import AiaynError
+
+# How the trainer logs a number that is not finite (aiayn.train.metrics_log).
+NOT_FINITE = ("nan", "inf", "-inf")
 
 # file name -> (title, y label, [(kind, key, legend)])
 CURVES = {
@@ -56,23 +60,30 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 def series(records: list[dict], kind: str, key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of ``key`` in the records of ``kind``. After a resume the trainer
-    appends steps it already logged; the latest value of a step wins."""
+    appends steps it already logged; the latest value of a step wins. A value the trainer
+    logged as "nan" or "inf" (JSON has neither) is that float: a gap in the plot, not a
+    point left out that would join its neighbours."""
     points: dict[float, float] = {}
     for r in records:
-        if r.get("kind") == kind and isinstance(r.get(key), (int, float)):
-            points[r["step"]] = float(r[key])
+        value = r.get(key) if r.get("kind") == kind else None
+        if isinstance(value, str) and value.lower() in NOT_FINITE:
+            value = float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            points[r["step"]] = float(value)
     steps = sorted(points)
     return steps, [points[s] for s in steps]
 
 
 def smooth(values: list[float], window: int) -> list[float]:
-    """Running mean over the last ``window`` values: per-update losses are noisy."""
-    out, total = [], 0.0
+    """Running mean over the finite values among the last ``window``: per-update losses
+    are noisy (and a NaN must not turn every later mean into NaN); NaN where none is."""
+    out, total, count = [], 0.0, 0
     for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
+        if math.isfinite(v):
+            total, count = total + v, count + 1
+        if i >= window and math.isfinite(values[i - window]):
+            total, count = total - values[i - window], count - 1
+        out.append(total / count if count else math.nan)
     return out
 
 

@@ -128,14 +128,19 @@ def export_marian(
     generation = within_positions(
         generation_settings(state) or generation_defaults(model.cfg), model.cfg.max_len
     )
+    files = {CONFIG: config, GENERATION_CONFIG: generation}
+    try:  # a damaged entry (a tensor among the settings) fails here, not half-written
+        texts = {name: json.dumps(data, indent=2) + "\n" for name, data in files.items()}
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"{path}: checkpoint entry 'generation': {e}") from None
     tensors = from_aiayn(model)
 
     from safetensors.torch import save_file
 
     with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        for name, data in ((CONFIG, config), (GENERATION_CONFIG, generation)):
-            (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        for name, text in texts.items():
+            (tmp / name).write_text(text, encoding="utf-8")
         tokenizer.save(tmp)
     return out_dir
 

@@ -17,6 +17,7 @@ from aiayn.cli import main
 from aiayn.data.batching import pad
 from aiayn.decode import DecodeOptions, search
 from aiayn.marian import export_marian, import_marian
+from aiayn.translator import Translator
 from marian_util import make_marian, write_tokenizer
 from sample_data import PAIRS
 
@@ -191,3 +192,27 @@ def test_an_output_folder_that_cannot_be_created_is_one_line(exported, tmp_path,
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"{out}: cannot create" in err, err
     assert blocker.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
+def test_a_model_fine_tuned_shorter_generates_within_its_positions(tmp_path):
+    """Fine-tuning may lower max_len below the imported max_length; the export cuts the
+    generation length to the model's positions, so generate() stops where aiayn stops
+    instead of running past them (an IndexError inside transformers)."""
+    write_tokenizer(tmp_path / "tok")
+    make_marian(tmp_path / "hf", tmp_path / "tok", max_position_embeddings=64)
+    settings = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    settings["max_length"] = 64
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps(settings))
+    state = load_checkpoint(import_marian(tmp_path / "hf", tmp_path / "aiayn") / BEST)
+    state["config"]["max_len"] = 12  # what a fine-tuning recipe's max_len makes of it
+    save_checkpoint({k: v for k, v in state.items() if k != "format"}, tmp_path / "ft" / BEST)
+    folder = export_marian(tmp_path / "ft", tmp_path / "out")
+    assert json.loads((folder / "generation_config.json").read_text())["max_length"] == 13
+    hf = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf_tokenizer = MarianTokenizer.from_pretrained(folder)
+    texts = ["x", "ein"]
+    with torch.no_grad():
+        out = hf.generate(**hf_tokenizer(texts, return_tensors="pt", padding=True))
+    ours = Translator.from_dir(tmp_path / "ft").translate(texts)
+    assert [[t] for t in hf_tokenizer.batch_decode(out, skip_special_tokens=True)] == ours
+    assert max(len(row) for row in out.tolist()) == 13  # ran to the limit

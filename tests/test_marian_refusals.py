@@ -216,3 +216,22 @@ def test_export_refuses_another_layer_norm_epsilon(sample_model_dir, tmp_path, c
     want = f"{path}: layer_norm_eps: Marian's LayerNorm epsilon is 1e-5, not 1e-06"
     assert want in err, err
     assert not out.exists()
+
+
+def test_export_refuses_generation_settings_json_cannot_hold(sample_model_dir, tmp_path, capsys):
+    """A damaged checkpoint (a tensor among its generation settings) is one line naming
+    the file and the entry, and an earlier export in --out survives it."""
+    model_dir = tmp_path / "model"
+    state = load_checkpoint(sample_model_dir() / BEST)
+    path = save_checkpoint(
+        {**state, "generation": {"max_length": torch.tensor(5)}}, model_dir / BEST
+    )
+    out = tmp_path / "hf"
+    good = ["export", "marian", "--model", str(sample_model_dir()), "--out", str(out)]
+    assert main(good) == 0
+    before = (out / "generation_config.json").read_text()
+    assert main(["export", "marian", "--model", str(model_dir), "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: checkpoint entry 'generation'" in err, err
+    assert (out / "generation_config.json").read_text() == before

@@ -38,7 +38,9 @@ Decoding differences (the model is the same; the search options are CTranslate2'
 * Its ``length_penalty`` divides by length**penalty, not by GNMT's ((5 + length) / 6)**alpha
   used by ``aiayn`` (and it stops the search by another rule). With ``length_penalty=0``
   and our ``alpha=0`` both rank by total log-probability and the 1-best agrees; greedy
-  (``beam_size=1``) agrees exactly.
+  (``beam_size=1``) agrees exactly. An output that reaches the length limit is the
+  exception: our beam search ends it with EOS in its last slot (one token shorter, see
+  :class:`aiayn.decode.DecodeOptions`), CTranslate2's fills every slot with tokens.
 * Positions past the model's ``max_len`` do not exist. Our decoders stop there;
   CTranslate2 raises a RuntimeError ("No position encodings are defined for positions
   >= max_len"), so keep ``max_decoding_length`` <= max_len (and ``max_input_length``

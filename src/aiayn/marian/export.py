@@ -81,6 +81,17 @@ def generation_defaults(cfg: TransformerConfig) -> dict[str, Any]:
     }
 
 
+def within_positions(generation: dict[str, Any], max_len: int) -> dict[str, Any]:
+    """``generation`` with ``max_length`` cut to ``max_len + 1`` and ``max_new_tokens`` to
+    ``max_len``: the longest output whose tokens fit the model's positions (what aiayn's
+    decoders stop at). A model fine-tuned with a smaller ``max_len`` than it was imported
+    with keeps the imported length, and ``generate()`` would run past its positions (an
+    IndexError inside transformers) where aiayn stops."""
+    limits = {"max_length": max_len + 1, "max_new_tokens": max_len}
+    cut = {k: n for k, n in limits.items() if isinstance(generation.get(k), int)}
+    return {**generation, **{k: min(generation[k], n) for k, n in cut.items()}}
+
+
 def export_marian(
     model_dir: str | Path, out_dir: str | Path, checkpoint: str = "auto", force: bool = False
 ) -> Path:
@@ -114,15 +125,22 @@ def export_marian(
         raise ConversionError(f"{path}: {e}") from None
     config[AIAYN_KEY] = {"output_bias": model.cfg.output_bias}  # transformers ignores it
     tokenizer = marian_tokenizer(tokenizer, model.cfg)
-    generation = generation_settings(state) or generation_defaults(model.cfg)
+    generation = within_positions(
+        generation_settings(state) or generation_defaults(model.cfg), model.cfg.max_len
+    )
+    files = {CONFIG: config, GENERATION_CONFIG: generation}
+    try:  # a damaged entry (a tensor among the settings) fails here, not half-written
+        texts = {name: json.dumps(data, indent=2) + "\n" for name, data in files.items()}
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"{path}: checkpoint entry 'generation': {e}") from None
     tensors = from_aiayn(model)
 
     from safetensors.torch import save_file
 
     with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        for name, data in ((CONFIG, config), (GENERATION_CONFIG, generation)):
-            (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        for name, text in texts.items():
+            (tmp / name).write_text(text, encoding="utf-8")
         tokenizer.save(tmp)
     return out_dir
 

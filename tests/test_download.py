@@ -92,6 +92,13 @@ def test_a_server_that_sends_another_range_than_asked_is_not_appended(mirror, tm
     assert mirror.requests[-1] == ("data/a.bin", None)  # started again without a Range
 
 
+def test_a_folder_where_the_file_goes_is_named_before_downloading(mirror, tmp_path):
+    (tmp_path / "a.bin").mkdir()
+    with pytest.raises(DownloadError, match=r"a\.bin: is in the way of the download"):
+        fetch(mirror.url + "data/a.bin", tmp_path / "a.bin", SHA, show_progress=False)
+    assert leftovers(tmp_path) == ["a.bin"] and mirror.requests == []
+
+
 def test_a_stalled_server_times_out(mirror, tmp_path):
     mirror.stall.add("data/a.bin")
     with pytest.raises(DownloadError, match=r"data/a\.bin: .*timed out"):

@@ -97,6 +97,8 @@ def fetch(
     check_url(url)
     if dest.is_file():
         return False
+    if dest.exists() or dest.is_symlink():  # a folder or a broken link: no file goes there
+        raise DownloadError(f"{dest}: is in the way of the download (not a file); remove it")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

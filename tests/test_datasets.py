@@ -286,3 +286,19 @@ def test_a_pair_the_data_set_lacks_is_one_line_before_any_download(cache, capsys
         err = one_line_error(["data", "get", "multi30k", *argv, "--mirror", mirror.url], capsys)
         assert message in err
         assert mirror.requests == [] and not cache.exists()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "where"),
+    [(b"justonetoken\n", "line 1: not"), (b"\n   \nnot-hex  archives/dev.tgz\n", "line 3: not"),
+     (b"\xff\xfe\n", "cannot read")],
+)  # fmt: skip
+def test_a_damaged_record_of_checksums_is_one_line_naming_it(cache, capsys, recorded, where):
+    folder = cache / "wmt14-en-de"
+    folder.mkdir(parents=True)
+    (folder / datasets.RECORDED).write_bytes(recorded)
+    with Mirror({}).running() as mirror:
+        err = one_line_error(["data", "get", "wmt14-en-de", "--mirror", mirror.url], capsys)
+        assert f"{folder / datasets.RECORDED}" in err and where in err, err
+        assert mirror.requests == []
+    assert (folder / datasets.RECORDED).read_bytes() == recorded  # left for the user to see

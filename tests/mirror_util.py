@@ -1,8 +1,8 @@
 """A data mirror on the loopback address for the downloader's tests: it serves files from
 a dict (path -> bytes) with HTTP Range support, and can be told to misbehave per path:
 answer 404, drop the connection half-way through a file, stall past the client's
-timeout, or ignore Range requests. Every request is logged, so a test can tell what was
-downloaded (and what was not)."""
+timeout, ignore Range requests or answer them with another range. Every request is
+logged, so a test can tell what was downloaded (and what was not)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class Mirror:
         self.drop: set[str] = set()  # send half of the body, then close
         self.stall: set[str] = set()  # send nothing until released
         self.no_range: set[str] = set()  # ignore Range: send 200 and the whole file
+        self.wrong_range: set[str] = set()  # answer a Range with 206 and the whole file
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.released = threading.Event()
         mirror = self
@@ -35,6 +36,8 @@ class Mirror:
                 wanted = self.headers.get("Range")
                 if wanted and path not in mirror.no_range:
                     start = int(wanted.removeprefix("bytes=").split("-")[0])
+                    if path in mirror.wrong_range:
+                        start = 0
                     if start >= len(body):
                         self.send_error(416, "Range Not Satisfiable")
                         return

@@ -286,3 +286,64 @@ def test_a_pair_the_data_set_lacks_is_one_line_before_any_download(cache, capsys
         err = one_line_error(["data", "get", "multi30k", *argv, "--mirror", mirror.url], capsys)
         assert message in err
         assert mirror.requests == [] and not cache.exists()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "where"),
+    [(b"justonetoken\n", "line 1: not"), (b"\n   \nnot-hex  archives/dev.tgz\n", "line 3: not"),
+     (b"\xff\xfe\n", "cannot read")],
+)  # fmt: skip
+def test_a_damaged_record_of_checksums_is_one_line_naming_it(cache, capsys, recorded, where):
+    folder = cache / "wmt14-en-de"
+    folder.mkdir(parents=True)
+    (folder / datasets.RECORDED).write_bytes(recorded)
+    with Mirror({}).running() as mirror:
+        err = one_line_error(["data", "get", "wmt14-en-de", "--mirror", mirror.url], capsys)
+        assert f"{folder / datasets.RECORDED}" in err and where in err, err
+        assert mirror.requests == []
+    assert (folder / datasets.RECORDED).read_bytes() == recorded  # left for the user to see
+
+
+def wmt14_archives(folder: Path, europarl_de: bytes) -> None:
+    """Small archives of every WMT14 member in ``folder/archives``, Europarl's German text
+    being ``europarl_de``."""
+    from aiayn.data.wmt import WMT14_FILES
+
+    (folder / "archives").mkdir(parents=True)
+    for parts in WMT14_FILES.values():
+        for archive, members in parts:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+                for member in members.values():
+                    data = (
+                        sgm(["a b", "c d"]).encode() if member.endswith(".sgm") else b"a b\nc d\n"
+                    )
+                    if "europarl" in member and member.endswith(".de"):
+                        data = europarl_de
+                    info = tarfile.TarInfo(member)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+            (folder / "archives" / archive).write_bytes(buffer.getvalue())
+
+
+def test_wmt14_extraction_failures_are_one_line_and_leave_no_part(tmp_path, monkeypatch):
+    from aiayn.data import wmt
+
+    wmt14_archives(tmp_path, b"a b\nc \xff d\n")
+    with pytest.raises(DownloadError, match=r"europarl-v7\.de-en\.de, line 2: not UTF-8"):
+        wmt.extract_wmt14(tmp_path, log=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archives"]  # no train.en.part
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    real_open = open
+    monkeypatch.setattr(
+        wmt, "open", lambda path, *a, **k: Full() if str(path).endswith(".de.part")
+        else real_open(path, *a, **k), raising=False,
+    )  # fmt: skip
+    wmt14_archives(tmp_path / "ok", b"a b\nc d\n")
+    with pytest.raises(DownloadError, match=r"train\.de\.part: cannot write .*No space left"):
+        wmt.extract_wmt14(tmp_path / "ok", log=lambda _: None)
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["archives"]

@@ -81,6 +81,24 @@ def test_a_server_that_cannot_resume_sends_the_whole_file_again(mirror, tmp_path
     assert (tmp_path / "b.bin").read_bytes() == b"bee\n"
 
 
+def test_a_server_that_sends_another_range_than_asked_is_not_appended(mirror, tmp_path):
+    """A 206 whose Content-Range does not start at the part's end would make a file of the
+    part followed by other bytes: taken as whole where no checksum is pinned."""
+    dest, url = tmp_path / "a.bin", mirror.url + "data/a.bin"
+    (tmp_path / "a.bin.part").write_bytes(BODY[:1000])
+    mirror.wrong_range.add("data/a.bin")
+    assert fetch(url, dest, None, show_progress=False) is True
+    assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]
+    assert mirror.requests[-1] == ("data/a.bin", None)  # started again without a Range
+
+
+def test_a_folder_where_the_file_goes_is_named_before_downloading(mirror, tmp_path):
+    (tmp_path / "a.bin").mkdir()
+    with pytest.raises(DownloadError, match=r"a\.bin: is in the way of the download"):
+        fetch(mirror.url + "data/a.bin", tmp_path / "a.bin", SHA, show_progress=False)
+    assert leftovers(tmp_path) == ["a.bin"] and mirror.requests == []
+
+
 def test_a_stalled_server_times_out(mirror, tmp_path):
     mirror.stall.add("data/a.bin")
     with pytest.raises(DownloadError, match=r"data/a\.bin: .*timed out"):

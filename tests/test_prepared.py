@@ -203,6 +203,18 @@ def test_every_streaming_error_names_the_file_and_line(tmp_path):
     assert not list(tmp_path.glob(".out*.tmp"))
 
 
+def test_a_prepare_removes_its_own_leftovers_not_another_outputs_staging(tmp_path):
+    text = write(tmp_path / "a.txt", "ein Haus\nzwei Bäume\n".encode())
+    own, other = tmp_path / ".data.k1ll3d_x.tmp", tmp_path / ".data.v2.abcd1234.tmp"
+    for folder in (own, other):
+        folder.mkdir()
+    # "dat[a]" as a glob pattern would match the leftovers of "data"
+    prepare((text, text), (text, text), tmp_path / "dat[a]", 40, show_progress=False)
+    assert own.is_dir() and other.is_dir()
+    prepare((text, text), (text, text), tmp_path / "data", 40, show_progress=False)
+    assert not own.exists() and other.is_dir()  # another output's, maybe in use
+
+
 def test_dropped_pairs_are_counted_and_the_sample_is_seeded(tmp_path):
     src = write(tmp_path / "a.de", "eins\n\nzwei drei vier fünf\nsechs sieben\n".encode())
     tgt = write(tmp_path / "a.en", b"one\nlost\ntwo three four five\nsix seven\n")

@@ -12,6 +12,7 @@ download (in the data set's ``RECORDED.sha256``) and checked on every call after
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -318,11 +319,27 @@ def cached() -> list[tuple[str, Path, int, int]]:
 
 
 def _read_recorded(folder: Path) -> dict[str, str]:
+    """File name -> SHA-256 of ``folder/RECORDED`` (``sha256sum`` lines); DownloadError
+    naming the file and line when it holds anything else (edited or damaged)."""
     path = folder / RECORDED
     if not path.is_file():
         return {}
-    pairs = (line.split(maxsplit=1) for line in path.read_text("utf-8").splitlines() if line)
-    return {name.strip(): digest for digest, name in pairs}
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DownloadError(f"{path}: cannot read ({e}); delete it to record again") from None
+    recorded = {}
+    for number, line in enumerate(lines, start=1):
+        fields = line.split(maxsplit=1)
+        if not fields:
+            continue
+        if len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{64}", fields[0]):
+            raise DownloadError(
+                f"{path}, line {number}: not 'SHA-256  file name'; delete the file to "
+                "record the checksums again"
+            )
+        recorded[fields[1].strip()] = fields[0]
+    return recorded
 
 
 def _write_recorded(folder: Path, recorded: dict[str, str]) -> None:

@@ -20,6 +20,7 @@ import hashlib
 import http.client
 import math
 import os
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -96,6 +97,8 @@ def fetch(
     check_url(url)
     if dest.is_file():
         return False
+    if dest.exists() or dest.is_symlink():  # a folder or a broken link: no file goes there
+        raise DownloadError(f"{dest}: is in the way of the download (not a file); remove it")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -151,6 +154,12 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
         reason = _reason(e)
         raise DownloadError(f"{url}: cannot connect ({reason}). {_by_hand(url, dest)}") from None
     with response:
+        if have and response.status == 206 and _range_start(response) != have:
+            # Another range than the one asked for (a broken server or proxy): its bytes
+            # do not continue the part. Start again from the first byte.
+            out.seek(0)
+            out.truncate()
+            return _transfer(url, out, timeout, show_progress, dest)
         if have and response.status != 206:  # the server sends the whole file again
             out.seek(0)
             out.truncate()
@@ -184,6 +193,12 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
             f"{url}: the server closed the connection after {received} of {total} bytes; the "
             f"part is kept in {part} and the next call resumes it. {_by_hand(url, dest)}"
         )
+
+
+def _range_start(response: http.client.HTTPResponse) -> int | None:
+    """The first byte a 206 response holds, from its Content-Range; None without one."""
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-.*", response.headers.get("Content-Range") or "")
+    return int(match[1]) if match else None
 
 
 def _reason(e: BaseException) -> str:

@@ -9,6 +9,7 @@ that is killed leaves no half-valid dataset, and the next run removes its leftov
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import multiprocessing
@@ -186,8 +187,12 @@ def prepare(
         )
     if out.exists():
         raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
-    for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a prepare that was killed
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
+        # Left by a prepare into ``out`` that was killed: only the names staged_folder makes
+        # for it (8 random characters between), not the staging folder of another output
+        # that starts with this name ("data.v2" for "data"), which may be in use.
+        if re.fullmatch(r"[a-z0-9_]{8}", stale.name[len(out.name) + 2 : -len(".tmp")]):
+            shutil.rmtree(stale, ignore_errors=True)
     try:
         with staged_folder(out) as tmp:
             if tokenizer is None and spm_model is not None:

@@ -46,16 +46,16 @@ def extract_wmt14(folder: Path, log: Callable[[str], None] = print) -> None:
         return
     counts = {}
     for stem, parts in WMT14_FILES.items():
-        lines = {}
+        lines: dict[str, tuple[Path, Path, int]] = {}
         for lang in ("en", "de"):
             out = folder / f"{stem}.{lang}"
             tmp = out.with_name(out.name + ".part")
-            n = 0
-            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                for archive, members in parts:
-                    for line in _member_lines(folder / "archives" / archive, members[lang]):
-                        f.write(line + "\n")
-                        n += 1
+            try:
+                n = _write_lines(tmp, folder, parts, lang)
+            except BaseException:  # no half-written text left behind, of either language
+                for stale in (tmp, *(t for t, _, _ in lines.values())):
+                    stale.unlink(missing_ok=True)
+                raise
             lines[lang] = (tmp, out, n)
         if lines["en"][2] != lines["de"][2]:
             for tmp, _, _ in lines.values():
@@ -71,7 +71,25 @@ def extract_wmt14(folder: Path, log: Callable[[str], None] = print) -> None:
     done.write_text(json.dumps(counts), encoding="utf-8")
 
 
+def _write_lines(
+    tmp: Path, folder: Path, parts: list[tuple[str, dict[str, str]]], lang: str
+) -> int:
+    """Write the ``lang`` lines of ``parts`` (archive, members) to ``tmp``; their count.
+    DownloadError naming ``tmp`` when it cannot be written (a full disk)."""
+    n = 0
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for archive, members in parts:
+                for line in _member_lines(folder / "archives" / archive, members[lang]):
+                    f.write(line + "\n")
+                    n += 1
+    except OSError as e:  # the archives' own read errors are DownloadErrors already
+        raise DownloadError(f"{tmp}: cannot write the extracted text ({e.strerror or e})") from None
+    return n
+
+
 def _member_lines(archive: Path, member: str) -> Iterator[str]:
+    number = 0
     try:
         with tarfile.open(archive, "r:gz") as tar:
             f = tar.extractfile(member)
@@ -79,6 +97,7 @@ def _member_lines(archive: Path, member: str) -> Iterator[str]:
                 raise KeyError(member)
             with f:
                 for raw in f:
+                    number += 1  # for the error below
                     line = raw.decode("utf-8").rstrip("\r\n")
                     if member.endswith(".sgm"):
                         match = SEG.search(line)
@@ -91,4 +110,4 @@ def _member_lines(archive: Path, member: str) -> Iterator[str]:
     except (tarfile.TarError, OSError, EOFError) as e:
         raise DownloadError(f"{archive}: not a readable .tgz archive ({e})") from None
     except UnicodeDecodeError as e:
-        raise DownloadError(f"{archive}: {member} is not UTF-8 ({e.reason})") from None
+        raise DownloadError(f"{archive}: {member}, line {number}: not UTF-8 ({e.reason})") from None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -173,6 +175,33 @@ def test_serve_stops_with_an_error_when_its_worker_dies(parts):
     assert str(errors[0]) == (
         "the model worker died, so the server stopped: "
         "the model worker process has stopped (exit code -9)"
+    )
+
+
+def test_a_script_without_a_main_guard_stops_with_one_line_instead_of_hanging(
+    sample_model_dir, tmp_path
+):
+    """The spawned worker imports the script that called serve(): unguarded, it used to
+    load the model again, start a second server from inside the worker, and leave the
+    first one waiting for good (the spawn pipe full of the model it never read)."""
+    script = tmp_path / "serve_me.py"
+    script.write_text(
+        "from aiayn.serve import serve\n"
+        "from aiayn.translator import Translator\n"
+        "print('script ran', flush=True)\n"
+        f"serve(Translator.from_dir({str(sample_model_dir())!r}), port=0, threads=1)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env
+    )
+    assert done.returncode == 1
+    assert done.stdout.count("script ran") == 2  # the server, and the worker importing it
+    guard = 'start the server under `if __name__ == "__main__":`'
+    assert done.stderr.count(guard) == 1 and done.stderr.count("listening on") == 1
+    assert done.stderr.rstrip().endswith(
+        "WorkerDiedError: the model worker died, so the server stopped: "
+        "the model worker process has stopped (exit code 1)"
     )
 
 

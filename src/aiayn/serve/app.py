@@ -48,7 +48,7 @@ from aiayn.serve.jobs import (
     future_reply,
 )
 from aiayn.serve.metrics import Metrics
-from aiayn.serve.process import ProcessWorker
+from aiayn.serve.process import ProcessWorker, refuse_in_bootstrap
 from aiayn.serve.protocol import (
     CLIENT_GONE,
     ApiError,
@@ -111,6 +111,7 @@ def create_app(
     keeps no reference to the model; with ``cfg.worker_device`` that process moves it to
     that device (load it on the CPU, and the server process never holds its weights on
     a GPU)."""
+    refuse_in_bootstrap()
     cfg = cfg or ServeConfig()
     metrics = Metrics()
     batching: dict[str, Any] = {

@@ -50,6 +50,19 @@ class WorkerProcessError(AiaynError):
     """The model worker process could not be started."""
 
 
+def refuse_in_bootstrap() -> None:
+    """Exit, with one line saying why, in a worker process that is still importing the
+    main module. A spawned worker imports the script that started the server: without an
+    ``if __name__ == "__main__":`` guard, that script would load the model again and start
+    a second server from inside the worker, which fails and leaves the first hanging."""
+    if getattr(mp.current_process(), "_inheriting", False):  # set while it imports main
+        raise SystemExit(
+            "aiayn: the model worker process ran the script that starts the server again: "
+            'start the server under `if __name__ == "__main__":` (a worker process '
+            "imports the main module; see docs/serving.md)"
+        )
+
+
 def _portable(outcome: Outcome) -> Outcome:
     """``outcome`` with an error that survives pickling (else a RuntimeError with its
     type and text)."""
@@ -82,13 +95,12 @@ class _Pipe:
 
 def _child(
     conn: Connection,
-    translator_bytes: bytes,
     worker_kwargs: dict,
     threads: int,
     device: str | None,
 ) -> None:
-    """The worker process: load the translator (onto ``device``, if given), run a
-    BatchWorker, answer messages until told to stop (or until the server process goes
+    """The worker process: receive the translator (and move it onto ``device``, if
+    given), run a BatchWorker, answer messages until told to stop (or until the server process goes
     away)."""
     # A Ctrl-C reaches the whole process group, and systemd's SIGTERM the whole cgroup:
     # the server process decides when this one stops (a "stop" message, or its exit).
@@ -103,7 +115,7 @@ def _child(
             pipe.send(*message)
 
     try:
-        translator = pickle.loads(translator_bytes)
+        translator = pickle.loads(conn.recv_bytes())
         if device is not None:
             for model in translator.models:
                 model.to(device)
@@ -114,7 +126,6 @@ def _child(
     except Exception as e:
         tell("failed", f"{type(e).__name__}: {e}")
         return
-    del translator_bytes
     worker.start()
 
     def reply_for(job_id: int) -> Reply:
@@ -190,18 +201,17 @@ class ProcessWorker:
         ours, theirs = context.Pipe(duplex=True)
         self._process = context.Process(
             target=_child,
-            args=(
-                theirs,
-                self._translator_bytes,
-                self._kwargs,
-                torch.get_num_threads(),
-                self._device,
-            ),
+            args=(theirs, self._kwargs, torch.get_num_threads(), self._device),
             name="aiayn-model-worker",
             daemon=True,
         )
         self._process.start()
         theirs.close()  # so that the child's death reads as EOF here
+        # The model goes over our pipe, not as an argument of the process: the spawn pipe
+        # stays open here while start() writes, so a child that dies before reading it
+        # all (a script without a main guard) would block that write for good.
+        with contextlib.suppress(OSError):  # it died already: the reader says so
+            ours.send_bytes(self._translator_bytes)
         self._translator_bytes = b""
         self._pipe = _Pipe(ours)
         self._reader.start()

@@ -20,6 +20,7 @@ import torch
 
 from aiayn.errors import AiaynError
 from aiayn.serve.app import ServeConfig, create_app
+from aiayn.serve.process import refuse_in_bootstrap
 from aiayn.translator import Translator
 
 
@@ -45,6 +46,7 @@ def serve(
     the worker keeps the model (with a worker process, this process frees its copy),
     where a caller that passes the translator itself holds it as long as it keeps it.
     Raises WorkerDiedError once stopped if the model worker died."""
+    refuse_in_bootstrap()  # before the translator is loaded or a port is taken
     import uvicorn
 
     if threads is not None:

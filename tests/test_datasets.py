@@ -347,3 +347,36 @@ def test_wmt14_extraction_failures_are_one_line_and_leave_no_part(tmp_path, monk
     with pytest.raises(DownloadError, match=r"train\.de\.part: cannot write .*No space left"):
         wmt.extract_wmt14(tmp_path / "ok", log=lambda _: None)
     assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["archives"]
+
+
+def test_an_unreadable_archive_recorded_on_first_use_says_how_to_fetch_it_again(
+    cache, monkeypatch, capsys
+):
+    """A file with no pinned checksum is recorded as it came: a proxy's page in its place
+    passes the download and fails the extraction, and fetching it again needs its
+    record gone too, which the error says (a pinned file's error needs no such hint)."""
+    from aiayn.data import wmt
+
+    def extract(folder: Path, log) -> None:
+        list(wmt._member_lines(folder / "a.tgz", "a.txt"))
+
+    sources = (datasets.Source("a.tgz", "a.tgz", None),)
+    data = datasets.Dataset("tiny", "http://unused/", sources, ("de", "en"), {}, "", extract)
+    monkeypatch.setitem(datasets.DATASETS, "tiny", data)
+    page = b"<html>sign in to the hotel wifi</html>"
+    with Mirror({"a.tgz": page}).running() as mirror:
+        argv = ["data", "get", "tiny", "--mirror", mirror.url, "--no-progress"]
+        record = cache / "tiny" / datasets.RECORDED
+        assert (
+            one_line_error(argv, capsys)
+            .rstrip()
+            .endswith(
+                f"not a readable .tgz archive (not a gzip file); if that file is damaged, "
+                f"delete it and its line in {record}, then fetch it again"
+            )
+        )
+        pinned = dataclasses.replace(sources[0], sha256=hashlib.sha256(page).hexdigest())
+        monkeypatch.setitem(datasets.DATASETS, "tiny", dataclasses.replace(data, sources=(pinned,)))
+        with pytest.raises(DownloadError, match=r"not a readable \.tgz archive") as refused:
+            datasets.get("tiny", mirror=mirror.url, show_progress=False, log=lambda _: None)
+        assert "RECORDED" not in str(refused.value)

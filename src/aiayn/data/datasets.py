@@ -253,7 +253,17 @@ def get(
             recorded[source.local] = sha256_of(dest)
             _write_recorded(folder, recorded)
     if data.extract is not None:
-        data.extract(folder, log)
+        try:
+            data.extract(folder, log)
+        except DownloadError as e:
+            if all(s.sha256 is not None for s in chosen):
+                raise
+            # A file recorded on first use may have been cut short or replaced (a proxy's
+            # page) when it was downloaded: its record must go with it.
+            raise DownloadError(
+                f"{e}; if that file is damaged, delete it and its line in "
+                f"{folder / RECORDED}, then fetch it again"
+            ) from None
     log(f"{name}: {fetched} file(s) downloaded, {len(chosen) - fetched} already there -> {folder}")
     return folder
 

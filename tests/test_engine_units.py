@@ -22,7 +22,15 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, greedy, length_penalty, search
+from aiayn.decode import (
+    BeamEngine,
+    DecodeOptions,
+    Hypothesis,
+    beam_search,
+    greedy,
+    length_penalty,
+    search,
+)
 from aiayn.decode.beam import eos_hits, select
 from aiayn.decode.sampling import draw, row_uniforms, sampling_probs
 from aiayn.errors import DecodeError
@@ -374,6 +382,20 @@ def test_sampling_with_no_token_allowed_at_all_gives_empty_samples(model: Transf
     options = DecodeOptions(beam=1, sampling=True, n_best=2, seed=3, max_new_tokens=0)
     found = search(model, src, options)
     assert [[as_tuple(h) for h in s] for s in found] == [[([], 0.0, 0.0, False)] * 2] * 2
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_beam_search_with_no_token_allowed_gives_what_greedy_gives(model: Transformer, beam):
+    """A limit of 0 tokens leaves no room for EOS either: beam search's output is empty,
+    without EOS, log-prob 0, as greedy decoding's and sampling's (it was an EOS scored
+    with its log-prob, one token past the limit); the sentence beside it decodes as ever."""
+    src = padded(sources(model, [1, 6], seed=14), model.cfg.pad_id)
+    options = DecodeOptions(beam=beam, n_best=beam, max_len_a=0.5, max_len_b=0)
+    empty, other = beam_search(model, src, options)
+    assert [as_tuple(h) for h in empty] == [([], 0.0, 0.0, False)]
+    assert other and all(h.log_prob < 0 and h.eos and len(h.tokens) <= 2 for h in other)
+    (alone,) = beam_search(model, src[1:], options)
+    assert [h.tokens for h in alone] == [h.tokens for h in other]
 
 
 def drawing(uniforms: torch.Tensor, temperature: float, top_k: int) -> Pick:

@@ -253,6 +253,9 @@ class BeamEngine(Generic[Tag]):
         out: Done = []
         for i, (unit, b, end) in enumerate(zip(units, best, ending)):
             unit.steps += 1
+            if not unit.limit:  # no token allowed, EOS neither: empty, as greedy decoding
+                o = unit.options
+                unit.finished = [hypothesis([], 0.0, o.alpha, o.length_penalty, eos=False)]
             bound = stop_bound(unit.options, unit.limit, unit.steps)
             if end or is_done(unit.finished, b, bound, K):
                 out.append((unit.tag, sorted(unit.finished, key=_score, reverse=True)))

@@ -164,6 +164,63 @@ def test_any_error_of_rank_0_or_any_rank_is_raised_on_every_rank(tmp_path, monke
     assert (out / "ok0").is_file() and (out / "ok1").is_file()
 
 
+def _peer_leaves(rank: int, store: str, out_dir: str, where: str) -> None:
+    """Rank ``rank`` of 2 (spawned): rank 1 dies (``os._exit``) before a collective of
+    World (``where="world"``) or in the forward pass of an update (``"update"``, so that
+    rank 0 fails in DDP's gradient all-reduce); rank 0 writes what it raised."""
+    import torch
+    import torch.distributed as dist
+
+    from aiayn.data.batching import collate
+    from aiayn.errors import AiaynError
+    from aiayn.model.transformer import Transformer
+    from aiayn.train.schedule import NoamSchedule
+    from aiayn.train.update import Updater
+    from conftest import tiny_config
+
+    timeout = timedelta(seconds=60)
+    dist.init_process_group("gloo", f"file://{store}", rank=rank, world_size=2, timeout=timeout)
+    world = World(rank, 2)
+    if where == "world":
+        run = lambda: world.sum([1.0])  # noqa: E731
+    else:
+        torch.manual_seed(0)
+        model = Transformer(tiny_config())
+        optimizer = torch.optim.Adam(model.parameters())
+        updater = Updater(model, optimizer, NoamSchedule(optimizer, 32, 10), world)
+        batch = collate([[5, 6, 7]] * 2, [[8, 9]] * 2, 0, 1, 2)
+        run = lambda: updater.update([batch, batch])  # noqa: E731
+    if rank == 1:
+        if where == "world":
+            os._exit(0)
+        model.forward = lambda *args, **kwargs: os._exit(0)  # type: ignore[method-assign]
+    try:
+        run()
+        raised = "nothing"
+    except AiaynError as e:
+        raised = f"AiaynError: {e}"
+    except Exception as e:
+        raised = f"{type(e).__name__}: {e}"
+    Path(out_dir, "rank0").write_text(raised)
+    os._exit(0)  # the group is broken: nothing to leave
+
+
+@pytest.mark.parametrize("where", ["world", "update"])
+def test_a_rank_that_dies_is_one_line_on_the_others(tmp_path, monkeypatch, where):
+    """A rank that dies mid-run (killed, out of memory) leaves the others in a collective:
+    they fail at once (the connection closes) with one line (an AiaynError, which the CLI
+    prints as such), not a traceback from inside gloo or DDP."""
+    import torch.multiprocessing as tmp
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = (str(tmp_path / "store"), str(tmp_path), where)
+    tmp.start_processes(_peer_leaves, args=args, nprocs=2, start_method="spawn")
+    raised = (tmp_path / "rank0").read_text()
+    assert raised.startswith("AiaynError: "), raised
+    assert "another process of the job failed or stopped" in raised
+    assert "\n" not in raised and "GLHF" not in raised
+
+
 LEAVES_AT_EXIT = """\
 import atexit, sys
 from pathlib import Path

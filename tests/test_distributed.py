@@ -164,6 +164,113 @@ def test_any_error_of_rank_0_or_any_rank_is_raised_on_every_rank(tmp_path, monke
     assert (out / "ok0").is_file() and (out / "ok1").is_file()
 
 
+def _peer_leaves(rank: int, store: str, out_dir: str, where: str) -> None:
+    """Rank ``rank`` of 2 (spawned): rank 1 dies (``os._exit``) before a collective of
+    World (``where="world"``) or in the forward pass of an update (``"update"``, so that
+    rank 0 fails in DDP's gradient all-reduce); rank 0 writes what it raised."""
+    import torch
+    import torch.distributed as dist
+
+    from aiayn.data.batching import collate
+    from aiayn.errors import AiaynError
+    from aiayn.model.transformer import Transformer
+    from aiayn.train.schedule import NoamSchedule
+    from aiayn.train.update import Updater
+    from conftest import tiny_config
+
+    timeout = timedelta(seconds=60)
+    dist.init_process_group("gloo", f"file://{store}", rank=rank, world_size=2, timeout=timeout)
+    world = World(rank, 2)
+    if where == "world":
+        run = lambda: world.sum([1.0])  # noqa: E731
+    else:
+        torch.manual_seed(0)
+        model = Transformer(tiny_config())
+        optimizer = torch.optim.Adam(model.parameters())
+        updater = Updater(model, optimizer, NoamSchedule(optimizer, 32, 10), world)
+        batch = collate([[5, 6, 7]] * 2, [[8, 9]] * 2, 0, 1, 2)
+        run = lambda: updater.update([batch, batch])  # noqa: E731
+    if rank == 1:
+        if where == "world":
+            os._exit(0)
+        model.forward = lambda *args, **kwargs: os._exit(0)  # type: ignore[method-assign]
+    try:
+        run()
+        raised = "nothing"
+    except AiaynError as e:
+        raised = f"AiaynError: {e}"
+    except Exception as e:
+        raised = f"{type(e).__name__}: {e}"
+    Path(out_dir, "rank0").write_text(raised)
+    os._exit(0)  # the group is broken: nothing to leave
+
+
+@pytest.mark.parametrize("where", ["world", "update"])
+def test_a_rank_that_dies_is_one_line_on_the_others(tmp_path, monkeypatch, where):
+    """A rank that dies mid-run (killed, out of memory) leaves the others in a collective:
+    they fail at once (the connection closes) with one line (an AiaynError, which the CLI
+    prints as such), not a traceback from inside gloo or DDP."""
+    import torch.multiprocessing as tmp
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = (str(tmp_path / "store"), str(tmp_path), where)
+    tmp.start_processes(_peer_leaves, args=args, nprocs=2, start_method="spawn")
+    raised = (tmp_path / "rank0").read_text()
+    assert raised.startswith("AiaynError: "), raised
+    assert "another process of the job failed or stopped" in raised
+    assert "\n" not in raised and "GLHF" not in raised
+
+
+def _reads_data(rank: int, store: str, directories: list[str]) -> None:
+    """Rank ``rank`` of 2 (spawned) opens ``directories[rank]`` as the run's prepared
+    data (each machine's own copy at one path, as --data names it) and writes what that
+    raised."""
+    import torch.distributed as dist
+
+    from aiayn.train.recipe import Recipe
+    from aiayn.train.rundir import RunDirectory
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    out = Path(store).parent / "run"
+    run = RunDirectory(out, World(rank, 2), lambda _: None)
+    try:
+        run.prepared_data(Recipe(data=directories[rank]), None)
+        raised = "nothing"
+    except Exception as e:
+        raised = f"{type(e).__name__}: {e}"
+    (out.parent / f"rank{rank}").write_text(raised)
+    dist.destroy_process_group()
+
+
+def test_ranks_whose_prepared_data_differ_are_refused(tmp_path, monkeypatch):
+    """Each rank plans the epoch from its own copy of the data: copies that differ (one
+    machine's is stale) would train on batches no plan agrees on, skipping some pairs and
+    repeating others, or leave ranks in collectives that never match. Every rank refuses."""
+    import torch.multiprocessing as tmp
+
+    from aiayn.data.prepared import prepare
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    directories = []
+    for name, pairs in (("a", PAIRS[:30]), ("b", PAIRS[:29])):
+        (tmp_path / f"{name}.de").write_text("".join(de + "\n" for de, _ in pairs), "utf-8")
+        (tmp_path / f"{name}.en").write_text("".join(en + "\n" for _, en in pairs), "utf-8")
+        corpus = (tmp_path / f"{name}.de", tmp_path / f"{name}.en")
+        prepare(corpus, corpus, tmp_path / name, vocab_size=120, show_progress=False)
+        directories.append(str(tmp_path / name))
+    for same in (True, False):
+        given = [directories[0]] * 2 if same else directories
+        args = (str(tmp_path / f"store{same}"), given)
+        tmp.start_processes(_reads_data, args=args, nprocs=2, start_method="spawn")
+        raised = [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)]
+        if same:
+            assert raised == ["nothing", "nothing"]
+        else:
+            for rank, text in enumerate(raised):  # each names its own copy
+                assert text.startswith(f"CorpusError: {directories[rank]}: "), text
+                assert "rank 1" in text and "other prepared data" in text, text
+
+
 LEAVES_AT_EXIT = """\
 import atexit, sys
 from pathlib import Path

@@ -8,8 +8,11 @@ Backends: NCCL between GPUs, gloo on CPUs.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,12 +20,34 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, CollectiveError
 
 # How long a rank waits in a collective (or at start-up, for the others to join) before
 # the job fails. Long enough for rank 0 to prepare raw text while the others wait; a
 # recipe sets its own (``collective_timeout_minutes``).
 COLLECTIVE_TIMEOUT_MINUTES = 30.0
+
+
+@contextlib.contextmanager
+def collective_failures() -> Iterator[None]:
+    """Runs the block (or, as a decorator, the function); a failure of the communication
+    between processes inside it (a peer that died, a collective that timed out, as gloo,
+    NCCL or DDP raise it) becomes a :class:`CollectiveError` of one line: a job whose
+    rank is killed then ends with the survivors saying so, not with a traceback from deep
+    inside torch on each. Any other error passes unchanged (a bug keeps its traceback)."""
+    try:
+        yield
+    except RuntimeError as e:
+        first = str(e).strip().split("\n", 1)[0]
+        if not (isinstance(e, dist.DistError) or re.search(r"\bgloo/", first)):
+            raise
+        # gloo's "[path/pair.cc:553] Connection closed by peer [addr]. This is typically
+        # caused by ..." -> "Connection closed by peer [addr]"
+        detail = re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ", 1)[0]
+        raise CollectiveError(
+            f"another process of the job failed or stopped, or waited past the collective "
+            f"timeout ({detail}); the log of each process says which and why"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -45,6 +70,7 @@ class World:
         start = self.rank * base + min(self.rank, extra)
         return range(start, start + base + (self.rank < extra))
 
+    @collective_failures()
     def gather(self, items: list[Any]) -> list[Any] | None:
         """Every rank's ``items`` (picklable), concatenated in rank order, on rank 0;
         None on the other ranks."""
@@ -57,6 +83,7 @@ class World:
         dist.gather_object(items, parts, dst=0)
         return [item for part in parts for item in part]
 
+    @collective_failures()
     def sum(self, values: list[float]) -> list[float]:
         """``values`` summed element-wise over all ranks (float64), on every rank."""
         if self.size == 1:
@@ -66,6 +93,7 @@ class World:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    @collective_failures()
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` (picklable), on every rank."""
         if self.size == 1:
@@ -74,6 +102,7 @@ class World:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    @collective_failures()
     def barrier(self) -> None:
         """Wait until every rank got here (a fence after rank 0 wrote a file)."""
         if self.size > 1:

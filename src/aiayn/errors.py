@@ -50,6 +50,12 @@ class TrainingError(AiaynError):
     """Training that cannot go on: e.g. many updates in a row with a non-finite loss."""
 
 
+class CollectiveError(AiaynError):
+    """A collective operation between the processes of a torch.distributed job failed:
+    another process died or stopped (its own log says why), or one waited past the
+    collective timeout."""
+
+
 class ConversionError(AiaynError):
     """A model folder of another library that cannot be imported (missing or damaged file,
     another model type), or a model that another library's format cannot hold; names the

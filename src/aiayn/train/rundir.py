@@ -13,6 +13,7 @@ shared file system).
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer, read_manifest, sha256_file
 from aiayn.distributed import World
-from aiayn.errors import AiaynError, CheckpointError, RecipeError
+from aiayn.errors import AiaynError, CheckpointError, CorpusError, RecipeError
 from aiayn.train.recipe import TEXT_FIELDS, Recipe, check_new_model, check_resume
 
 T = TypeVar("T")
@@ -255,9 +256,30 @@ class RunDirectory:
 
             self.write(make)
         data = self.on_every_rank(lambda: PreparedData(directory))
+        self._same_data_everywhere(data)
         self.log(f"train: {data.summary('train')}")
         self.log(f"valid: {data.summary('valid')}")
         return data
+
+    def _same_data_everywhere(self, data: PreparedData) -> None:
+        """CorpusError on every rank when a rank's prepared data (its machine's copy at the
+        path) is not rank 0's: each rank plans the epoch from its own copy, so copies that
+        differ would skip some pairs and repeat others, or leave ranks in collectives that
+        never match. Compared: the tokenizer, the token counts and the texts' sha256."""
+        if self.world.size == 1:
+            return
+        m = data.manifest
+        texts = {k: v.get("sha256") for k, v in (m.get("inputs") or {}).items()}
+        mine = json.dumps([m.get("spm_sha256"), m["dtype"], m["splits"], texts], sort_keys=True)
+        prints = self.world.gather([mine])
+        other = next((r for r, p in enumerate(prints or []) if p != mine), None)
+        other = self.world.broadcast(other)
+        if other is not None:
+            raise CorpusError(
+                f"{data.directory}: rank {other} has other prepared data there than rank 0 "
+                "(another tokenizer, corpus or token count); every process must read the "
+                "same data: one shared directory, or identical copies on each machine"
+            )
 
     def tokenizer(
         self, data: PreparedData, state: dict | None, init: dict | None = None

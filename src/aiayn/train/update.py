@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.data.batching import BUCKETS, Batch
-from aiayn.distributed import World
+from aiayn.distributed import World, collective_failures
 from aiayn.errors import RecipeError
 from aiayn.model.transformer import Transformer
 from aiayn.train.loss import (
@@ -155,9 +155,10 @@ class Updater:
         if world.size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # The positional table is a constant buffer: nothing to broadcast each step.
-            step = nn.parallel.DistributedDataParallel(
-                step, device_ids=ids, forward_sync_buffers=False
-            )
+            with collective_failures():  # it broadcasts rank 0's weights
+                step = nn.parallel.DistributedDataParallel(
+                    step, device_ids=ids, forward_sync_buffers=False
+                )
         self.step_module = step
         # The process may have compiled other graphs before (other runs, other models).
         self.graphs_before = compiled_graphs() if compile else 0
@@ -185,6 +186,7 @@ class Updater:
     def update(self, group: Sequence[Batch]) -> UpdateResult: ...
     @overload
     def update(self, group: Sequence[T], load: Callable[[T], Batch]) -> UpdateResult: ...
+    @collective_failures()  # DDP's all-reduce of the gradients: a dead peer, one line
     def update(
         self, group: Sequence[Any], load: Callable[[Any], Batch] = lambda batch: batch
     ) -> UpdateResult:

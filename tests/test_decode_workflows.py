@@ -296,6 +296,8 @@ def write_other_vocab_model(model_dir, out_dir):
         (["--prefix-file", "EMPTY"], "the prefix file is empty"),
         (["--prefix-file", "SHORT"], "1 prefix line.s. for 3 input line"),
         (["--prefix", "A", "--prefix-file", "SHORT"], "not both"),
+        (["--prefix", "A 中"], "prefix: the model's vocabulary has no piece for '中'"),
+        (["--prefix-file", "UNKNOWN"], r"unknown, line 2: prefix: .*no piece for '中'"),
         (["--model", "OTHER"], "another tokenizer"),
         (["--closest-to", "SHORT"], "needs n-best 2 or more"),
         (["--n-best", "2", "--closest-to", "SHORT"], "1 reference line.s. for 3 input line"),
@@ -308,6 +310,8 @@ def test_cli_decoding_errors_are_one_line(sample_model_dir, tmp_path, capsys, ex
     files = {"EMPTY": tmp_path / "empty", "SHORT": tmp_path / "short"}
     files["EMPTY"].write_text("", encoding="utf-8")
     files["SHORT"].write_text("A\n", encoding="utf-8")
+    files["UNKNOWN"] = tmp_path / "unknown"
+    files["UNKNOWN"].write_text("A\nTwo 中\n\n", encoding="utf-8")
     if "OTHER" in extra:
         files["OTHER"] = write_other_vocab_model(model, tmp_path / "other")
     extra = [str(files.get(a, a)) for a in extra]

@@ -248,6 +248,34 @@ def test_cli_jsonl_alignment_and_prefix(sample_model_dir, tmp_path, capsys):
     assert texts[0].startswith("A") and texts[3].startswith("Two men") and texts[2] == ""
 
 
+def test_cli_n_best_text_has_n_fields_when_a_search_finishes_fewer(sample_model_dir, tmp_path):
+    # Room for EOS alone: one (empty) output per search. The line had 1 field, not 3.
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund.\n\nZwei Katzen.\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    args = ["--n-best", "3", "--beam", "3", "--max-len-a", "0", "--max-len-b", "1"]
+    model = str(sample_model_dir(False))
+    assert main(["translate", "--model", model, "--quiet", str(src), "-o", str(out), *args]) == 0
+    assert out.read_text(encoding="utf-8").split("\n") == [" |||  ||| ", "", " |||  ||| ", ""]
+    assert (
+        main(
+            [
+                "translate",
+                "--model",
+                model,
+                "--quiet",
+                str(src),
+                "-o",
+                str(out),
+                *args,
+                "--alignment",
+            ]
+        )
+        == 0
+    )
+    assert out.read_text(encoding="utf-8").split("\n")[0] == "\t ||| \t ||| \t"
+
+
 def test_cli_closest_to_outputs_the_candidate_nearest_each_reference(sample_model_dir, tmp_path):
     """Seq-Inter distillation targets: of the n-best, the one with the highest sentence
     BLEU against the reference line. With each line's last candidate as its reference,

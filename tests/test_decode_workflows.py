@@ -248,6 +248,34 @@ def test_cli_jsonl_alignment_and_prefix(sample_model_dir, tmp_path, capsys):
     assert texts[0].startswith("A") and texts[3].startswith("Two men") and texts[2] == ""
 
 
+def test_cli_n_best_text_has_n_fields_when_a_search_finishes_fewer(sample_model_dir, tmp_path):
+    # Room for EOS alone: one (empty) output per search. The line had 1 field, not 3.
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund.\n\nZwei Katzen.\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    args = ["--n-best", "3", "--beam", "3", "--max-len-a", "0", "--max-len-b", "1"]
+    model = str(sample_model_dir(False))
+    assert main(["translate", "--model", model, "--quiet", str(src), "-o", str(out), *args]) == 0
+    assert out.read_text(encoding="utf-8").split("\n") == [" |||  ||| ", "", " |||  ||| ", ""]
+    assert (
+        main(
+            [
+                "translate",
+                "--model",
+                model,
+                "--quiet",
+                str(src),
+                "-o",
+                str(out),
+                *args,
+                "--alignment",
+            ]
+        )
+        == 0
+    )
+    assert out.read_text(encoding="utf-8").split("\n")[0] == "\t ||| \t ||| \t"
+
+
 def test_cli_closest_to_outputs_the_candidate_nearest_each_reference(sample_model_dir, tmp_path):
     """Seq-Inter distillation targets: of the n-best, the one with the highest sentence
     BLEU against the reference line. With each line's last candidate as its reference,
@@ -296,6 +324,8 @@ def write_other_vocab_model(model_dir, out_dir):
         (["--prefix-file", "EMPTY"], "the prefix file is empty"),
         (["--prefix-file", "SHORT"], "1 prefix line.s. for 3 input line"),
         (["--prefix", "A", "--prefix-file", "SHORT"], "not both"),
+        (["--prefix", "A 中"], "prefix: the model's vocabulary has no piece for '中'"),
+        (["--prefix-file", "UNKNOWN"], r"unknown, line 2: prefix: .*no piece for '中'"),
         (["--model", "OTHER"], "another tokenizer"),
         (["--closest-to", "SHORT"], "needs n-best 2 or more"),
         (["--n-best", "2", "--closest-to", "SHORT"], "1 reference line.s. for 3 input line"),
@@ -308,6 +338,8 @@ def test_cli_decoding_errors_are_one_line(sample_model_dir, tmp_path, capsys, ex
     files = {"EMPTY": tmp_path / "empty", "SHORT": tmp_path / "short"}
     files["EMPTY"].write_text("", encoding="utf-8")
     files["SHORT"].write_text("A\n", encoding="utf-8")
+    files["UNKNOWN"] = tmp_path / "unknown"
+    files["UNKNOWN"].write_text("A\nTwo 中\n\n", encoding="utf-8")
     if "OTHER" in extra:
         files["OTHER"] = write_other_vocab_model(model, tmp_path / "other")
     extra = [str(files.get(a, a)) for a in extra]

@@ -75,6 +75,16 @@ def test_translator_inputs_must_be_lists_of_text(translator, lines, prefixes, me
         translator.translations(lines, prefixes=prefixes, beam=1)
 
 
+def test_a_prefix_the_vocabulary_cannot_write_is_refused_not_forced_as_unk(translator):
+    # Forced, each unknown character was <unk>: the output started with " ⁇ ", not the text.
+    lines = ["Ein Hund.", "Zwei Katzen."]
+    with pytest.raises(AiaynError, match=r"prefixes\[1\]: .*no piece for '中' '😀'"):
+        translator.translate(lines, prefixes=["A", "Two 😀 中"], beam=1)
+    with pytest.raises(AiaynError, match=r"prefix: .*no piece for '中'"):
+        translator.translations(lines, prefix="中", beam=1)
+    assert all(out[0].startswith("A") for out in translator.translate(lines, prefix="A", beam=1))
+
+
 def test_attention_of_a_sentence_that_is_not_text(translator):
     with pytest.raises(AiaynError, match="the sentence must be text, not NoneType"):
         maps.attention(translator, None)  # type: ignore[arg-type]

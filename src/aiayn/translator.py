@@ -107,6 +107,21 @@ class Translator:
         cut to :attr:`max_source_tokens`; [] for a blank line."""
         return self.tokenizer.encode(line, self.max_source_tokens) if line.strip() else []
 
+    def encode_prefix(self, text: str, name: str = "prefix") -> list[int]:
+        """Target ids that force ``text`` ([] for an empty one). AiaynError naming ``name``
+        and the characters the target vocabulary lacks: forced, they would be <unk>
+        (written " ⁇ "), so the output would not start with the text asked for."""
+        ids = self.tokenizer.encode_target(text) if text else []
+        unk = self.tokenizer.unk_id
+        if unk in ids:
+            lacking = sorted({c for c in text if unk in self.tokenizer.encode_target(c)})
+            what = " ".join(map(repr, lacking)) if lacking else repr(text)
+            raise AiaynError(
+                f"{name}: the model's vocabulary has no piece for {what}; a forced prefix "
+                "must be text the model can write"
+            )
+        return ids
+
     def translate(
         self,
         lines: Sequence[str],
@@ -160,8 +175,10 @@ class Translator:
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
-        texts = prefixes if prefixes is not None else [options.prefix] * len(lines)
-        forced = [self.tokenizer.encode_target(p) if p else [] for p in texts]
+        if prefixes is None:
+            forced = [self.encode_prefix(options.prefix, "prefix")] * len(lines)
+        else:
+            forced = [self.encode_prefix(p, f"prefixes[{i}]") for i, p in enumerate(prefixes)]
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
         return [[self._translation(h) for h in candidates] for candidates in hyps]

@@ -254,14 +254,14 @@ def translate_lines(
 
 def check_prefixes(translator: Translator, prefixes: list[str], name: str) -> None:
     """AiaynError naming ``name`` (the prefix file) and the line of the first prefix the
-    model cannot force (too long for its positions, say), before any line is decoded;
-    the decoder's own check would name neither."""
+    model cannot force (too long for its positions, or with a character its vocabulary
+    lacks), before any line is decoded; the decoder's own check would name neither."""
     from aiayn.decode.core import forced_ids
 
     for number, text in enumerate(prefixes, start=1):
         if text:
             try:
-                forced_ids([translator.tokenizer.encode_target(text)], translator.model.cfg, 1)
+                forced_ids([translator.encode_prefix(text)], translator.model.cfg, 1)
             except AiaynError as e:
                 raise AiaynError(f"{name}, line {number}: {e}") from None
 

@@ -149,8 +149,10 @@ def line_record(candidates: list[Translation], n_best: int) -> dict[str, object]
 
 
 def text_line(candidates: list[Translation], n_best: int, with_alignment: bool) -> str:
-    """Plain text: the output, or the n-best joined by " ||| "; with alignments each
-    output is followed by a tab and its Pharaoh pairs."""
+    """Plain text: the output, or the n-best joined by " ||| ", always ``n_best`` of them
+    (padded with empty outputs where a search finished fewer, so the fields stay
+    positional, as :func:`~aiayn.translator.n_best_texts`); with alignments each output is
+    followed by a tab and its Pharaoh pairs. A blank input line stays an empty line."""
     from aiayn.decode.alignment import pharaoh
 
     def one(t: Translation) -> str:
@@ -160,7 +162,8 @@ def text_line(candidates: list[Translation], n_best: int, with_alignment: bool) 
         return ""
     if n_best == 1:
         return one(candidates[0])
-    return " ||| ".join(one(t) for t in candidates)
+    empty = "\t" if with_alignment else ""  # what an empty output with no pairs prints
+    return " ||| ".join([one(t) for t in candidates] + [empty] * (n_best - len(candidates)))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

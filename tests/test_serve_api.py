@@ -388,6 +388,14 @@ def test_a_prefix_for_all_or_one_per_sentence(client, translator, beam):
     assert each.json()["translations"][1] == free  # an empty prefix forces nothing
     bad = client.post("/translate", json={"src": SENTENCES, "prefix": ["A"]})
     assert bad.status_code == 422 and "prefix: 1 prefixes for 2 sentences" in bad.text
+    # Text the vocabulary cannot write is refused (as offline), not forced as <unk>.
+    for prefix, where in ((["A", "Zwei 中"], "prefix.1"), ("中", "prefix")):
+        bad = client.post("/translate", json={"src": SENTENCES, "beam": beam, "prefix": prefix})
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"]["message"] == (
+            f"{where}: the model's vocabulary has no piece for '中'; a forced prefix must be "
+            "text the model can write"
+        )
 
 
 def test_sampling_with_a_seed_is_reproducible(client, translator):

@@ -108,19 +108,8 @@ class Translator:
         return self.tokenizer.encode(line, self.max_source_tokens) if line.strip() else []
 
     def encode_prefix(self, text: str, name: str = "prefix") -> list[int]:
-        """Target ids that force ``text`` ([] for an empty one). AiaynError naming ``name``
-        and the characters the target vocabulary lacks: forced, they would be <unk>
-        (written " ⁇ "), so the output would not start with the text asked for."""
-        ids = self.tokenizer.encode_target(text) if text else []
-        unk = self.tokenizer.unk_id
-        if unk in ids:
-            lacking = sorted({c for c in text if unk in self.tokenizer.encode_target(c)})
-            what = " ".join(map(repr, lacking)) if lacking else repr(text)
-            raise AiaynError(
-                f"{name}: the model's vocabulary has no piece for {what}; a forced prefix "
-                "must be text the model can write"
-            )
-        return ids
+        """Target ids that force ``text`` (:func:`prefix_ids`)."""
+        return prefix_ids(self.tokenizer, text, name)
 
     def translate(
         self,
@@ -236,6 +225,22 @@ class Translator:
         indices per add. Each sentence's outputs are those :meth:`hypotheses` gives it
         with ``options``."""
         return BeamEngine(self.models, options)
+
+
+def prefix_ids(tokenizer: Tokenizer, text: str, name: str = "prefix") -> list[int]:
+    """Target ids that force ``text`` ([] for an empty one). AiaynError naming ``name``
+    (if any) and the characters the target vocabulary lacks: forced, they would be <unk>
+    (written " ⁇ "), so the output would not start with the text asked for."""
+    ids = tokenizer.encode_target(text) if text else []
+    unk = tokenizer.unk_id
+    if unk in ids:
+        lacking = sorted({c for c in text if unk in tokenizer.encode_target(c)})
+        what = " ".join(map(repr, lacking)) if lacking else repr(text)
+        raise AiaynError(
+            f"{name + ': ' if name else ''}the model's vocabulary has no piece for {what}; "
+            "a forced prefix must be text the model can write"
+        )
+    return ids
 
 
 def n_best_texts(texts: list[str], n_best: int) -> list[str]:

@@ -29,7 +29,7 @@ from aiayn.serve.jobs import (
     TooLargeError,
 )
 from aiayn.serve.protocol import CLIENT_GONE, ApiError, TranslateRequest, request_prefixes
-from aiayn.translator import Translator, n_best_texts
+from aiayn.translator import Translator, n_best_texts, prefix_ids
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,11 @@ def encode_request(
         if len(ids) > limit:
             raise ApiError(422, f"src.{i}: {len(ids)} tokens, the model takes at most {limit}")
         src.append(ids)
-    encode, positions = info.tokenizer.encode_target, info.cfg.max_len
-    return src, request_prefixes(req, encode, positions - 1, info.special_ids)
+
+    def encode(text: str) -> list[int]:
+        return prefix_ids(info.tokenizer, text, name="")  # request_prefixes names it
+
+    return src, request_prefixes(req, encode, info.cfg.max_len - 1, info.special_ids)
 
 
 def attention_weights(

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from aiayn.decode import DecodeOptions
-from aiayn.errors import DecodeError
+from aiayn.errors import AiaynError, DecodeError
 from aiayn.inspect.maps import ATTENTION_KINDS, AttentionMap
 from aiayn.serve.metrics import Metrics
 
@@ -285,11 +285,12 @@ def request_prefixes(
     max_tokens: int,
     special: Collection[int],
 ) -> list[list[int]] | None:
-    """Per sentence the forced target ids (``encode`` is the tokenizer's target side), or
-    None when the request forces nothing. A prefix over ``max_tokens`` tokens (it must
-    leave room for EOS), or one whose text the tokenizer turns into a ``special`` id (EOS,
-    PAD, BOS: "</s>" in a Marian vocabulary), is a 422 naming it: refused here, it never
-    reaches a batch, where it would fail the requests beside it."""
+    """Per sentence the forced target ids (``encode``: text to target ids, an AiaynError
+    for text it cannot force), or None when the request forces nothing. A prefix over
+    ``max_tokens`` tokens (it must leave room for EOS), one whose text the tokenizer turns
+    into a ``special`` id (EOS, PAD, BOS: "</s>" in a Marian vocabulary) or that ``encode``
+    refuses is a 422 naming it: refused here, it never reaches a batch, where it would
+    fail the requests beside it."""
     if req.prefix is None:
         return None
     one = isinstance(req.prefix, str)
@@ -301,8 +302,11 @@ def request_prefixes(
         if one and i:
             found.append(found[0])
             continue
-        ids = encode(text) if text.strip() else []
         where = "prefix" if one else f"prefix.{i}"
+        try:  # text the vocabulary cannot write is refused, not forced as <unk>
+            ids = encode(text) if text.strip() else []
+        except AiaynError as e:
+            raise ApiError(422, f"{where}: {e}") from None
         if len(ids) > max_tokens:
             raise ApiError(
                 422, f"{where}: {len(ids)} tokens, at most {max_tokens} (EOS must still fit)"

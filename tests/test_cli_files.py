@@ -53,6 +53,22 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(sample_model_dir,
         assert out.read_text(encoding="utf-8") == before
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, capsys):
+    """-o a folder, or in a folder that does not exist, was refused only after the whole
+    decoding; now before anything is read (here the model does not even exist)."""
+    f = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
+    model = ["--model", str(tmp_path / "no_model"), "--quiet"]
+    evaluate = ["evaluate", *model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
+    translate = ["translate", *model, str(f["in_de"])]
+    missing = tmp_path / "no" / "such"
+    for argv in (translate, evaluate):
+        err = one_line_error([*argv, "-o", str(tmp_path)], capsys)
+        assert f"-o {tmp_path}: is a folder; give a file to write" in err
+        err = one_line_error([*argv, "-o", str(missing / "out.en")], capsys)
+        assert f"-o {missing / 'out.en'}: no folder {missing} to write it in" in err
+    assert not missing.parent.exists()
+
+
 def test_unusable_input_files_are_one_line_errors(sample_model_dir, tmp_path, capsys):
     """A gzip body zlib cannot inflate, a directory, a pipe: named as such, for the input,
     --ref and --prefix-file alike (one reader)."""

@@ -74,10 +74,16 @@ def text_arg(value: str) -> str:
     return value
 
 
-def refuse_overwriting_inputs(output: str | None, inputs: dict[str, str | None]) -> None:
-    """AiaynError when the ``output`` file is one of ``inputs`` (flag or name: path), the
-    same file by any path or link, checked before any work: writing it would destroy
-    the input it was made from."""
+def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None:
+    """AiaynError, before any work, when the ``output`` file cannot be written where it
+    is (a folder, or in a folder that does not exist: found only after the decoding
+    otherwise) or is one of ``inputs`` (flag or name: path), the same file by any path or
+    link: writing it would destroy the input it was made from."""
+    if output and os.path.isdir(output):
+        raise AiaynError(f"-o {output}: is a folder; give a file to write")
+    folder = os.path.dirname(output or "")
+    if folder and not os.path.isdir(folder):
+        raise AiaynError(f"-o {output}: no folder {folder} to write it in")
     if not output or not os.path.isfile(output):
         return  # a new file, or a pipe or /dev/stdout: nothing read is overwritten
     for name, path in inputs.items():

@@ -10,9 +10,9 @@ from aiayn.cli.common import (
     add_decoding_flags,
     add_inference_flags,
     add_search_flags,
+    check_output_file,
     named,
     read_input,
-    refuse_overwriting_inputs,
     refuse_two_stdins,
     text_arg,
     translate_lines,
@@ -33,7 +33,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         "--closest-to": args.closest_to,
     }
     refuse_two_stdins(inputs, args.device)
-    refuse_overwriting_inputs(args.output, inputs)
+    check_output_file(args.output, inputs)
     lines = read_input(args.input)
     prefixes = read_prefixes(args, len(lines))
     references = read_closest_to(args, len(lines))
@@ -174,7 +174,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     check_output_flags(args, shapes_output_file=True)
     inputs = {"--src": args.src, "--ref": args.ref, "--prefix-file": args.prefix_file}
     refuse_two_stdins(inputs, args.device)
-    refuse_overwriting_inputs(args.output, inputs)
+    check_output_file(args.output, inputs)
     # The reference as sacreBLEU reads it (a BOM kept), so the score equals its own.
     src, ref = read_input(args.src), read_input(args.ref, keep_bom=True)
     src_name, ref_name = (named(p) for p in (args.src, args.ref))

@@ -252,3 +252,38 @@ def main_translation(model_dir, line: str) -> str:
     from aiayn.translator import Translator
 
     return Translator.from_dir(model_dir).translate([line])[0][0]
+
+
+def test_evaluate_with_several_references_scores_as_sacrebleu_does(
+    sample_model_dir, tmp_path, capsys
+):
+    """`--ref A B` scores BLEU and chrF against both reference streams, as `sacrebleu A B
+    -i HYP -m bleu chrf` does (a multi-reference test set); one of another length is
+    refused naming it, and `--ref A` alone is the single-reference score, as before."""
+    from aiayn.cli import main
+    from sample_data import PAIRS
+
+    pairs = PAIRS[:8]
+    src, hyp = tmp_path / "src.de", tmp_path / "hyp.en"
+    src.write_text("".join(f"{de}\n" for de, _ in pairs), encoding="utf-8")
+    paths = [tmp_path / "ref1.en", tmp_path / "ref2.en"]
+    shifted = [en for _, en in pairs[1:] + pairs[:1]]  # each line another sentence's
+    paths[0].write_text("".join(f"{en}\n" for en in shifted), encoding="utf-8")
+    paths[1].write_text("".join(f"{en}\n" for _, en in pairs), encoding="utf-8")
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(hyp)]
+    argv += ["--src", str(src)]
+    scores = []
+    for given in (paths[:1], paths):
+        assert main([*argv, "--ref", *map(str, given)]) == 0
+        bleu_line, chrf_line = capsys.readouterr().out.splitlines()
+        hyps = hyp.read_text(encoding="utf-8").splitlines()
+        streams = [p.read_text(encoding="utf-8").splitlines() for p in given]
+        bleu = sacrebleu.corpus_bleu(hyps, streams)
+        chrf = sacrebleu.corpus_chrf(hyps, streams)
+        assert bleu_line.startswith(f"{bleu} ") and f"nrefs:{len(given)}|" in bleu_line
+        assert chrf_line == f"{chrf}  (sacrebleu)"
+        scores.append(bleu.score)
+    assert scores[1] > scores[0] + 10  # the second, right, reference counts
+    paths[1].write_text("only one line\n", encoding="utf-8")
+    assert main([*argv, "--ref", *map(str, paths)]) == 2
+    assert f"{src} has 8 lines but {paths[1]} has 1" in capsys.readouterr().err

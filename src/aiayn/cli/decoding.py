@@ -172,23 +172,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from aiayn.metrics import corpus_bleu
 
     check_output_flags(args, shapes_output_file=True)
-    inputs = {"--src": args.src, "--ref": args.ref, "--prefix-file": args.prefix_file}
+    ref_flags = [f"--ref #{i}" if i > 1 else "--ref" for i in range(1, len(args.ref) + 1)]
+    inputs = {
+        "--src": args.src,
+        **dict(zip(ref_flags, args.ref)),
+        "--prefix-file": args.prefix_file,
+    }
     refuse_two_stdins(inputs, args.device)
     check_output_file(args.output, inputs)
-    # The reference as sacreBLEU reads it (a BOM kept), so the score equals its own.
-    src, ref = read_input(args.src), read_input(args.ref, keep_bom=True)
-    src_name, ref_name = (named(p) for p in (args.src, args.ref))
-    if len(src) != len(ref):
-        raise AiaynError(f"{src_name} has {len(src)} lines but {ref_name} has {len(ref)}")
+    # The references as sacreBLEU reads them (a BOM kept), so the scores equal its own.
+    src, refs = read_input(args.src), [read_input(r, keep_bom=True) for r in args.ref]
+    src_name = named(args.src)
+    for path, ref in zip(args.ref, refs):
+        if len(src) != len(ref):
+            raise AiaynError(f"{src_name} has {len(src)} lines but {named(path)} has {len(ref)}")
     if not src:
-        raise AiaynError(f"{src_name} and {ref_name}: no lines to score")
+        raise AiaynError(f"{src_name} and {named(args.ref[0])}: no lines to score")
     prefixes = read_prefixes(args, len(src))
     outputs = translate_lines(args, src, 1, prefixes, alignment_layer(args))
     if outputs is None:  # not rank 0
         return 0
     hyps = [c[0].text if c else "" for c in outputs]
-    bleu = corpus_bleu(hyps, ref)
-    chrf = sacrebleu.corpus_chrf(hyps, [ref])
+    bleu = corpus_bleu(hyps, refs)  # one stream per reference file, as sacreBLEU takes
+    chrf = sacrebleu.corpus_chrf(hyps, refs)
     if args.output:  # once everything has worked: a failed run leaves the old file
         write_text(args.output, render(outputs, 1, args))
     write_stdout(f"{bleu}  [{bleu.signature}]\n{chrf}  (sacrebleu)\n")
@@ -242,7 +248,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_inference_flags(p)
     add_output_flags(p)
     p.add_argument("--src", required=True, help="source file (plain or .gz); - for stdin")
-    p.add_argument("--ref", required=True, help="reference file; - for stdin (not both)")
+    p.add_argument(
+        "--ref",
+        required=True,
+        nargs="+",
+        help="reference file, or several for multi-reference BLEU and chrF (as sacreBLEU "
+        "takes them); - for stdin (one input at most)",
+    )
     p.add_argument(
         "-o", "--output", help="also write the translations here (as --format, --alignment)"
     )

@@ -273,8 +273,8 @@ def test_evaluate_with_several_references_scores_as_sacrebleu_does(
     argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(hyp)]
     argv += ["--src", str(src)]
     scores = []
-    for given in (paths[:1], paths):
-        assert main([*argv, "--ref", *map(str, given)]) == 0
+    for given, flags in ((paths[:1], ["--ref", paths[0]]), (paths, ["--ref", *paths])):
+        assert main([*argv, *map(str, flags)]) == 0
         bleu_line, chrf_line = capsys.readouterr().out.splitlines()
         hyps = hyp.read_text(encoding="utf-8").splitlines()
         streams = [p.read_text(encoding="utf-8").splitlines() for p in given]
@@ -284,6 +284,8 @@ def test_evaluate_with_several_references_scores_as_sacrebleu_does(
         assert chrf_line == f"{chrf}  (sacrebleu)"
         scores.append(bleu.score)
     assert scores[1] > scores[0] + 10  # the second, right, reference counts
+    assert main([*argv, "--ref", str(paths[0]), "--ref", str(paths[1])]) == 0  # repeated
+    assert capsys.readouterr().out.startswith(bleu_line)
     paths[1].write_text("only one line\n", encoding="utf-8")
     assert main([*argv, "--ref", *map(str, paths)]) == 2
     assert f"{src} has 8 lines but {paths[1]} has 1" in capsys.readouterr().err

@@ -252,6 +252,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--ref",
         required=True,
         nargs="+",
+        action="extend",  # --ref A B and --ref A --ref B alike
         help="reference file, or several for multi-reference BLEU and chrF (as sacreBLEU "
         "takes them); - for stdin (one input at most)",
     )

@@ -63,6 +63,33 @@ def test_equals_sacrebleu_with_two_reference_streams_and_short_output():
     assert ours.ref_len == theirs.ref_len
 
 
+def test_a_none_reference_is_no_reference_as_in_sacrebleu():
+    """A variable number of references per segment: None where a stream has none (it
+    raised AttributeError). Scores and nrefs equal sacreBLEU's ("var" when the counts
+    differ); a segment without any reference is an error naming it."""
+    refs = references()
+    other = [None if i % 3 else r for i, r in enumerate(noisy(refs, seed=7, p=0.3))]
+    hyps = noisy(refs, seed=8, p=0.2)
+    for streams, nrefs in (([refs, other], "var"), ([other[:1], refs[:1]], "2")):
+        n = len(streams[0])
+        ours = corpus_bleu(hyps[:n], streams)
+        metric = sacrebleu.BLEU()
+        theirs = metric.corpus_score(hyps[:n], streams)
+        assert (ours.score, ours.ref_len, ours.counts) == (
+            theirs.score,
+            theirs.ref_len,
+            theirs.counts,
+        )
+        assert f"nrefs:{nrefs}|" in ours.signature and f"nrefs:{nrefs}|" in str(
+            metric.get_signature()
+        )
+    one_each = [[r if i % 2 else None for i, r in enumerate(refs)], refs[:]]
+    one_each[1] = [None if i % 2 else r for i, r in enumerate(refs)]
+    assert corpus_bleu(hyps, one_each).signature.startswith("nrefs:1|")
+    with pytest.raises(AiaynError, match="hypothesis 2 has no reference"):
+        corpus_bleu(["a", "b"], [["a", None], ["a", None]])
+
+
 def test_lowercase_and_smoothing_edge_cases_match_sacrebleu():
     refs = ["A man rides a bike.", "Two dogs play in the snow."]
     for hyps in (["a MAN rides", "two"], ["x y z w", "q"], ["A man rides a bike.", ""]):

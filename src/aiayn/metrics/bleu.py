@@ -65,16 +65,21 @@ class BLEUScore:
 
 def _corpus_statistics(
     hypotheses: Sequence[str],
-    streams: Sequence[Sequence[str]],
+    streams: Sequence[Sequence[str | None]],
     prepare: Callable[[str], list[str]],
-) -> tuple[list[int], list[int], int, int]:
-    """Clipped n-gram matches and hypothesis n-grams per order, summed over the corpus, and
-    the hypothesis and (closest, shorter on ties) reference lengths."""
+) -> tuple[list[int], list[int], int, int, set[int]]:
+    """Clipped n-gram matches and hypothesis n-grams per order, summed over the corpus, the
+    hypothesis and (closest, shorter on ties) reference lengths, and the numbers of
+    references the segments have (a None reference is none, as in sacreBLEU)."""
     counts, totals = [0] * MAX_ORDER, [0] * MAX_ORDER
     sys_len = ref_len = 0
+    n_refs = set()
     for i, hyp in enumerate(hypotheses):
         words = prepare(hyp)
-        refs = [prepare(stream[i]) for stream in streams]
+        refs = [prepare(ref) for ref in (stream[i] for stream in streams) if ref is not None]
+        if not refs:
+            raise AiaynError(f"BLEU: hypothesis {i + 1} has no reference (every one is None)")
+        n_refs.add(len(refs))
         sys_len += len(words)
         ref_len += min((abs(len(r) - len(words)), len(r)) for r in refs)[1]
         max_ref: Counter = Counter()
@@ -84,7 +89,7 @@ def _corpus_statistics(
             counts[len(gram) - 1] += min(count, max_ref[gram])
         for n in range(1, MAX_ORDER + 1):
             totals[n - 1] += max(len(words) - n + 1, 0)
-    return counts, totals, sys_len, ref_len
+    return counts, totals, sys_len, ref_len, n_refs
 
 
 def _precisions(counts: list[int], totals: list[int], smooth: str) -> list[float]:
@@ -106,14 +111,16 @@ def _precisions(counts: list[int], totals: list[int], smooth: str) -> list[float
 
 def corpus_bleu(
     hypotheses: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
+    references: Sequence[str] | Sequence[Sequence[str | None]],
     lowercase: bool = False,
     tokenize: str = "13a",
     smooth: str = "exp",
     effective_order: bool = False,
 ) -> BLEUScore:
     """BLEU of a whole corpus. ``references`` is one string per hypothesis, or (as in
-    sacreBLEU) a list of reference streams, each with one string per hypothesis.
+    sacreBLEU) a list of reference streams, each with one string per hypothesis, or None
+    where that stream has no reference for it (segments with a variable number of
+    references: the signature's ``nrefs:var``).
 
     BLEU = BP * exp(mean_n log p_n), p_n = clipped n-gram matches / hypothesis n-grams
     summed over the corpus, BP = exp(1 - r / c) if c < r else 1, where c is the hypothesis
@@ -121,7 +128,7 @@ def corpus_bleu(
     ``effective_order`` (sacreBLEU's, for single sentences) the mean runs over the orders
     the hypothesis has n-grams of, so a 3-word output is not 0 for want of 4-grams.
     """
-    streams: list[list[str]]
+    streams: list[list[str | None]]
     if references and isinstance(references[0], str):  # one stream
         streams = [list(cast("Sequence[str]", references))]
     else:
@@ -142,7 +149,7 @@ def corpus_bleu(
         text = (text.lower() if lowercase else text).rstrip()
         return (tokenize_13a(text) if tokenize == "13a" else text).split()
 
-    counts, totals, sys_len, ref_len = _corpus_statistics(hypotheses, streams, prepare)
+    counts, totals, sys_len, ref_len, n_refs = _corpus_statistics(hypotheses, streams, prepare)
     precisions = _precisions(counts, totals, smooth)
     # No matching unigram at all scores 0, smoothing or not (sacreBLEU's early stop, #141).
     orders = MAX_ORDER
@@ -155,8 +162,9 @@ def corpus_bleu(
         score = 0.0
     else:  # sacreBLEU's float operations in its order, so the score is the same bits
         score = bp * math.exp(sum(math.log(p) for p in used) / orders)
+    nrefs = n_refs.pop() if len(n_refs) == 1 else "var" if n_refs else len(streams)
     signature = (
-        f"nrefs:{len(streams)}|case:{'lc' if lowercase else 'mixed'}|"
+        f"nrefs:{nrefs}|case:{'lc' if lowercase else 'mixed'}|"
         f"eff:{'yes' if effective_order else 'no'}|tok:{tokenize}|"
         f"smooth:{smooth}|version:aiayn"
     )

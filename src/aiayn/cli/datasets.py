@@ -46,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     g.add_argument("--pair", help="only these two languages, e.g. de-en (multi30k)")
     g.add_argument(
         "--split", action="append", help="only this split (multi30k: train, val, test2016, "
-        "test2017, test2018, test2017mscoco); repeatable",
+        "test2017, test2018, test2017mscoco); repeat it for several",
     )  # fmt: skip
     g.add_argument(
         "--mirror", help="base URL that holds the upstream paths (default: upstream; "

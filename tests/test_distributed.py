@@ -180,6 +180,7 @@ def _peer_leaves(rank: int, store: str, out_dir: str, where: str) -> None:
 
     timeout = timedelta(seconds=60)
     dist.init_process_group("gloo", f"file://{store}", rank=rank, world_size=2, timeout=timeout)
+    dist.barrier()  # both are past set-up: rank 1 must not leave while rank 0 connects
     world = World(rank, 2)
     if where == "world":
         run = lambda: world.sum([1.0])  # noqa: E731

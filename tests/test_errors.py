@@ -98,7 +98,7 @@ def test_output_that_cannot_be_written_is_a_clear_error(sample_model_dir, tmp_pa
     out = tmp_path / "no" / "such" / "dir" / "out.en"
     model = str(sample_model_dir(False))
     assert main(["translate", "--model", model, "--quiet", str(src), "-o", str(out)]) == 2
-    assert "out.en: cannot write" in capsys.readouterr().err
+    assert f"-o {out}: no folder {out.parent} to write it in" in capsys.readouterr().err
 
 
 def test_evaluate_refuses_files_of_unequal_line_counts(sample_model_dir, tmp_path, capsys):

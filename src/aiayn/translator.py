@@ -107,10 +107,6 @@ class Translator:
         cut to :attr:`max_source_tokens`; [] for a blank line."""
         return self.tokenizer.encode(line, self.max_source_tokens) if line.strip() else []
 
-    def encode_prefix(self, text: str, name: str = "prefix") -> list[int]:
-        """Target ids that force ``text`` (:func:`prefix_ids`)."""
-        return prefix_ids(self.tokenizer, text, name)
-
     def translate(
         self,
         lines: Sequence[str],
@@ -165,9 +161,10 @@ class Translator:
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
         ids = [self.encode(line) for line in lines]
         if prefixes is None:
-            forced = [self.encode_prefix(options.prefix, "prefix")] * len(lines)
+            forced = [prefix_ids(self.tokenizer, options.prefix)] * len(lines)
         else:
-            forced = [self.encode_prefix(p, f"prefixes[{i}]") for i, p in enumerate(prefixes)]
+            tok = self.tokenizer
+            forced = [prefix_ids(tok, p, f"prefixes[{i}]") for i, p in enumerate(prefixes)]
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
         return [[self._translation(h) for h in candidates] for candidates in hyps]

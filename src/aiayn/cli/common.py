@@ -263,11 +263,12 @@ def check_prefixes(translator: Translator, prefixes: list[str], name: str) -> No
     model cannot force (too long for its positions, or with a character its vocabulary
     lacks), before any line is decoded; the decoder's own check would name neither."""
     from aiayn.decode.core import forced_ids
+    from aiayn.translator import prefix_ids
 
     for number, text in enumerate(prefixes, start=1):
         if text:
             try:
-                forced_ids([translator.encode_prefix(text)], translator.model.cfg, 1)
+                forced_ids([prefix_ids(translator.tokenizer, text)], translator.model.cfg, 1)
             except AiaynError as e:
                 raise AiaynError(f"{name}, line {number}: {e}") from None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -42,6 +44,9 @@ def replaceable_folder(out: str | Path, model_dir: str | Path) -> Path:
     return path
 
 
+STAGED = ".tmp"  # the suffix of a folder being staged beside its output
+
+
 @contextmanager
 def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
     """Yield a new empty folder ``.{name}.*.tmp`` beside ``out`` (beside a link's target),
@@ -56,7 +61,7 @@ def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
     target = output_folder(out)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=STAGED, dir=target.parent))
     except OSError as e:
         raise AiaynError(f"{out}: cannot create ({_why(target, e)})") from None
     try:
@@ -72,6 +77,18 @@ def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def staged_leftovers(out: str | Path) -> list[Path]:
+    """The folders :func:`staged_folder` made for ``out`` that are still there: left by a
+    process that was killed, or in use by one running. Only ``out``'s own names
+    (``.{name}.`` and mkdtemp's 8 characters), not those of another output whose name
+    starts with this one (``data.v2`` beside ``data``)."""
+    out = Path(out)
+    own = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}{re.escape(STAGED)}")
+    return [
+        p for p in out.parent.glob(f".{glob.escape(out.name)}.*{STAGED}") if own.fullmatch(p.name)
+    ]
 
 
 def _swap(new: Path, target: Path) -> None:

@@ -9,7 +9,6 @@ that is killed leaves no half-valid dataset, and the next run removes its leftov
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import multiprocessing
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
-from aiayn.data.folders import staged_folder
+from aiayn.data.folders import staged_folder, staged_leftovers
 from aiayn.data.shards import (
     FORMAT,
     MANIFEST,
@@ -187,12 +186,8 @@ def prepare(
         )
     if out.exists():
         raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
-    for stale in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
-        # Left by a prepare into ``out`` that was killed: only the names staged_folder makes
-        # for it (8 random characters between), not the staging folder of another output
-        # that starts with this name ("data.v2" for "data"), which may be in use.
-        if re.fullmatch(r"[a-z0-9_]{8}", stale.name[len(out.name) + 2 : -len(".tmp")]):
-            shutil.rmtree(stale, ignore_errors=True)
+    for stale in staged_leftovers(out):  # ``out`` does not exist: a killed prepare's
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         with staged_folder(out) as tmp:
             if tokenizer is None and spm_model is not None:

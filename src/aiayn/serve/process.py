@@ -100,8 +100,8 @@ def _child(
     device: str | None,
 ) -> None:
     """The worker process: receive the translator (and move it onto ``device``, if
-    given), run a BatchWorker, answer messages until told to stop (or until the server process goes
-    away)."""
+    given), run a BatchWorker, answer messages until told to stop (or until the server
+    process goes away)."""
     # A Ctrl-C reaches the whole process group, and systemd's SIGTERM the whole cgroup:
     # the server process decides when this one stops (a "stop" message, or its exit).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -28,13 +28,13 @@ import io
 import json
 import re
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 
-from aiayn.data.tokenizer import Tokenizer, token_id
+from aiayn.data.tokenizer import Tokenizer, check_ids, id_list, token_id
 from aiayn.errors import TokenizerError
 
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
@@ -322,17 +322,13 @@ class MarianTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of target ``ids``: special ids skipped (all of them, as transformers'
         ``decode(ids, skip_special_tokens=True)``), pieces joined."""
-        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-            raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")
-        ids = list(ids)
+        ids = id_list(ids)
         try:  # a negative id would index from the end: the last pieces, without a word
             if min(ids, default=0) < 0:
                 raise IndexError
             pieces = [self.target_pieces[i] for i in ids if i not in self.skip_target]
         except (TypeError, IndexError):
-            for k, i in enumerate(ids):
-                token_id(f"ids[{k}]", i, len(self.target_pieces))  # raises for the first bad
+            check_ids(ids, len(self.target_pieces))
             raise
         text = self.spm_detok.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
         return _clean_up_tokenization(text) if self.clean_up else text

@@ -194,17 +194,13 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (a list, tuple, 1-D tensor or array of ints): up to the first
         EOS, PAD and BOS skipped."""
-        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-            raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")
-        ids = list(ids)
+        ids = id_list(ids)
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         try:
             return self.sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
         except (TypeError, IndexError):
-            for k, i in enumerate(ids):
-                token_id(f"ids[{k}]", i, self.vocab_size)  # raises for the first bad one
+            check_ids(ids, self.vocab_size)
             raise
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
@@ -232,6 +228,22 @@ def _text_error(name: str, text: object) -> TokenizerError | None:
     except UnicodeEncodeError as e:
         return TokenizerError(f"{name}: not valid Unicode (character {e.start})")
     return None
+
+
+def id_list(ids: object) -> list:
+    """``ids`` (a list, tuple, 1-D tensor or array of token ids) as a list; TokenizerError
+    for text or anything else that is no sequence (``decode("abc")`` would read letters)."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")
+    return list(ids)
+
+
+def check_ids(ids: list, vocab_size: int) -> None:
+    """TokenizerError naming the first of ``ids`` that is no id in [0, vocab_size): called
+    after a decoder refused them, so good input is not looked at twice."""
+    for k, i in enumerate(ids):
+        token_id(f"ids[{k}]", i, vocab_size)
 
 
 def token_id(name: str, i: object, vocab_size: int) -> int:

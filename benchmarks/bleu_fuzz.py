@@ -9,8 +9,8 @@ entities, "<skipped>", embedded \\n and "-\\n", tabs, \\r, Unicode spaces (U+00A
 U+3000, U+2028, \\x1c-\\x1f, \\x85), zero-width characters, a BOM, CJK, Arabic, emoji,
 combining accents, characters whose lowercase changes length (İ), empty lines, lines of
 only spaces, very long lines, hypotheses longer or shorter than their references. It is
-scored in every setting (tokenize 13a/none, lowercase, smooth exp/none, effective order)
-by ``corpus_bleu`` and compared with ``sacrebleu.corpus_bleu`` and ``BLEU(...)
+scored in every setting (tokenize 13a/intl/zh/char/none, lowercase, smooth exp/none,
+effective order) by ``corpus_bleu`` and compared with ``sacrebleu.corpus_bleu`` and ``BLEU(...)
 .corpus_score``; each line with ``sentence_bleu`` against ``sacrebleu.sentence_bleu`` and
 ``BLEU(effective_order=True).sentence_score``, and each line's 13a tokenization against
 ``Tokenizer13a``. Counts, totals and lengths must be equal, the printed line too; score,
@@ -35,6 +35,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.metrics import corpus_bleu, sentence_bleu, tokenize_13a
+from aiayn.metrics.bleu import TOKENIZERS
 
 WORDS = [
     "a", "man", "the", "dog", "runs", "Dog", "THE", "in", "snow", "red", "ball",
@@ -49,7 +50,8 @@ SPECIAL = [
     "\u00a0", "\u2009", "\u3000", "\u2028", "\x1c", "\x1f", "\x85", "\x0b", "\x0c",
     "\u200b", "\u200d", "\ufeff", "\u00ad",
     "猫", "一只狗在跑。", "犬が走る", "رجل", "يركض،", "🐶", "👍🏽", "e\u0301", "é", "İ", "ß", "Σ",
-    "ǅ", "ﬁ", "Ⅻ", "１２３", "٣.٤",
+    "ǅ", "ﬁ", "Ⅻ", "１２３", "٣.٤", "「你好」，", "这是。", "\u2014", "\u2026", "™", "€5",
+    "\u2f81", "\u2a6d", "\U00020000", "한국어", "カタカナ", "¿Qué?", "«a»",
 ]  # fmt: skip
 TAILS = ["", " ", "  ", "\t", "\n", "-\n", " -\n", "\u00a0", "\u3000", "\r", "-", "<skipped>"]
 TOL = 1e-9
@@ -161,9 +163,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     tally, tok = Tally(), Tokenizer13a()
     tok_compared, tok_bad = 0, []
-    settings = list(
-        itertools.product(("13a", "none"), (False, True), ("exp", "none"), (False, True))
-    )
+    settings = list(itertools.product(TOKENIZERS, (False, True), ("exp", "none"), (False, True)))
     metrics = {
         s: BLEU(lowercase=s[1], tokenize=s[0], smooth_method=s[2], effective_order=s[3])
         for s in settings

@@ -11,7 +11,7 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 from aiayn.data.corpus import read_lines
 from aiayn.errors import AiaynError
 from aiayn.metrics import corpus_bleu, sentence_bleu
-from aiayn.metrics.bleu import tokenize_13a
+from aiayn.metrics.bleu import TOKENIZERS, tokenize_13a, unsegmented_share
 from sample_data import PAIRS, multi30k_dir
 
 pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
@@ -129,11 +129,29 @@ def test_13a_tokenization_equals_sacrebleus():
         assert tokenize_13a(line) == tok(line)
 
 
+def test_every_tokenization_equals_sacrebleus_own():
+    """intl, zh and char split every line as sacreBLEU's tokenizers do, among them
+    sacreBLEU's two "zh" ranges written as 5-digit \\u escapes (read as U+2000 + "0"):
+    U+2001..U+2A6D and U+2F81..U+2FA1 count as Chinese, U+20000 does not."""
+    from sacrebleu.tokenizers.tokenizer_char import TokenizerChar
+    from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
+    from sacrebleu.tokenizers.tokenizer_zh import TokenizerZh
+
+    theirs = {"intl": TokenizerV14International(), "zh": TokenizerZh(), "char": TokenizerChar()}
+    edges = "\u2000\u2001\u2014\u2026\u2a6d\u2a6e\u2f80\u2f81\u2fa1\u2fa2\U00020000"
+    lines = [*references()[:200], "「你好」，世界。1,000.5 € ™ ¿Qué? «a» 한국어 カタカナ", edges]
+    lines += [f"a{c}b 1{c}2 {c}" for c in edges]
+    for name, tokenizer in theirs.items():
+        for line in lines:
+            assert TOKENIZERS[name](line) == tokenizer(line), (name, line)
+    assert TOKENIZERS["zh"]("a\u2014b\U00020000c") == "a \u2014 b\U00020000c"
+
+
 def test_every_setting_matches_sacrebleu_and_is_named_in_the_signature():
     refs = ["Die Strasse ist nass, sagt er.", "Zwei Hunde (braun) spielen.", "Ein Mann."]
     hyps = ["die straße ist nass , sagt er", "Zwei hunde (braun) spielen im Schnee.", ""]
     for lowercase in (False, True):
-        for tokenize in ("13a", "none"):
+        for tokenize in TOKENIZERS:
             for smooth in ("exp", "none"):
                 ours = corpus_bleu(hyps, refs, lowercase, tokenize, smooth)
                 theirs = sacrebleu.corpus_bleu(
@@ -163,14 +181,14 @@ def test_brevity_penalty_of_an_empty_and_of_an_equal_length_output():
 
 def test_unknown_settings_are_refused_by_name():
     with pytest.raises(AiaynError) as e:
-        corpus_bleu(["a"], ["a"], tokenize="intl")
-    assert str(e.value) == "tokenize must be '13a' or 'none', got 'intl'"
+        corpus_bleu(["a"], ["a"], tokenize="ja-mecab")
+    assert str(e.value) == "tokenize must be one of 13a, intl, zh, char, none, got 'ja-mecab'"
     with pytest.raises(AiaynError) as e:
         corpus_bleu(["a"], ["a"], smooth="floor")
     assert str(e.value) == "smooth must be 'exp' or 'none', got 'floor'"
 
 
-SETTINGS = [(lc, tok, smooth, eff) for lc in (False, True) for tok in ("13a", "none")
+SETTINGS = [(lc, tok, smooth, eff) for lc in (False, True) for tok in TOKENIZERS
             for smooth in ("exp", "none") for eff in (False, True)]  # fmt: skip
 EDGE_CASES = [  # found by benchmarks/bleu_fuzz.py; each one differed before its fix
     (["a b c d-\n"], [["a b c d-"]]),  # trailing whitespace goes before 13a: "-" stays
@@ -183,6 +201,7 @@ EDGE_CASES = [  # found by benchmarks/bleu_fuzz.py; each one differed before its
         ["Ein Hund &amp; 3.5-4 \u00a0 İ", "一只狗 🐶 e\u0301"],
         [["ein hund & 3.5 - 4", "一只狗 🐶 é"]],
     ),
+    (["「一只狗」在跑。1,5 — ok…", "犬が走る。"], [["一只狗在跑 。1,5—ok", "犬 が 走る"]]),
 ]
 
 
@@ -316,3 +335,39 @@ def test_evaluate_with_several_references_scores_as_sacrebleu_does(
     paths[1].write_text("only one line\n", encoding="utf-8")
     assert main([*argv, "--ref", *map(str, paths)]) == 2
     assert f"{src} has 8 lines but {paths[1]} has 1" in capsys.readouterr().err
+
+
+def test_evaluate_tokenizes_as_asked_and_says_when_13a_misfits(sample_model_dir, tmp_path, capsys):
+    """`--tokenize X` scores as `sacrebleu -tok X` (named in the signature); references
+    mostly in a script written without spaces get a note pointing at zh and char when
+    scored with 13a, and English ones get none."""
+    from aiayn.cli import main
+    from sample_data import PAIRS
+
+    pairs = PAIRS[:8]
+    src, hyp, ref = tmp_path / "src.de", tmp_path / "hyp.en", tmp_path / "ref.txt"
+    src.write_text("".join(f"{de}\n" for de, _ in pairs), encoding="utf-8")
+    ref.write_text("".join(f"{en}\n" for _, en in pairs), encoding="utf-8")
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(hyp)]
+    argv += ["--src", str(src), "--ref", str(ref)]
+    assert main(argv) == 0
+    assert "note:" not in capsys.readouterr().err
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    # References with Chinese words among the model's own: each tokenization scores apart.
+    mixed = [h.replace(" ", "猫，", 1) + "。狗" for h in hyps]
+    ref.write_text("".join(f"{r}\n" for r in mixed), encoding="utf-8")
+    scores = set()
+    for name in TOKENIZERS:
+        assert main([*argv, "--tokenize", name]) == 0
+        bleu_line = capsys.readouterr().out.splitlines()[0]
+        theirs = sacrebleu.corpus_bleu(hyps, [mixed], tokenize=name)
+        assert bleu_line.startswith(f"{theirs} ") and f"|tok:{name}|" in bleu_line
+        scores.add(theirs.score)
+    assert len(scores) == len(TOKENIZERS)
+    chinese = ["一只狗在雪地里跑。"] * len(pairs)
+    assert unsegmented_share(chinese) > 0.8 and unsegmented_share(mixed) < 0.5
+    ref.write_text("".join(f"{r}\n" for r in chinese), encoding="utf-8")
+    assert main(argv) == 0
+    assert "--tokenize zh or char" in capsys.readouterr().err
+    assert main([*argv, "--tokenize", "zh"]) == 0
+    assert "note:" not in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
@@ -20,6 +21,7 @@ from aiayn.cli.common import (
     write_text,
 )
 from aiayn.errors import AiaynError
+from aiayn.metrics.bleu import TOKENIZERS
 
 if TYPE_CHECKING:
     from aiayn.translator import Translation
@@ -170,6 +172,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import sacrebleu
 
     from aiayn.metrics import corpus_bleu
+    from aiayn.metrics.bleu import unsegmented_share
 
     check_output_flags(args, shapes_output_file=True)
     ref_flags = [f"--ref #{i}" if i > 1 else "--ref" for i in range(1, len(args.ref) + 1)]
@@ -193,7 +196,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if outputs is None:  # not rank 0
         return 0
     hyps = [c[0].text if c else "" for c in outputs]
-    bleu = corpus_bleu(hyps, refs)  # one stream per reference file, as sacreBLEU takes
+    if args.tokenize == "13a" and unsegmented_share(refs[0]) > 0.5:
+        print(
+            "note: the references are mostly Chinese, Japanese or Korean characters, which "
+            "13a does not split into words; --tokenize zh or char scores them as sacreBLEU's "
+            "-tok zh or char",
+            file=sys.stderr,
+        )
+    bleu = corpus_bleu(hyps, refs, tokenize=args.tokenize)  # a stream per reference file
     chrf = sacrebleu.corpus_chrf(hyps, refs)
     if args.output:  # once everything has worked: a failed run leaves the old file
         write_text(args.output, render(outputs, 1, args))
@@ -255,6 +265,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="extend",  # --ref A B and --ref A --ref B alike
         help="reference file, or several for multi-reference BLEU and chrF (as sacreBLEU "
         "takes them); - for stdin (one input at most)",
+    )
+    p.add_argument(
+        "--tokenize",
+        choices=list(TOKENIZERS),
+        default="13a",
+        help="BLEU's tokenization, as sacreBLEU's -tok: 13a (default, WMT's), intl, zh "
+        "(Chinese), char (Japanese, Korean), none",
     )
     p.add_argument(
         "-o", "--output", help="also write the translations here (as --format, --alignment)"

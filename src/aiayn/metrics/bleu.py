@@ -1,6 +1,7 @@
 """Corpus BLEU from its definition (Papineni et al. 2002), with sacreBLEU's defaults:
 13a tokenization, clipped 1-4-gram precisions, geometric mean, brevity penalty, "exp"
-smoothing. No dependency on sacrebleu (the tests compare against it)."""
+smoothing. sacreBLEU's other built-in tokenizations are here too ("intl", "zh", "char",
+"none"). No dependency on sacrebleu (the tests compare against it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 from aiayn.errors import AiaynError
 
@@ -23,6 +24,26 @@ _13A_RULES = [  # mteval-v13a, as sacreBLEU's TokenizerRegexp
     (re.compile(r"([0-9])(-)"), r"\1 \2 "),  # dash after a digit
 ]
 
+# The characters sacreBLEU's "zh" tokenization splits off one by one: CJK ideographs,
+# radicals, strokes, full-width forms, CJK punctuation and some symbol blocks. Two of its
+# ranges are written "\u20000" and "\u2f800" (meant as U+20000 and U+2F800), which Python
+# reads as U+2000 + "0" and U+2F80 + "0"; compared as strings they admit U+2001..U+2A6D
+# and U+2F81..U+2FA1, so those are the ranges here too, and scores stay equal to its own.
+_ZH_RANGES = [
+    (0x3400, 0x4DB5), (0x4E00, 0x9FA5), (0x9FA6, 0x9FBB), (0xF900, 0xFA2D),
+    (0xFA30, 0xFA6A), (0xFA70, 0xFAD9), (0x2001, 0x2A6D), (0x2F81, 0x2FA1),
+    (0xFF00, 0xFFEF), (0x2E80, 0x2EFF), (0x3000, 0x303F), (0x31C0, 0x31EF),
+    (0x2F00, 0x2FDF), (0x2FF0, 0x2FFF), (0x3100, 0x312F), (0x31A0, 0x31BF),
+    (0xFE10, 0xFE1F), (0xFE30, 0xFE4F), (0x2600, 0x26FF), (0x2700, 0x27BF),
+    (0x3200, 0x32FF), (0x3300, 0x33FF),
+]  # fmt: skip
+
+
+def _split_13a(line: str) -> str:
+    for pattern, replacement in _13A_RULES:
+        line = pattern.sub(replacement, line)
+    return " ".join(line.split())
+
 
 @lru_cache(maxsize=2**16)
 def tokenize_13a(line: str) -> str:
@@ -31,10 +52,72 @@ def tokenize_13a(line: str) -> str:
     if "&" in line:
         line = line.replace("&quot;", '"').replace("&amp;", "&")
         line = line.replace("&lt;", "<").replace("&gt;", ">")
-    line = f" {line} "
-    for pattern, replacement in _13A_RULES:
+    return _split_13a(f" {line} ")
+
+
+@lru_cache(maxsize=2**16)
+def tokenize_intl(line: str) -> str:
+    """The "intl" tokenization of mteval-v14's international mode (sacreBLEU's
+    ``-tok intl``): Unicode punctuation split off unless between digits, symbols always."""
+    for pattern, replacement in _intl_rules():
         line = pattern.sub(replacement, line)
     return " ".join(line.split())
+
+
+@lru_cache(maxsize=1)
+def _intl_rules() -> list[tuple[Any, str]]:
+    import regex  # sacreBLEU's dependency, for the Unicode classes that re lacks
+
+    return [
+        (regex.compile(r"(\P{N})(\p{P})"), r"\1 \2 "),  # punctuation after a non-digit
+        (regex.compile(r"(\p{P})(\P{N})"), r" \1 \2"),  # punctuation before a non-digit
+        (regex.compile(r"(\p{S})"), r" \1 "),  # symbols
+    ]
+
+
+@lru_cache(maxsize=2**16)
+def tokenize_zh(line: str) -> str:
+    """The "zh" tokenization (sacreBLEU's ``-tok zh``): every Chinese character is a word of
+    its own, the rest is split by 13a's rules (without its HTML unescaping)."""
+    spaced = (f" {c} " if _is_zh(c) else c for c in line.strip())
+    return _split_13a("".join(spaced))
+
+
+@lru_cache(maxsize=2**16)
+def _is_zh(char: str) -> bool:
+    return any(low <= ord(char) <= high for low, high in _ZH_RANGES)
+
+
+def tokenize_char(line: str) -> str:
+    """The "char" tokenization (sacreBLEU's ``-tok char``): every character a word."""
+    return " ".join(line)
+
+
+def unsegmented_share(texts: Sequence[str]) -> float:
+    """The share of the non-space characters of ``texts`` that are CJK ideographs, kana or
+    Hangul: scripts written without spaces between words, which 13a leaves as one word."""
+    chars = [c for text in texts for c in text if not c.isspace()]
+    return sum(map(_unsegmented, chars)) / len(chars) if chars else 0.0
+
+
+def _unsegmented(char: str) -> bool:
+    code = ord(char)
+    return (
+        0x3040 <= code <= 0x30FF  # hiragana, katakana
+        or 0x3400 <= code <= 0x9FFF  # CJK ideographs (and extension A)
+        or 0xAC00 <= code <= 0xD7AF  # Hangul syllables
+        or 0x20000 <= code <= 0x3134F  # CJK extensions B-G
+    )
+
+
+# tokenize= name -> the function (sacreBLEU's names; "none" splits on whitespace only).
+TOKENIZERS: dict[str, Callable[[str], str]] = {
+    "13a": tokenize_13a,
+    "intl": tokenize_intl,
+    "zh": tokenize_zh,
+    "char": tokenize_char,
+    "none": str,
+}
 
 
 def _ngrams(words: list[str]) -> Counter:
@@ -127,6 +210,8 @@ def corpus_bleu(
     length and r the closest reference length (the shorter on ties). With
     ``effective_order`` (sacreBLEU's, for single sentences) the mean runs over the orders
     the hypothesis has n-grams of, so a 3-word output is not 0 for want of 4-grams.
+    ``tokenize`` names sacreBLEU's tokenization (:data:`TOKENIZERS`): "13a" (its default),
+    "intl", "zh" (Chinese), "char" (Japanese and Korean without MeCab), "none".
     """
     streams: list[list[str | None]]
     if references and isinstance(references[0], str):  # one stream
@@ -139,15 +224,15 @@ def corpus_bleu(
                 f"BLEU needs one reference per hypothesis: {len(hypotheses)} hypotheses, "
                 f"{len(stream)} references"
             )
-    if tokenize not in ("13a", "none"):
-        raise AiaynError(f"tokenize must be '13a' or 'none', got {tokenize!r}")
+    if tokenize not in TOKENIZERS:
+        raise AiaynError(f"tokenize must be one of {', '.join(TOKENIZERS)}, got {tokenize!r}")
     if smooth not in ("exp", "none"):
         raise AiaynError(f"smooth must be 'exp' or 'none', got {smooth!r}")
 
     def prepare(text: str) -> list[str]:
         # rstrip before tokenizing, as sacreBLEU: a line's trailing "-\n" stays a dash
         text = (text.lower() if lowercase else text).rstrip()
-        return (tokenize_13a(text) if tokenize == "13a" else text).split()
+        return TOKENIZERS[tokenize](text).split()
 
     counts, totals, sys_len, ref_len, n_refs = _corpus_statistics(hypotheses, streams, prepare)
     precisions = _precisions(counts, totals, smooth)

@@ -25,7 +25,8 @@ from aiayn.cli import main
 from aiayn.data import ParallelDataset, read_parallel, token_batches
 from aiayn.data.prepared import prepare, sample_pairs
 from aiayn.data.shards import PreparedData, PreparedSplit, SplitWriter, token_dtype
-from aiayn.errors import CorpusError
+from aiayn.errors import CorpusError, RecipeError
+from aiayn.metrics import corpus_bleu
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
 from conftest import small_corpus
@@ -323,3 +324,24 @@ def test_wmt14_recipe_on_a_small_stand_in(tmp_path, prepared):
         "checkpoint_step0000003.pt",
     ]
     assert main(["average", "--model", str(tmp_path / "run"), "--last", "5"]) == 0
+
+
+def test_validation_bleu_takes_the_recipes_tokenization(tmp_path, prepared):
+    """`valid_tokenize` is the validation BLEU's tokenization (as `evaluate --tokenize`):
+    the score is corpus BLEU of the model's translations with it, named by sacreBLEU's
+    names; another name is refused naming the field and the choices."""
+    overrides = [*TINY, f"data={prepared}", "max_steps=1"]
+    trainer = Trainer(Recipe().override(overrides), tmp_path / "a", log=lambda _: None)
+    hyps, refs = trainer.translate_valid(), trainer.valid_ref
+    assert trainer.validate()["bleu"] == corpus_bleu(hyps, refs).score
+    scores = {corpus_bleu(hyps, refs).score}
+    for name in ("char", "none"):
+        recipe = Recipe().override([*overrides, f"valid_tokenize={name}"])
+        trainer = Trainer(recipe, tmp_path / name, log=lambda _: None)
+        assert trainer.translate_valid() == hyps  # the same model, seed and data
+        assert trainer.validate()["bleu"] == corpus_bleu(hyps, refs, tokenize=name).score
+        scores.add(trainer.validate()["bleu"])
+    assert len(scores) == 3
+    with pytest.raises(RecipeError) as refused:
+        Recipe().override(["valid_tokenize=ja-mecab"])
+    assert "'valid_tokenize' must be 13a | intl | zh | char | none" in str(refused.value)

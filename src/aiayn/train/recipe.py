@@ -15,6 +15,7 @@ import yaml
 from aiayn.config import TransformerConfig
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
+from aiayn.metrics.bleu import TOKENIZERS
 from aiayn.train.schedule import SCHEDULES
 from aiayn.train.update import PRECISIONS
 
@@ -59,7 +60,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_skipped_updates": _AT_LEAST_1,
     "collective_timeout_minutes": _ABOVE_0,
 }
-CHOICES = {"spm_model_type": ("bpe", "unigram"), "schedule": SCHEDULES, "precision": PRECISIONS}
+CHOICES = {"spm_model_type": ("bpe", "unigram"), "schedule": SCHEDULES,
+           "precision": PRECISIONS, "valid_tokenize": tuple(TOKENIZERS)}  # fmt: skip
 # The fields a resumed run takes from its checkpoint whatever the recipe says: Adam's
 # settings, which loading the optimizer's state restores (the model is the checkpoint's too).
 RESUME_FIXED = ("adam_betas", "adam_eps", "weight_decay")
@@ -123,6 +125,7 @@ class Recipe:
     # Validation and checkpoints.
     valid_every_steps: int = 0  # 0 = at the end of every epoch
     valid_beam: int = 1  # beam for validation BLEU during training (1 = greedy, fast)
+    valid_tokenize: str = "13a"  # BLEU's tokenization (sacreBLEU's -tok; zh for Chinese)
     save_every_steps: int = 500  # checkpoint_last.pt, for --resume mid-epoch
     save_every_minutes: float = 0.0  # 0 = off; else also checkpoint_stepNNNNNNN.pt this often
     keep_last: int = 5  # epoch (and timed) checkpoints kept, for averaging

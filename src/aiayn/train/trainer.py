@@ -231,12 +231,13 @@ class Trainer:
 
     # -- validation -----------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Loss and perplexity on the validation set, and BLEU of its translations (with
-        the recipe's ``valid_beam``), the same on every rank; each rank does its share."""
+        """Loss and perplexity on the validation set, and BLEU of its translations (the
+        recipe's ``valid_beam`` and ``valid_tokenize``), the same on every rank; each rank
+        does its share."""
         return validate_world(
             self.model, self.tokenizer, self.valid_data, self.valid_src, self.valid_ref,
             self.recipe.valid_beam, self.recipe.max_tokens, self.recipe.label_smoothing,
-            self.world,
+            self.world, self.recipe.valid_tokenize,
         )  # fmt: skip
 
     def translate_valid(self) -> list[str]:

@@ -55,11 +55,13 @@ def validate(
     refs: list[str],
     max_tokens: int,
     label_smoothing: float,
+    tokenize: str = "13a",
 ) -> dict[str, float]:
     """``{"loss", "ppl", "bleu"}``: the per-token loss and perplexity of ``model`` on
     ``data`` (teacher forcing), and the BLEU of ``hyps`` (its translations) against
-    ``refs``, by this process alone. The model is left in training mode."""
-    bleu = corpus_bleu(hyps, refs).score
+    ``refs`` (BLEU's ``tokenize``), by this process alone. The model is left in training
+    mode."""
+    bleu = corpus_bleu(hyps, refs, tokenize=tokenize).score
     return _figures(loss_sums(model, data, max_tokens, label_smoothing), bleu)
 
 
@@ -73,6 +75,7 @@ def validate_world(
     max_tokens: int,
     label_smoothing: float,
     world: World,
+    tokenize: str = "13a",
 ) -> dict[str, float]:
     """:func:`validate` with the translations of ``src`` (beam ``beam``; 1 = greedy),
     called on every rank of ``world``: each scores its share of the batches and translates
@@ -80,7 +83,7 @@ def validate_world(
     sums = loss_sums(model, data, max_tokens, label_smoothing, world)
     share = world.shard(len(src))
     hyps = world.gather(translate_texts(model, tokenizer, src[share.start : share.stop], beam))
-    bleu = corpus_bleu(hyps, refs).score if hyps is not None else 0.0
+    bleu = corpus_bleu(hyps, refs, tokenize=tokenize).score if hyps is not None else 0.0
     return _figures(sums, world.broadcast(bleu))
 
 

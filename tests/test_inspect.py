@@ -14,6 +14,7 @@ from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
+from aiayn.inspect.attention import text_heatmap
 from aiayn.inspect.maps import attention, attention_maps
 from aiayn.translator import Translator
 
@@ -98,6 +99,23 @@ def test_attention_cli(sample_model_dir, tmp_path, capsys):
     assert (tmp_path / "e.png").read_bytes()[:8] == PNG
     assert main([*args, "--head", "9", "--out", str(tmp_path / "f.png")]) == 2
     assert "head 9: the model has 4 heads" in capsys.readouterr().err
+    # The text view shows the kind, layer and head asked for, and checks them first.
+    translator = Translator.from_dir(model)
+    amap = attention(translator, SENTENCES[0])
+    assert main([*args, "--head", "2"]) == 0
+    text = capsys.readouterr().out.splitlines()[1:]
+    assert text == text_heatmap(amap, 1, "encoder", 2).splitlines()
+    assert [line.split(" <- ")[0].strip() for line in text] == amap.source  # source queries
+    assert text != text_heatmap(amap, 1, "encoder").splitlines()  # one head, not the mean
+    refusals = [
+        (["--head", "9"], "head 9: the model has 4 heads"),
+        (["--head", "-1"], "head -1"),
+        (["--layer", "5"], "layer 5"),
+    ]
+    for flags, message in refusals:
+        assert main([*args[:-2], *flags]) == 2
+        out, err = capsys.readouterr()
+        assert message in err and "translation:" not in out
 
 
 def _metrics_file(run, truncated_tail: bool = True):

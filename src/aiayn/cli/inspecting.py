@@ -71,9 +71,11 @@ def cmd_attention(args: argparse.Namespace) -> int:
     translator = translator_for(args)
     amap = attention(translator, args.sentence, beam=args.beam, alpha=args.alpha)
     pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
-    print("translation: " + translator.tokenizer.decode(pieces))
     layer = -1 if args.layer is None else args.layer  # the last layer unless one is chosen
-    print(text_heatmap(amap, layer=layer if args.kind in (None, "cross") else -1))
+    # The chosen kind, layer and head as text (checked here, before anything is printed).
+    text = text_heatmap(amap, layer, args.kind or "cross", args.head or 0)
+    print("translation: " + translator.tokenizer.decode(pieces))
+    print(text)
     if not args.out:
         return 0
     if args.out.lower().endswith(".png"):  # one picture: a head, or the grid of a layer
@@ -116,10 +118,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_decoding_flags(p)
     p.add_argument("sentence", type=text_arg, help="source sentence")
     p.add_argument(
-        "--kind", choices=["encoder", "decoder_self", "cross"], help="default: cross for a PNG"
+        "--kind",
+        choices=["encoder", "decoder_self", "cross"],
+        help="default: cross (a folder: every kind)",
     )
     p.add_argument("--layer", type=int, help="layer, from 1; -1 is the last (default)")
-    p.add_argument("--head", type=int, default=0, help="one head, from 1 (default: all)")
+    p.add_argument(
+        "--head", type=int, default=0, help="one head, from 1 (default: the mean; a PNG: all)"
+    )
     p.add_argument("--out", help="a .png file, or a folder for every kind and layer")
     p.set_defaults(func=cmd_attention)
 

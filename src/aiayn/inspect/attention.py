@@ -154,15 +154,17 @@ def plot_all(
     return written
 
 
-def text_heatmap(amap: AttentionMap, layer: int = -1) -> str:
-    """Mean-over-heads cross-attention as text: each output piece with the source pieces
-    it attended to most."""
-    mean = amap.weights["cross"][layer_index(amap, "cross", layer)].mean(0)  # [T, S]
+def text_heatmap(amap: AttentionMap, layer: int = -1, kind: str = "cross", head: int = 0) -> str:
+    """``kind`` attention in ``layer`` (from 1, -1 = last) as text, the mean over the heads
+    or ``head`` alone (from 1): each querying piece with the pieces it attended to most."""
+    heads = amap.weights[kind][layer_index(amap, kind, layer)]  # [h, rows, cols]
+    weights = heads[head_index(amap, kind, head)] if head else heads.mean(0)
+    queries, keys = amap.axes(kind)
     lines = []
-    for row, piece in zip(mean, amap.target):
+    for row, piece in zip(weights, queries):
         top = row.topk(min(3, row.numel()))
         focus = ", ".join(
-            f"{amap.source[j]} {w:.2f}" for w, j in zip(top.values.tolist(), top.indices.tolist())
+            f"{keys[j]} {w:.2f}" for w, j in zip(top.values.tolist(), top.indices.tolist())
         )
         lines.append(f"{piece:>15} <- {focus}")
     return "\n".join(lines)

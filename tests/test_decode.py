@@ -17,7 +17,7 @@ from aiayn.decode import (
 )
 from aiayn.decode.core import DecodeStep
 from aiayn.errors import AiaynError, DecodeError, ModelInputError
-from aiayn.model import DecoderState
+from aiayn.model import DecoderState, projection
 from aiayn.train.loss import label_smoothed_cross_entropy
 from conftest import random_batch, tiny_config
 
@@ -324,14 +324,19 @@ def test_cache_reuses_its_memory_and_equals_recomputation_across_growth():
     assert len(buffers) <= 6
 
 
+@pytest.mark.parametrize("blocked", [True, False])
 @pytest.mark.parametrize("tie_output", [True, False])
-def test_decode_step_sets_aside_only_the_buffers_the_projection_uses(tie_output):
+def test_decode_step_sets_aside_only_the_buffers_the_projection_uses(
+    tie_output, blocked, monkeypatch
+):
     """The logits go into memory kept across steps only where the projection can write
-    there (tied, in the weight's dtype): an untied model gets no unused [n, V] scratch."""
+    there (tied, in the weight's dtype): an untied model gets no unused [n, V] scratch,
+    and the blocked product's scratch is kept only where the CPU forms it so."""
+    monkeypatch.setattr(projection, "BLOCKED", blocked)
     torch.manual_seed(0)
     model = Transformer(tiny_config(tie_output=tie_output)).eval()
     x = torch.randn(20, model.cfg.d_model)
-    expected = {(True, 20): 2, (True, 4): 1, (False, 20): 0, (False, 4): 0}
+    expected = {(True, 20): 1 + blocked, (True, 4): 1, (False, 20): 0, (False, 4): 0}
     for n in (20, 4):
         assert model.projection_buffers(x[:n]) == expected[tie_output, n]
     assert model.projection_buffers(x.bfloat16()) == 0  # as under autocast
@@ -342,4 +347,4 @@ def test_decode_step_sets_aside_only_the_buffers_the_projection_uses(tie_output)
         logits = step.logits(prefix)
         assert torch.allclose(logits, model(src, prefix)[:, -1], atol=1e-5)
     kept = set(step._scratch)
-    assert kept == ({"logits0", "work"} if tie_output else set())
+    assert kept == ({"logits0", *["work"] * blocked} if tie_output else set())

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
-from aiayn.model import DecoderState, sinusoidal_table
+from aiayn.model import DecoderState, projection, sinusoidal_table
 from conftest import random_batch, tiny_config
 
 
@@ -367,10 +367,13 @@ def test_decoder_may_start_from_pad_and_always_sees_position_0():
     torch.testing.assert_close(short[0], logits[1, :2], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("blocked", [True, False])
 @pytest.mark.parametrize("output_bias", [False, True])
-def test_projection_into_reused_memory_is_bit_identical(output_bias):
-    """A decoder may have the logits written into memory it reuses across steps (from 16
-    rows on, formed blockwise as W x^T and transposed): exactly the logits of F.linear."""
+def test_projection_into_reused_memory_is_bit_identical(output_bias, blocked, monkeypatch):
+    """A decoder may have the logits written into memory it reuses across steps (on a
+    CPU that forms it so, from 16 rows on, blockwise as W x^T and transposed): exactly the
+    logits of F.linear, whichever form the CPU takes."""
+    monkeypatch.setattr(projection, "BLOCKED", blocked)
     torch.manual_seed(0)
     cfg = tiny_config(tgt_vocab_size=1000, src_vocab_size=1000, output_bias=output_bias)
     model = Transformer(cfg).eval()
@@ -383,6 +386,7 @@ def test_projection_into_reused_memory_is_bit_identical(output_bias):
             out = torch.empty(n, cfg.tgt_vocab_size)
             got = model.project(x, out=out, work=work)
             assert got.data_ptr() == out.data_ptr()
+            assert model.projection_buffers(x) == (2 if blocked and n >= 16 else 1)
             assert torch.equal(
                 got, torch.nn.functional.linear(x, model.tgt_embed.weight, model.out_bias)
             )
@@ -491,3 +495,16 @@ def test_a_state_may_not_step_past_max_len(tiny_model):
             torch.ones(3, 1, dtype=torch.long), memory, src, tiny_model.start_state(memory, 2)
         )
     assert str(e.value).endswith("(2 target rows per source row)")
+
+
+def test_the_cpu_vendor_chooses_the_projection_form(tmp_path):
+    """The blocked W x^T projection is the form on AMD CPUs only (where it was measured
+    faster); the vendor comes from /proc/cpuinfo's vendor_id, "" where it is not known."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    assert projection.cpu_vendor(str(info)) == "AuthenticAMD"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n")
+    assert projection.cpu_vendor(str(info)) == "GenuineIntel"
+    on_amd = projection.cpu_vendor() == "AuthenticAMD"
+    assert projection.BLOCKED is on_amd
+    assert isinstance(projection.cpu_vendor(str(tmp_path / "absent")), str)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
 from aiayn.errors import ModelInputError
+from aiayn.model import projection
 from aiayn.model.cache import CrossAttentionCache, DecoderLayerCache, SelfAttentionCache
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
@@ -324,10 +325,11 @@ class Transformer(nn.Module):
         """How many ``[n, tgt_vocab_size]`` buffers :meth:`project` writes into for a 2-D
         ``x [n, d_model]``: 0 (it allocates its own: an untied or quantized projection, or
         ``x`` not in the weight's dtype, as under autocast), 1 (``out``) or 2 (``out`` and
-        ``work``: a CPU from 16 rows on). Callers reusing memory allocate only these."""
+        ``work``: a CPU that forms it blockwise, from 16 rows on). Callers reusing memory
+        allocate only these."""
         if self.out_proj is not None or x.dim() != 2 or x.dtype != self.tgt_embed.weight.dtype:
             return 0
-        return 2 if x.size(0) >= 16 and x.device.type == "cpu" else 1
+        return 2 if x.size(0) >= 16 and x.device.type == "cpu" and projection.BLOCKED else 1
 
     def project(self, x: Tensor, out: Tensor | None = None, work: Tensor | None = None) -> Tensor:
         """Decoder output ``[..., d_model]`` -> logits ``[..., tgt_vocab_size]``.
@@ -335,27 +337,14 @@ class Transformer(nn.Module):
         A decoder reusing memory across steps may pass, for a 2-D ``x [n, d_model]``,
         ``out [n, tgt_vocab_size]`` to receive the logits and ``work`` (a contiguous tensor
         of at least as many elements) as scratch; :meth:`projection_buffers` says which of
-        them are used. On a CPU, from 16 rows on, the product is then formed as ``W x^T``
-        in blocks of vocabulary rows, each transposed into ``out`` while it is still in
-        cache: with MKL on a 58k vocabulary and 256 rows, 1.5x faster than ``x W^T``, and
-        bit-identical logits (tested)."""
+        them are used: ``work`` where the CPU forms the product blockwise as ``W x^T``
+        (:mod:`aiayn.model.projection`), with bit-identical logits."""
         if self.out_proj is None:  # tied: the bias, if any, added inside the product
             weight, bias = self.tgt_embed.weight, self.out_bias
             uses = self.projection_buffers(x)
             if out is not None and uses and out.dtype == x.dtype:
-                n, V = out.shape
                 if uses == 2 and work is not None:
-                    step = max(1, (1 << 17) // n)  # vocabulary rows per 512 KiB block
-                    x_t = x.t()
-                    for a in range(0, V, step):
-                        b = min(V, a + step)
-                        block = work.view(-1)[: (b - a) * n].view(b - a, n)
-                        if bias is None:
-                            torch.mm(weight[a:b], x_t, out=block)
-                        else:
-                            torch.addmm(bias[a:b, None], weight[a:b], x_t, out=block)
-                        out[:, a:b].copy_(block.t())
-                    return out
+                    return projection.blocked_product(x, weight, bias, out, work)
                 if bias is None:  # what F.linear calls, with an out= argument
                     return torch.mm(x, weight.t(), out=out)
                 return torch.addmm(bias, x, weight.t(), out=out)

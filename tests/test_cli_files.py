@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import gzip
 import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -370,3 +371,29 @@ def test_a_seed_without_sampling_is_refused_as_the_server_refuses_it(
     first = capsys.readouterr().out
     assert main([*argv, "--seed", "3", "--sampling"]) == 0
     assert capsys.readouterr().out == first and first.strip()
+
+
+def test_batch_size_changes_no_output_and_is_checked_before_the_model_loads(
+    sample_model_dir, tmp_path, capsys
+):
+    """`--batch-size` (sentences decoded together) gives the same lines at 1, 3 and 64, in
+    beam search with n-best, scores and alignments; 0 is refused naming the flag before
+    the model (here: one that does not exist) is read."""
+    from sample_data import PAIRS
+
+    f = _files(tmp_path, in_de="".join(f"{de}\n" for de, _ in PAIRS[:10]) + "\n")
+    argv = ["translate", "--model", str(sample_model_dir()), "--quiet", str(f["in_de"])]
+    argv += ["--n-best", "2", "--format", "jsonl", "--alignment"]
+    outputs = []
+    for size in ("1", "3", "64"):
+        assert main([*argv, "--batch-size", size]) == 0
+        outputs.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    assert len(outputs[0]) == 11 and outputs[0][-1]["text"] == ""  # the blank line
+    for other in outputs[1:]:  # the texts and alignments; scores to float rounding (padding)
+        for mine, theirs in zip(outputs[0], other, strict=True):
+            for a, b in zip(mine.get("n_best", [mine]), theirs.get("n_best", [theirs])):
+                assert (a["text"], a["alignment"]) == (b["text"], b["alignment"])
+                assert a["score"] == pytest.approx(b["score"], abs=1e-4)
+    for command in (["translate", str(f["in_de"])], ["evaluate", "--src", "x", "--ref", "y"]):
+        err = one_line_error([*command, "--model", "nowhere", "--batch-size", "0"], capsys)
+        assert "--batch-size must be >= 1, got 0" in err

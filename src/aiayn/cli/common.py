@@ -232,6 +232,7 @@ def translate_lines(
     from aiayn.distributed import init_from_env
     from aiayn.progress import progress
 
+    batch_size = getattr(args, "batch_size", 64)
     world = init_from_env(args.device)
     translator = translator_for(args, world.device(args.device))
     options = decode_options(args, translator.defaults, n_best)
@@ -246,15 +247,15 @@ def translate_lines(
             options,
             prefixes=prefixes[share.start : share.stop] if prefixes is not None else None,
             first_line=share.start,
+            batch_size=batch_size,
             on_batch=bar.update,
             scores=getattr(args, "format", "text") == "jsonl",  # text output prints none
         )
     if alignment_layer is not None:
         from aiayn.inspect.maps import add_alignments
 
-        add_alignments(
-            translator, [translator.encode(line) for line in mine], outputs, alignment_layer
-        )
+        sources = [translator.encode(line) for line in mine]
+        add_alignments(translator, sources, outputs, alignment_layer, batch_size)
     return world.gather(outputs)
 
 

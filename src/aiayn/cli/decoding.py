@@ -116,7 +116,10 @@ def alignment_layer(args: argparse.Namespace) -> int | None:
 def check_output_flags(args: argparse.Namespace, shapes_output_file: bool = False) -> None:
     """Refuse, before any work, an output flag that would take no effect: --alignment-layer
     without --alignment, and with ``shapes_output_file`` (evaluate, whose stdout holds the
-    scores) --format or --alignment without the -o file they shape."""
+    scores) --format or --alignment without the -o file they shape; and a --batch-size
+    below 1."""
+    if args.batch_size < 1:
+        raise AiaynError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.alignment_layer is not None and not args.alignment:
         raise AiaynError("--alignment-layer picks the layer of --alignment: give --alignment too")
     if shapes_output_file and not args.output:
@@ -231,6 +234,13 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prefix", type=text_arg, help="text every output starts with (forced)")
     p.add_argument("--prefix-file", help="one forced prefix per input line")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="sentences decoded together (sorted by length; default 64): more is faster "
+        "on a GPU, fewer holds less memory",
+    )
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

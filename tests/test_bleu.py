@@ -371,3 +371,30 @@ def test_evaluate_tokenizes_as_asked_and_says_when_13a_misfits(sample_model_dir,
     assert "--tokenize zh or char" in capsys.readouterr().err
     assert main([*argv, "--tokenize", "zh"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_evaluate_lowercase_scores_as_sacrebleu_lc(sample_model_dir, tmp_path, capsys):
+    """`--lowercase` is sacreBLEU's -lc for BLEU and chrF alike (a lowercased test set),
+    named in the signature; without it the case counts."""
+    from aiayn.cli import main
+    from sample_data import PAIRS
+
+    pairs = PAIRS[:8]
+    src, hyp, ref = tmp_path / "src.de", tmp_path / "hyp.en", tmp_path / "ref.en"
+    src.write_text("".join(f"{de}\n" for de, _ in pairs), encoding="utf-8")
+    refs = [en.lower() for _, en in pairs]
+    ref.write_text("".join(f"{r}\n" for r in refs), encoding="utf-8")
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(hyp)]
+    argv += ["--src", str(src), "--ref", str(ref)]
+    printed = {}
+    for flags in ([], ["--lowercase"]):
+        assert main([*argv, *flags]) == 0
+        printed[bool(flags)] = capsys.readouterr().out.splitlines()
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    for lowercase, (bleu_line, chrf_line) in printed.items():
+        bleu = sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase)
+        chrf = sacrebleu.metrics.CHRF(lowercase=lowercase).corpus_score(hyps, [refs])
+        assert bleu_line.startswith(f"{bleu} ")
+        assert f"|case:{'lc' if lowercase else 'mixed'}|" in bleu_line
+        assert chrf_line == f"{chrf}  (sacrebleu)"
+    assert printed[True][0] != printed[False][0]  # the case mattered

@@ -206,8 +206,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "-tok zh or char",
             file=sys.stderr,
         )
-    bleu = corpus_bleu(hyps, refs, tokenize=args.tokenize)  # a stream per reference file
-    chrf = sacrebleu.corpus_chrf(hyps, refs)
+    # One stream per reference file, as sacreBLEU takes them.
+    bleu = corpus_bleu(hyps, refs, lowercase=args.lowercase, tokenize=args.tokenize)
+    chrf = sacrebleu.metrics.CHRF(lowercase=args.lowercase).corpus_score(hyps, refs)
     if args.output:  # once everything has worked: a failed run leaves the old file
         write_text(args.output, render(outputs, 1, args))
     write_stdout(f"{bleu}  [{bleu.signature}]\n{chrf}  (sacrebleu)\n")
@@ -282,6 +283,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default="13a",
         help="BLEU's tokenization, as sacreBLEU's -tok: 13a (default, WMT's), intl, zh "
         "(Chinese), char (Japanese, Korean), none",
+    )
+    p.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="case-insensitive BLEU and chrF, as sacreBLEU's -lc (for lowercased references)",
     )
     p.add_argument(
         "-o", "--output", help="also write the translations here (as --format, --alignment)"

@@ -397,3 +397,85 @@ def test_batch_size_changes_no_output_and_is_checked_before_the_model_loads(
     for command in (["translate", str(f["in_de"])], ["evaluate", "--src", "x", "--ref", "y"]):
         err = one_line_error([*command, "--model", "nowhere", "--batch-size", "0"], capsys)
         assert "--batch-size must be >= 1, got 0" in err
+
+
+def test_long_inputs_are_decoded_and_written_chunk_by_chunk(
+    sample_model_dir, tmp_path, capsys, monkeypatch
+):
+    """An input is decoded CHUNK_LINES lines at a time and each chunk written as it is
+    done (bounded memory, output as it comes): the same lines as in one chunk, for n-best
+    with scores and alignments, --closest-to and seeded samples (which follow line
+    indices, not chunks). A failure in a later chunk keeps the earlier chunks on stdout
+    and leaves an -o file as it was, with no temp file beside it."""
+    from aiayn.cli import common
+    from aiayn.translator import Translator
+    from sample_data import PAIRS
+
+    de = [de for de, _ in PAIRS[:10]]
+    f = _files(
+        tmp_path,
+        in_de="".join(f"{line}\n" for line in de[:6]) + "\n" + "".join(f"{x}\n" for x in de[6:]),
+        ref_en="".join(f"{en}\n" for _, en in PAIRS[:10]) + "A dog.\n",
+        out_en="keep me\n",
+    )
+    argv = ["translate", "--model", str(sample_model_dir()), "--quiet", str(f["in_de"])]
+    runs = {
+        "n-best": ["--n-best", "3", "--format", "jsonl", "--alignment"],
+        "closest": ["--n-best", "3", "--closest-to", str(f["ref_en"])],
+        "samples": ["--sampling", "--seed", "3", "--n-best", "2"],
+        "plain": [],
+    }
+    printed: dict[int, list[str]] = {}
+    for name, flags in runs.items():
+        for chunk in (10_000, 3):
+            monkeypatch.setattr(common, "CHUNK_LINES", chunk)
+            assert main([*argv, *flags]) == 0
+            printed[chunk] = capsys.readouterr().out.splitlines()
+        assert len(printed[3]) == 11, name
+        if name != "n-best":
+            assert printed[3] == printed[10_000], name
+            continue
+        for a, b in zip(printed[3], printed[10_000], strict=True):  # scores: padding moves bits
+            a, b = json.loads(a), json.loads(b)
+            assert [(t["text"], t.get("alignment")) for t in a.get("n_best", [a])] == [
+                (t["text"], t.get("alignment")) for t in b.get("n_best", [b])
+            ]
+            assert a["score"] == pytest.approx(b["score"], abs=1e-4)
+    real, calls = Translator.translations, []
+
+    def fails_third(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise AiaynError("the third chunk broke")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translations", fails_third)
+    assert main(argv) == 2  # chunks of 3 lines: the first two were printed
+    out, err = capsys.readouterr()
+    assert out.splitlines() == printed[3][:6] and "the third chunk broke" in err
+    calls.clear()
+    assert main([*argv, "-o", str(f["out_en"])]) == 2
+    assert "the third chunk broke" in capsys.readouterr().err
+    assert f["out_en"].read_text(encoding="utf-8") == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de", "out.en", "ref.en"]
+
+
+def test_evaluate_scores_and_writes_the_same_in_chunks(
+    sample_model_dir, tmp_path, capsys, monkeypatch
+):
+    from aiayn.cli import common
+    from sample_data import PAIRS
+
+    f = _files(
+        tmp_path,
+        src_de="".join(f"{de}\n" for de, _ in PAIRS[:8]),
+        ref_en="".join(f"{en}\n" for _, en in PAIRS[:8]),
+    )
+    argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "--src", str(f["src_de"])]
+    argv += ["--ref", str(f["ref_en"]), "-o", str(tmp_path / "hyp.en")]
+    seen = []
+    for chunk in (10_000, 3):
+        monkeypatch.setattr(common, "CHUNK_LINES", chunk)
+        assert main(argv) == 0
+        seen.append((capsys.readouterr().out, (tmp_path / "hyp.en").read_text(encoding="utf-8")))
+    assert seen[0] == seen[1] and seen[0][1].count("\n") == 8 and "BLEU = " in seen[0][0]

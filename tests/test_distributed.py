@@ -50,6 +50,17 @@ def test_torchrun_translate_and_evaluate_equal_one_process(sample_model_dir, tmp
     expected = one.read_text(encoding="utf-8")
     assert two.read_text(encoding="utf-8") == expected
     assert len(expected.splitlines()) == 23 and expected.splitlines()[5] == ""
+    # In chunks of 5 lines (each shared by the two processes, rank 0 writing as they come).
+    script = tmp_path / "chunked.py"
+    script.write_text(
+        "import sys\nfrom aiayn.cli import common, main\ncommon.CHUNK_LINES = 5\n"
+        "sys.exit(main(sys.argv[1:]))\n",
+        encoding="utf-8",
+    )
+    three = tmp_path / "three.en"
+    done = torchrun("translate", *common, str(src), "-o", str(three), script=script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert three.read_text(encoding="utf-8") == expected
 
     ref = tmp_path / "ref.en"
     ref.write_text("".join(t + "\n" for _, t in PAIRS[:23]), encoding="utf-8")

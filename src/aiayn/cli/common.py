@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from aiayn.errors import AiaynError
 
@@ -95,42 +95,58 @@ def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None
 
 
 def write_text(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all: a regular file (or a new
-    one) is written as a temp file in its folder and renamed over it, so a write that
-    fails (a full disk) leaves the file as it was. Anything else (/dev/stdout, a pipe)
-    is written in place: it cannot be renamed over, and holds nothing to lose.
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`output_stream`)."""
+    with output_stream(path) as write:
+        write(text)
 
-    Raises AiaynError naming ``path`` when it cannot be written.
-    """
-    try:
+
+@contextmanager
+def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
+    """A writer of UTF-8 text for the block, to ``path`` whole or not at all: a regular
+    file (or a new one) is written as a temp file in its folder, renamed over it when the
+    block ends without an error, so a failed run or write (a full disk) leaves the file as
+    it was. Anything else (/dev/stdout, a pipe) is written in place: it cannot be renamed
+    over, and holds nothing to lose. ``path`` None: stdout, flushed at each write.
+
+    A write or rename that fails raises AiaynError naming ``path``."""
+    if path is None:
+        yield write_stdout
+        return
+
+    def named(call: Callable[..., object], *args: object) -> object:
         try:
-            mode: int | None = os.stat(path).st_mode
-        except FileNotFoundError:
-            mode = None
-        if mode is not None and not stat.S_ISREG(mode):
-            Path(path).write_text(text, encoding="utf-8")
-        else:
-            _replace(Path(os.path.realpath(path)), text, mode)
-    except OSError as e:
-        raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
+            return call(*args)
+        except OSError as e:
+            raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
 
-
-def _replace(target: Path, text: str, mode: int | None) -> None:
-    """Rename a temp file holding ``text`` over ``target`` (a link's target: the link
-    stays), with the old file's permissions, or for a new file those the umask gives."""
-    if mode is None:
+    mode = cast("int | None", named(_mode, path))
+    if mode is not None and not stat.S_ISREG(mode):
+        with cast("TextIO", named(lambda: open(path, "w", encoding="utf-8"))) as f:
+            yield lambda text: named(f.write, text)
+            named(f.flush)
+        return
+    target = Path(os.path.realpath(path))  # a link's target: the link stays
+    if mode is None:  # a new file: the permissions the umask gives
         from aiayn.data.folders import umask
 
         mode = 0o666 & ~umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    prefix, folder = f".{target.name}.", target.parent
+    fd, tmp = cast("tuple[int, str]", named(lambda: tempfile.mkstemp(".tmp", prefix, folder)))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, stat.S_IMODE(mode))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            yield lambda text: named(f.write, text)
+            named(f.flush)  # a full disk shows here, named, not in close()
+        named(os.chmod, tmp, stat.S_IMODE(mode))
+        named(os.replace, tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already when renamed
+
+
+def _mode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
 
 
 def write_stdout(text: str) -> None:
@@ -218,45 +234,54 @@ def decode_options(
     return options
 
 
-def translate_lines(
+# Lines decoded (and written) at a time: memory stays bounded for an input of any length
+# (about 1.2 KB a line of outputs), output appears as it is made, and batches are sorted
+# by length within each chunk, which pads about as little as sorting the whole input.
+CHUNK_LINES = 10_000
+
+
+def translate_chunks(
     args: argparse.Namespace,
     lines: list[str],
     n_best: int = 1,
     prefixes: list[str] | None = None,
     alignment_layer: int | None = None,
-) -> list[list[Translation]] | None:
-    """``n_best`` :class:`~aiayn.translator.Translation` objects per line. Under torchrun
-    every process decodes its share of the lines and rank 0 gets them all, in input order
-    (the other ranks get None); line indices stay those of the whole input, so samples do
-    not depend on the number of processes."""
+) -> Iterator[tuple[int, list[list[Translation]] | None]]:
+    """``(start, outputs)`` for each chunk of :data:`CHUNK_LINES` lines from line ``start``:
+    ``n_best`` :class:`~aiayn.translator.Translation` objects per line (one chunk, empty,
+    for no lines). Under torchrun every process decodes its share of each chunk and rank
+    0 gets them all, in input order (the other ranks get None); line indices stay those of
+    the whole input, so samples depend neither on the number of processes nor on chunks."""
     from aiayn.distributed import init_from_env
     from aiayn.progress import progress
 
-    batch_size = getattr(args, "batch_size", 64)
     world = init_from_env(args.device)
     translator = translator_for(args, world.device(args.device))
     options = decode_options(args, translator.defaults, n_best)
     if prefixes is not None:
         check_prefixes(translator, prefixes, getattr(args, "prefix_file", None) or "prefixes")
-    share = world.shard(len(lines))
-    mine = lines[share.start : share.stop]
+    starts = range(0, max(len(lines), 1), CHUNK_LINES)
+    shares = [world.shard(len(lines[a : a + CHUNK_LINES])) for a in starts]
     quiet = args.quiet or not world.is_main
-    with progress(total=len(mine), desc="translate", unit="sent", disable=quiet) as bar:
-        outputs = translator.translations(
-            mine,
-            options,
-            prefixes=prefixes[share.start : share.stop] if prefixes is not None else None,
-            first_line=share.start,
-            batch_size=batch_size,
-            on_batch=bar.update,
-            scores=getattr(args, "format", "text") == "jsonl",  # text output prints none
-        )
-    if alignment_layer is not None:
-        from aiayn.inspect.maps import add_alignments
+    mine = sum(share.stop - share.start for share in shares)
+    with progress(total=mine, desc="translate", unit="sent", disable=quiet) as bar:
+        for a, share in zip(starts, shares):
+            first, last = a + share.start, a + share.stop
+            outputs = translator.translations(
+                lines[first:last],
+                options,
+                prefixes=prefixes[first:last] if prefixes is not None else None,
+                first_line=first,
+                batch_size=args.batch_size,
+                on_batch=bar.update,
+                scores=getattr(args, "format", "text") == "jsonl",  # text prints none
+            )
+            if alignment_layer is not None:
+                from aiayn.inspect.maps import add_alignments
 
-        sources = [translator.encode(line) for line in mine]
-        add_alignments(translator, sources, outputs, alignment_layer, batch_size)
-    return world.gather(outputs)
+                sources = [translator.encode(line) for line in lines[first:last]]
+                add_alignments(translator, sources, outputs, alignment_layer, args.batch_size)
+            yield a, world.gather(outputs)
 
 
 def check_prefixes(translator: Translator, prefixes: list[str], name: str) -> None:

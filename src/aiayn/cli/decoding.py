@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
@@ -13,12 +14,12 @@ from aiayn.cli.common import (
     add_search_flags,
     check_output_file,
     named,
+    output_stream,
     read_input,
     refuse_two_stdins,
     text_arg,
-    translate_lines,
+    translate_chunks,
     write_stdout,
-    write_text,
 )
 from aiayn.errors import AiaynError
 from aiayn.metrics.bleu import TOKENIZERS
@@ -39,17 +40,18 @@ def cmd_translate(args: argparse.Namespace) -> int:
     lines = read_input(args.input)
     prefixes = read_prefixes(args, len(lines))
     references = read_closest_to(args, len(lines))
-    outputs = translate_lines(args, lines, args.n_best, prefixes, alignment_layer(args))
-    if outputs is None:  # not rank 0: rank 0 writes everything
-        return 0
-    n_best = args.n_best
-    if references is not None:
-        outputs, n_best = [closest(c, ref) for c, ref in zip(outputs, references)], 1
-    text = render(outputs, n_best, args)
-    if args.output:
-        write_text(args.output, text)
-    else:
-        write_stdout(text)
+    n_best = 1 if references is not None else args.n_best
+    with ExitStack() as stack:
+        write = None  # opened by rank 0 alone, at its first chunk: rank 0 writes everything
+        for a, outputs in translate_chunks(
+            args, lines, args.n_best, prefixes, alignment_layer(args)
+        ):
+            if outputs is None:  # not rank 0
+                continue
+            if references is not None:
+                outputs = [closest(c, ref) for c, ref in zip(outputs, references[a:])]
+            write = write or stack.enter_context(output_stream(args.output))
+            write(render(outputs, n_best, args))
     return 0
 
 
@@ -172,9 +174,6 @@ def text_line(candidates: list[Translation], n_best: int, with_alignment: bool) 
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import sacrebleu
-
-    from aiayn.metrics import corpus_bleu
     from aiayn.metrics.bleu import unsegmented_share
 
     check_output_flags(args, shapes_output_file=True)
@@ -195,10 +194,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not src:
         raise AiaynError(f"{src_name} and {named(args.ref[0])}: no lines to score")
     prefixes = read_prefixes(args, len(src))
-    outputs = translate_lines(args, src, 1, prefixes, alignment_layer(args))
-    if outputs is None:  # not rank 0
-        return 0
-    hyps = [c[0].text if c else "" for c in outputs]
     if args.tokenize == "13a" and unsegmented_share(refs[0]) > 0.5:
         print(
             "note: the references are mostly Chinese, Japanese or Korean characters, which "
@@ -206,13 +201,35 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "-tok zh or char",
             file=sys.stderr,
         )
-    # One stream per reference file, as sacreBLEU takes them.
+    with ExitStack() as stack:
+        hyps: list[str] | None = None  # rank 0 alone gets the outputs
+        write = None
+        for _, outputs in translate_chunks(args, src, 1, prefixes, alignment_layer(args)):
+            if outputs is None:
+                continue
+            if hyps is None:  # the -o file (its old text stays until the scores are made)
+                hyps = []
+                write = stack.enter_context(output_stream(args.output)) if args.output else None
+            hyps += [c[0].text if c else "" for c in outputs]
+            if write is not None:
+                write(render(outputs, 1, args))
+        if hyps is None:  # not rank 0
+            return 0
+        scores = score_lines(args, hyps, refs)
+    write_stdout(scores)
+    return 0
+
+
+def score_lines(args: argparse.Namespace, hyps: list[str], refs: list[list[str]]) -> str:
+    """The BLEU and chrF lines that `evaluate` prints, of ``hyps`` against ``refs`` (one
+    stream per reference file, as sacreBLEU takes them)."""
+    import sacrebleu
+
+    from aiayn.metrics import corpus_bleu
+
     bleu = corpus_bleu(hyps, refs, lowercase=args.lowercase, tokenize=args.tokenize)
     chrf = sacrebleu.metrics.CHRF(lowercase=args.lowercase).corpus_score(hyps, refs)
-    if args.output:  # once everything has worked: a failed run leaves the old file
-        write_text(args.output, render(outputs, 1, args))
-    write_stdout(f"{bleu}  [{bleu.signature}]\n{chrf}  (sacrebleu)\n")
-    return 0
+    return f"{bleu}  [{bleu.signature}]\n{chrf}  (sacrebleu)\n"
 
 
 def add_output_flags(p: argparse.ArgumentParser) -> None:

@@ -479,3 +479,43 @@ def test_evaluate_scores_and_writes_the_same_in_chunks(
         assert main(argv) == 0
         seen.append((capsys.readouterr().out, (tmp_path / "hyp.en").read_text(encoding="utf-8")))
     assert seen[0] == seen[1] and seen[0][1].count("\n") == 8 and "BLEU = " in seen[0][0]
+
+
+def test_lines_typed_at_a_terminal_are_translated_as_they_are_entered(sample_model_dir):
+    """`aiayn translate` reading a terminal answers each line when Enter is pressed, not
+    once the input ends (Ctrl-D), with the translation the model gives offline; invalid
+    UTF-8 typed is named by its line."""
+    import pty
+    import select
+    import subprocess
+
+    from aiayn.translator import Translator
+    from sample_data import PAIRS
+
+    model = sample_model_dir()
+    typed = [de for de, _ in PAIRS[:2]]
+    want = [t[0] for t in Translator.from_dir(model).translate(typed)]
+    master, slave = pty.openpty()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aiayn", "translate", "--model", str(model), "--quiet"],
+        stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        for line, translation in zip(typed, want):
+            os.write(master, line.encode() + b"\n")
+            ready, _, _ = select.select([child.stdout], [], [], 60)
+            assert ready, "no translation before the input ended"
+            assert child.stdout.readline().decode().rstrip("\n") == translation
+        os.write(master, b"\xff\n")  # not UTF-8: the third line
+        assert child.wait(60) == 2
+        err = child.stderr.read().decode()
+        assert "Type a sentence" in err and "<stdin>, line 3: invalid UTF-8" in err
+    finally:
+        child.kill()
+        os.close(master)

@@ -8,8 +8,9 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -242,12 +243,14 @@ CHUNK_LINES = 10_000
 
 def translate_chunks(
     args: argparse.Namespace,
-    lines: list[str],
+    lines: Iterable[str],
     n_best: int = 1,
     prefixes: list[str] | None = None,
     alignment_layer: int | None = None,
+    chunk_lines: int | None = None,
 ) -> Iterator[tuple[int, list[list[Translation]] | None]]:
-    """``(start, outputs)`` for each chunk of :data:`CHUNK_LINES` lines from line ``start``:
+    """``(start, outputs)`` for each chunk of ``chunk_lines`` (default :data:`CHUNK_LINES`)
+    of ``lines`` (a list, or an iterator read a chunk at a time), from line ``start``:
     ``n_best`` :class:`~aiayn.translator.Translation` objects per line (one chunk, empty,
     for no lines). Under torchrun every process decodes its share of each chunk and rank
     0 gets them all, in input order (the other ranks get None); line indices stay those of
@@ -260,15 +263,22 @@ def translate_chunks(
     options = decode_options(args, translator.defaults, n_best)
     if prefixes is not None:
         check_prefixes(translator, prefixes, getattr(args, "prefix_file", None) or "prefixes")
-    starts = range(0, max(len(lines), 1), CHUNK_LINES)
-    shares = [world.shard(len(lines[a : a + CHUNK_LINES])) for a in starts]
-    quiet = args.quiet or not world.is_main
-    mine = sum(share.stop - share.start for share in shares)
-    with progress(total=mine, desc="translate", unit="sent", disable=quiet) as bar:
-        for a, share in zip(starts, shares):
-            first, last = a + share.start, a + share.stop
+    size = chunk_lines or CHUNK_LINES
+    total = None  # this process's lines, when known
+    if isinstance(lines, Sized):
+        sizes = [min(size, len(lines) - a) for a in range(0, len(lines), size)]
+        total = sum(len(world.shard(n)) for n in sizes)
+    quiet = args.quiet or not world.is_main or total is None
+    source, start = iter(lines), 0
+    with progress(total=total, desc="translate", unit="sent", disable=quiet) as bar:
+        while True:
+            chunk = list(islice(source, size))
+            if start and not chunk:
+                return
+            share = world.shard(len(chunk))
+            first, last = start + share.start, start + share.stop
             outputs = translator.translations(
-                lines[first:last],
+                chunk[share.start : share.stop],
                 options,
                 prefixes=prefixes[first:last] if prefixes is not None else None,
                 first_line=first,
@@ -279,9 +289,25 @@ def translate_chunks(
             if alignment_layer is not None:
                 from aiayn.inspect.maps import add_alignments
 
-                sources = [translator.encode(line) for line in lines[first:last]]
+                sources = [translator.encode(line) for line in chunk[share.start : share.stop]]
                 add_alignments(translator, sources, outputs, alignment_layer, args.batch_size)
-            yield a, world.gather(outputs)
+            yield start, world.gather(outputs)
+            if not chunk:  # the one chunk of an empty input
+                return
+            start += len(chunk)
+
+
+def typed_lines() -> Iterator[str]:
+    """The lines typed on a terminal (stdin), each as soon as Enter is pressed, decoded as
+    :func:`read_input` decodes stdin; the first prompt goes to stderr."""
+    from aiayn.data.corpus import decode_lines
+
+    print("Type a sentence and press Enter (Ctrl-D to end).", file=sys.stderr)
+    for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
+        try:
+            yield from decode_lines(raw, "<stdin>")
+        except AiaynError as e:  # name the line typed, not line 1 of one line
+            raise AiaynError(str(e).replace("<stdin>, line 1", f"<stdin>, line {number}")) from None
 
 
 def check_prefixes(translator: Translator, prefixes: list[str], name: str) -> None:

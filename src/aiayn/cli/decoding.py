@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from aiayn.cli.common import (
     refuse_two_stdins,
     text_arg,
     translate_chunks,
+    typed_lines,
     write_stdout,
 )
 from aiayn.errors import AiaynError
@@ -37,15 +39,18 @@ def cmd_translate(args: argparse.Namespace) -> int:
     }
     refuse_two_stdins(inputs, args.device)
     check_output_file(args.output, inputs)
-    lines = read_input(args.input)
-    prefixes = read_prefixes(args, len(lines))
-    references = read_closest_to(args, len(lines))
+    lines: Iterable[str]
+    if typing_at_a_terminal(args):  # each line translated as it is typed
+        lines, prefixes, references, chunk = typed_lines(), None, None, 1
+    else:
+        lines, chunk = read_input(args.input), None
+        prefixes = read_prefixes(args, len(lines))
+        references = read_closest_to(args, len(lines))
     n_best = 1 if references is not None else args.n_best
+    chunks = translate_chunks(args, lines, args.n_best, prefixes, alignment_layer(args), chunk)
     with ExitStack() as stack:
         write = None  # opened by rank 0 alone, at its first chunk: rank 0 writes everything
-        for a, outputs in translate_chunks(
-            args, lines, args.n_best, prefixes, alignment_layer(args)
-        ):
+        for a, outputs in chunks:
             if outputs is None:  # not rank 0
                 continue
             if references is not None:
@@ -53,6 +58,18 @@ def cmd_translate(args: argparse.Namespace) -> int:
             write = write or stack.enter_context(output_stream(args.output))
             write(render(outputs, n_best, args))
     return 0
+
+
+def typing_at_a_terminal(args: argparse.Namespace) -> bool:
+    """Whether translate reads stdin from a terminal (a person typing): then each line is
+    translated as it is entered, not once the input ends. Not with a file of prefixes or
+    references, whose lines must match the input's count."""
+    if args.input not in (None, "-") or args.prefix_file or args.closest_to:
+        return False
+    try:
+        return bool(sys.stdin.isatty())
+    except (AttributeError, OSError, ValueError):  # closed, or no terminal to ask
+        return False
 
 
 def render(outputs: list[list[Translation]], n_best: int, args: argparse.Namespace) -> str:

@@ -300,14 +300,12 @@ def translate_chunks(
 def typed_lines() -> Iterator[str]:
     """The lines typed on a terminal (stdin), each as soon as Enter is pressed, decoded as
     :func:`read_input` decodes stdin; the first prompt goes to stderr."""
-    from aiayn.data.corpus import decode_lines
+    from aiayn.data.corpus import BOM, decode_line
 
     print("Type a sentence and press Enter (Ctrl-D to end).", file=sys.stderr)
     for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
-        try:
-            yield from decode_lines(raw, "<stdin>")
-        except AiaynError as e:  # name the line typed, not line 1 of one line
-            raise AiaynError(str(e).replace("<stdin>, line 1", f"<stdin>, line {number}")) from None
+        line = raw.removesuffix(b"\n")
+        yield decode_line(line.removeprefix(BOM) if number == 1 else line, "<stdin>", number)
 
 
 def check_prefixes(translator: Translator, prefixes: list[str], name: str) -> None:

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.decode import DecodeOptions
+from aiayn.errors import AiaynError
 from aiayn.serve import ServeConfig, create_app
 from aiayn.serve.protocol import ApiError, TranslateRequest, request_options
 from aiayn.translator import Translator
@@ -423,3 +424,34 @@ def test_a_seed_needs_sampling_on_in_the_request_or_the_models_defaults():
         with pytest.raises(ApiError, match="seed=3 only applies with sampling") as e:
             request_options(TranslateRequest(src=["x"], seed=3, **body), defaults, 16, 10.0)
         assert e.value.status == 422
+
+
+def test_cors_lets_the_named_origins_call_from_a_browser(translator, client):
+    """`cors_origins` (`--cors-origin`): a browser's preflight from a named origin is
+    answered with the methods and headers the API takes (the API key's too), a request
+    from it carries Access-Control-Allow-Origin, another origin gets none, and without
+    the setting no CORS header at all; something that is no origin is refused."""
+    page = "http://localhost:3000"
+    cfg = ServeConfig(worker="thread", api_key="s3cret", cors_origins=(page,))
+    preflight = {
+        "origin": page,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type, x-api-key",
+    }
+    with TestClient(create_app(translator, cfg)) as c:
+        ok = c.options("/translate", headers=preflight)
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == page
+        assert "POST" in ok.headers["access-control-allow-methods"]
+        assert "x-api-key" in ok.headers["access-control-allow-headers"].lower()
+        body = b'{"src": ["Ein Hund."], "beam": 1}'
+        r = post(c, body, origin=page, **{"x-api-key": "s3cret"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        other = post(c, body, origin="http://elsewhere.example", **{"x-api-key": "s3cret"})
+        assert "access-control-allow-origin" not in other.headers
+        bad = c.options("/translate", headers={**preflight, "origin": "http://elsewhere.example"})
+        assert bad.status_code == 400
+    plain = post(client, b'{"src": ["Ein Hund."], "beam": 1}', origin=page)
+    assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+    for origin in ("localhost:3000", "http://x.org/page", "ftp://x.org", "http://"):
+        with pytest.raises(AiaynError, match=f"cors_origins: '{re.escape(origin)}' is not an"):
+            create_app(translator, ServeConfig(worker="thread", cors_origins=(origin,)))

@@ -45,6 +45,7 @@ def test_each_limit_flag_reaches_its_field(served):
         "--max-batch-tokens", "512", "--max-cache-tokens", "9000", "--request-timeout", "2.5",
         "--batch-wait-ms", "7", "--no-continuous", "--worker", "thread", "--max-queue", "33",
         "--max-sentences", "5", "--threads", "1", "--host", "127.0.0.2", "--port", "8123",
+        "--cors-origin", "http://localhost:3000", "--cors-origin", "https://app.example:8443",
     )  # fmt: skip
     assert code == 0 and len(calls) == 1
     cfg = calls[0]["cfg"]
@@ -52,6 +53,7 @@ def test_each_limit_flag_reaches_its_field(served):
     assert (cfg.batch_wait_ms, cfg.continuous, cfg.worker) == (7.0, False, "thread")
     assert (cfg.max_queue, cfg.max_sentences) == (33, 5)
     assert (calls[0]["host"], calls[0]["port"], calls[0]["threads"]) == ("127.0.0.2", 8123, 1)
+    assert cfg.cors_origins == ("http://localhost:3000", "https://app.example:8443")
 
 
 def test_no_flag_keeps_every_default(served):
@@ -60,7 +62,7 @@ def test_no_flag_keeps_every_default(served):
     cfg, default = calls[0]["cfg"], ServeConfig()
     for field in (
         "max_batch_tokens", "max_cache_tokens", "request_timeout_s", "batch_wait_ms",
-        "continuous", "worker", "max_queue", "max_sentences", "api_key",
+        "continuous", "worker", "max_queue", "max_sentences", "api_key", "cors_origins",
     ):  # fmt: skip
         assert getattr(cfg, field) == getattr(default, field), field
     assert (calls[0]["host"], calls[0]["port"], calls[0]["threads"]) == ("127.0.0.1", 8000, None)
@@ -85,6 +87,7 @@ def test_no_flag_keeps_every_default(served):
         (["--max-sentences", "0"], "--max-sentences must be >= 1, got 0"),
         (["--api-key-env", ""], "--api-key-env names no environment variable"),
         (["--api-key-env", "AIAYN_TEST_BLANK_KEY"], "AIAYN_TEST_BLANK_KEY holds no API key"),
+        (["--cors-origin", "localhost:3000"], "--cors-origin localhost:3000: is not an origin"),
     ],
 )
 def test_bad_limits_are_one_line_errors_before_serving(served, capsys, monkeypatch, flags, message):

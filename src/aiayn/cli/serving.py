@@ -14,6 +14,7 @@ MAX_THREADS = 1024
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from aiayn.serve import ServeConfig, serve
+        from aiayn.serve.app import origin_problem
     except ImportError as e:
         raise AiaynError(
             f"serving needs the serve extra: pip install 'aiayn[serve]' ({e})"
@@ -46,7 +47,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=api_key,
         public_metrics=args.public_metrics,
         max_attention_sentences=args.max_attention_sentences,
+        cors_origins=tuple(args.cors_origin or ()),
     )
+    for origin in cfg.cors_origins:
+        if problem := origin_problem(origin):
+            raise AiaynError(f"--cors-origin {origin}: {problem}")
     if args.max_cache_tokens is not None:  # else the server's default
         cfg.max_cache_tokens = args.max_cache_tokens
     if args.max_attention_sentences < 0:
@@ -124,6 +129,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--api-key-env",
         help="require the API key held in this variable (on /translate, /metrics and /info)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a web page's origin (e.g. http://localhost:3000) whose scripts may call the "
+        "API from a browser (CORS); repeat it for several, * for any",
     )
     p.add_argument(
         "--public-metrics",

@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -93,6 +94,20 @@ class ServeConfig:
     api_key: str | None = None
     public_metrics: bool = False  # with an API key: /metrics and /info need none
     retry_after_s: int = 1
+    # Web pages of other origins that may call the API from a browser (CORS), e.g.
+    # "http://localhost:3000"; "*": any. None: only the server's own page.
+    cors_origins: tuple[str, ...] = ()
+
+
+def origin_problem(origin: str) -> str | None:
+    """What keeps ``origin`` from being a CORS origin (a browser sends
+    ``scheme://host[:port]``, no path; or "*" for any), or None."""
+    if origin == "*":
+        return None
+    scheme, sep, rest = origin.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or "/" in rest or "*" in rest:
+        return "is not an origin: scheme://host[:port] (http or https, no path), or *"
+    return None
 
 
 def create_app(
@@ -127,6 +142,9 @@ def create_app(
         raise AiaynError(f"the request timeout must be > 0 seconds, got {cfg.request_timeout_s}")
     if cfg.max_attention_sentences < 0 or cfg.max_attention_weights < 0:
         raise AiaynError("the attention limits must be >= 0 (0: no attention maps)")
+    for origin in cfg.cors_origins:
+        if problem := origin_problem(origin):
+            raise AiaynError(f"cors_origins: {origin!r} {problem}")
     info = ModelInfo.of(translator, cfg.worker_device)
     state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 
@@ -233,6 +251,14 @@ def create_app(
         return error_response(422, str(exc.errors()[0].get("msg", "invalid request")))
 
     app.add_middleware(RequestCounter, metrics=metrics)
+    if cfg.cors_origins:  # answers browsers' preflight requests before any route
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cfg.cors_origins),
+            allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["authorization", "content-type", "x-api-key"],
+            max_age=600,
+        )
     app.add_middleware(HeadAsGet)  # outermost: everything inside sees HEAD as GET
 
     @app.post(

@@ -43,6 +43,8 @@ pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it agai
         ({"top_k": 5}, "only apply with sampling"),
         ({"length_penalty": "wu"}, "length_penalty must be one of gnmt, hf"),
         ({"max_len_a": -1.0}, "max_len_a must be"),
+        ({"cut_at_limit": 1}, "cut_at_limit must be true or false"),
+        ({"cut_at_limit": True, "forced_eos": True}, "set at most one"),
     ],
 )
 def test_options_check_themselves(settings, message):
@@ -375,6 +377,23 @@ def test_forced_eos_ends_outputs_at_the_limit_with_eos_scored_zero(tiny_model, b
             want = teacher_forced_log_prob(tiny_model, row, h.tokens, eos=True)
             assert h.log_prob == pytest.approx(want, abs=1e-4)
             assert h.tokens != f.tokens or h.log_prob < f.log_prob - 1e-3
+
+
+def test_cut_at_limit_ends_beam_outputs_at_the_limit_without_eos(tiny_model):
+    """A random model rarely says EOS: with ``cut_at_limit`` its beam outputs that reach
+    the limit hold ``limit`` tokens (the last chosen freely, no EOS) and score exactly
+    those tokens, as greedy decoding's do; by default the last slot is EOS."""
+    src, _ = random_batch(tiny_model.cfg, [4, 6], [1, 1], seed=12)
+    options = DecodeOptions(beam=3, n_best=3, max_len_a=0.0, max_len_b=5)
+    cut = 0
+    for row, hyps in zip(src, search(tiny_model, src, options.replace(cut_at_limit=True))):
+        for h in hyps:
+            assert len(h.tokens) + h.eos <= 5
+            want = teacher_forced_log_prob(tiny_model, row, h.tokens, eos=h.eos)
+            assert h.log_prob == pytest.approx(want, abs=1e-4)
+            cut += not h.eos
+    assert cut > 0
+    assert all(h.eos for hyps in search(tiny_model, src, options) for h in hyps)
 
 
 def test_distillation_workflow_with_the_student_recipe(tmp_path):

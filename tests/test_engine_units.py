@@ -31,7 +31,7 @@ from aiayn.decode import (
     length_penalty,
     search,
 )
-from aiayn.decode.beam import eos_hits, select
+from aiayn.decode.beam import finishing, select
 from aiayn.decode.sampling import draw, row_uniforms, sampling_probs
 from aiayn.errors import DecodeError
 from conftest import random_batch, tiny_config
@@ -207,16 +207,16 @@ def beams(*rows: list[float]) -> torch.Tensor:
 
 def test_select_continues_the_best_non_eos_candidates() -> None:
     """One sentence, K = 2 beams at log-probs -1 and -2, V = 5 ids, EOS = 2. The best
-    candidate of the sentence is beam 0's EOS: it is among the 2K best (``is_eos``) but
+    candidate of the sentence is beam 0's EOS: it is among the 2K best (``top_token``) but
     does not continue; the K best of the others do (beam 1's id 4 at -2 + log .6, then
     beam 0's id 3 at -1 + log .2), with their parent rows."""
     scores = torch.tensor([[-1.0, -2.0]])
     logp = beams([0.05, 0.1, 0.6, 0.2, 0.05], [0.1, 0.1, 0.1, 0.1, 0.6])
-    top_scores, beam, is_eos, next_scores, parent, token = select(scores, logp, [False], 2)
+    top_scores, beam, top_token, next_scores, parent, token = select(scores, logp, [False], 2)
     log = torch.tensor([0.6, 0.2, 0.1]).log().tolist()
     want = [-1 + log[0], -2 + log[0], -1 + log[1], -1 + log[2]]
     assert top_scores[0].tolist() == pytest.approx(want)
-    assert beam.tolist() == [[0, 1, 0, 0]] and is_eos.tolist() == [[True, False, False, False]]
+    assert beam.tolist() == [[0, 1, 0, 0]] and top_token[0, :3].tolist() == [2, 4, 3]
     assert token.view(-1).tolist() == [4, 3] and parent.tolist() == [1, 0]
     assert next_scores[0].tolist() == pytest.approx(want[1:3])
 
@@ -228,24 +228,41 @@ def test_select_at_the_limit_takes_eos_with_its_log_prob_unless_told_zero() -> N
     scores = torch.tensor([[-1.0, -2.0]])
     logp = beams([0.05, 0.1, 0.6, 0.2, 0.05], [0.1, 0.1, 0.1, 0.1, 0.6])
     eos = logp[:, 2].tolist()
-    top_scores, _, is_eos, _, _, _ = select(scores, logp.clone(), [True], 2)
+    top_scores, _, top_token, _, _, _ = select(scores, logp.clone(), [True], 2)
     assert top_scores[0, :2].tolist() == pytest.approx([-1 + eos[0], -2 + eos[1]])
-    assert is_eos[0, :2].all() and top_scores[0, 2:].tolist() == [-INF, -INF]
+    assert top_token[0, :2].tolist() == [2, 2] and top_scores[0, 2:].tolist() == [-INF, -INF]
     top_scores, *_ = select(scores, logp.clone(), [True], 2, eos_scores_zero=True)
     assert top_scores[0, :2].tolist() == [-1.0, -2.0]
 
 
-def test_eos_hits_are_the_finite_eos_among_the_best_k() -> None:
-    """n = 2 sentences of K = 2 beams, each with its 2K best candidates. Sentence 0: an
-    EOS at rank 1 (a hit: its parent is beam 1, row 1) and one at rank 2 (outside the best
-    K: no hit). Sentence 1: an EOS at -inf (a dead beam's candidate: no hit)."""
+def test_select_at_the_limit_with_cut_chooses_freely() -> None:
+    """``cut`` (DecodeOptions.cut_at_limit): a sentence at its limit ranks every token as
+    on any other step, and its log-probs are left as they are."""
+    scores = torch.tensor([[-1.0, -2.0]])
+    logp = beams([0.05, 0.1, 0.6, 0.2, 0.05], [0.1, 0.1, 0.1, 0.1, 0.6])
+    free = select(scores, logp.clone(), [False], 2)
+    cut = select(scores, logp.clone(), [True], 2, cut=True)
+    for a, b in zip(free, cut, strict=True):
+        assert torch.equal(a, b)
+    assert cut[2][0].tolist() == [2, 4, 3, 1]  # EOS, then other tokens
+
+
+def test_finishing_takes_the_finite_eos_among_the_best_k_and_all_at_the_limit() -> None:
+    """n = 2 sentences of K = 2 beams, each with its 2K best candidates; EOS is id 2.
+    Sentence 0: an EOS at rank 1 (a hit: its parent is beam 1, row 1) and one at rank 2
+    (outside the best K: no hit). Sentence 1: an EOS at -inf (a dead beam's candidate: no
+    hit). At the limit, each of a sentence's best K finite candidates ends, EOS or not."""
     top_scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-0.5, -INF, -INF, -INF]])
-    is_eos = torch.tensor([[False, True, True, False], [False, True, False, True]])
+    top_token = torch.tensor([[5, 2, 2, 7], [6, 2, 8, 2]])
     beam = torch.tensor([[0, 1, 0, 1], [0, 1, 1, 0]])
-    groups, rows, log_probs = eos_hits(beam, is_eos, top_scores)
-    assert (groups, rows.tolist(), log_probs) == ([0], [1], [-2.0])
-    groups, rows, log_probs = eos_hits(beam, torch.zeros_like(is_eos), top_scores)
-    assert (groups, rows.tolist(), log_probs) == ([], [], [])  # one entry per hit: none
+    groups, rows, log_probs, tokens = finishing(beam, top_token, top_scores, 2, [False, False])
+    assert (groups, rows.tolist(), log_probs, tokens) == ([0], [1], [-2.0], [2])
+    groups, rows, log_probs, tokens = finishing(beam, top_token, top_scores, 9, [False, False])
+    assert (groups, rows.tolist(), log_probs, tokens) == ([], [], [], [])  # no EOS: none
+    groups, rows, log_probs, tokens = finishing(beam, top_token, top_scores, 2, [True, True])
+    assert (groups, rows.tolist(), log_probs, tokens) == (
+        [0, 0, 1], [0, 1, 2], [-1.0, -2.0, -0.5], [5, 2, 6]
+    )  # fmt: skip
 
 
 def test_select_makes_its_tensors_on_the_device_of_its_inputs() -> None:

@@ -23,7 +23,7 @@ from aiayn.checkpoint import load_model, resolve_checkpoint, save_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decode import beam_search, greedy
+from aiayn.decode import DecodeOptions, beam_search, greedy, search
 from aiayn.export import MATCH_AIAYN, ExportError, export_ctranslate2
 from numerics_util import log_probs, margins_and_shift
 from sample_data import PAIRS
@@ -152,6 +152,27 @@ def test_beam_search_agrees_without_length_penalty(exported):
     for i in same:
         assert ours[i][0].log_prob == pytest.approx(sum(plain[i]), abs=1e-4)
         assert results[i].scores[0] == pytest.approx(sum(renormalised[i]), abs=1e-4)
+
+
+def test_beam_search_cut_at_the_limit_agrees_there_too(exported):
+    """Outputs that reach the length limit: CTranslate2's ``max_decoding_length`` ends
+    them there without EOS, as ``cut_at_limit`` does (by default aiayn spends the last
+    slot on EOS, and almost none agree). Limits of 4 and 7 tokens: most sentences reach
+    them. 95% must agree exactly, as above."""
+    model, tokenizer, translator, _, _ = exported
+    src = pad([tokenizer.encode(s) for s in SOURCES], model.cfg.pad_id)
+    for limit in (4, 7):
+        options = DecodeOptions(beam=4, alpha=0.0, max_len_a=0.0, max_len_b=limit)
+        results = translator.translate_batch(
+            pieces(tokenizer, SOURCES), beam_size=4, length_penalty=0.0,
+            max_decoding_length=limit, **MATCH_AIAYN,
+        )  # fmt: skip
+        theirs = [[tokenizer.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+        assert sum(len(t) == limit for t in theirs) >= len(SOURCES) // 2
+        cut = [h[0].tokens for h in search(model, src, options.replace(cut_at_limit=True))]
+        eos = [h[0].tokens for h in search(model, src, options)]
+        assert sum(a == b for a, b in zip(theirs, cut)) >= 0.95 * len(SOURCES)
+        assert sum(a == b for a, b in zip(theirs, eos)) < 0.2 * len(SOURCES)
 
 
 def test_int8_export_translates_like_the_float_model(exported, tmp_path):

@@ -1,17 +1,19 @@
 """Decoding an imported Marian model as transformers' generate() does: greedy with the
 forced EOS, beam 4 and its n-best under length penalty 0 and under Hugging Face's penalty
-(early_stopping "never", and generate()'s default heuristic), and the generation settings
+(early_stopping "never", and generate()'s default heuristic), with the forced EOS and
+without it (outputs cut at the length limit), and the generation settings
 of the folder as the model's default options, through the command line too."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from transformers import MarianMTModel
 
-from aiayn.checkpoint import BEST, load_model
+from aiayn.checkpoint import BEST, load_checkpoint, load_model, save_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
 from aiayn.decode import DecodeOptions, search
@@ -53,14 +55,14 @@ def sources(tok):
     return pad([tok.encode(s) for s, _ in PAIRS[:40]], tok.pad_id)
 
 
-def hf_generate(hf, tok, src, **settings):
+def hf_generate(hf, tok, src, forced_eos=True, **settings):
     """generate()'s sequences (after the decoder start, up to EOS) and scores."""
     with torch.no_grad():
         out = hf.generate(
             input_ids=src, attention_mask=src != tok.pad_id, max_new_tokens=STEPS,
             do_sample=False, bad_words_ids=[[tok.pad_id], [tok.bos_id]],
-            forced_eos_token_id=tok.eos_id, return_dict_in_generate=True, output_scores=True,
-            **settings,
+            forced_eos_token_id=tok.eos_id if forced_eos else None,
+            return_dict_in_generate=True, output_scores=True, **settings,
         )  # fmt: skip
     seqs = []
     for row in out.sequences[:, 1:].tolist():
@@ -100,6 +102,36 @@ def test_beam_and_n_best_equal_generate(trained, alpha, early_stopping):
     assert len({len(t) for t in theirs}) > 3  # hypotheses of many lengths were compared
 
 
+@pytest.mark.parametrize(
+    ("beam", "alpha", "early_stopping"), [(1, 1.0, False), (4, 0.0, "never"), (4, 1.2, False),
+    (4, 0.6, True)],
+)  # fmt: skip
+def test_without_the_forced_eos_outputs_are_cut_at_the_limit_as_generate_cuts_them(
+    trained, beam, alpha, early_stopping
+):
+    """Settings without forced_eos_token_id: generate() ends an output that reaches its
+    length limit there, its last token chosen freely, in beam search as in greedy
+    decoding; from_generation's options (cut_at_limit) do the same, scores included (the
+    default rule, EOS in the last slot, differed in 110 of 160 beam outputs here)."""
+    hf, model, tok = trained
+    src = sources(tok)
+    settings = dict(num_beams=beam, num_return_sequences=beam, length_penalty=alpha)
+    options = DecodeOptions.from_generation(
+        {**settings, "early_stopping": early_stopping, "max_new_tokens": STEPS}
+    )
+    assert options.cut_at_limit and not options.forced_eos
+    ours = search(model, src, options)
+    theirs, scores = hf_generate(
+        hf, tok, src, forced_eos=False, early_stopping=early_stopping, **settings
+    )
+    assert [h.tokens for hyps in ours for h in hyps] == theirs
+    if scores is not None:
+        assert [h.score for hyps in ours for h in hyps] == pytest.approx(scores, abs=1e-4)
+    cut = [h for hyps in ours for h in hyps if not h.eos]
+    assert len(cut) >= len(src) // 2 and {len(h.tokens) for h in cut} == {STEPS}
+    assert len({len(t) for t in theirs}) > 3
+
+
 def test_the_folder_settings_are_the_default_options(imported, tmp_path, capsys):
     """num_beams 4, length_penalty 1.2, max_length 40 from generation_config.json: the
     Translator and `aiayn translate` decode as generate() does with them."""
@@ -123,3 +155,38 @@ def test_the_folder_settings_are_the_default_options(imported, tmp_path, capsys)
                  "--beam", "2", "--alpha", "0", str(path)]) == 0  # fmt: skip
     records = [json.loads(r) for r in capsys.readouterr().out.splitlines()]
     assert len(records) == 10 and all(r["score"] == pytest.approx(r["logprob"]) for r in records)
+
+
+def test_the_length_limit_flags_replace_the_folders_rule(imported, tmp_path, capsys):
+    """A folder without forced_eos_token_id cuts outputs at the limit; ``--forced-eos``
+    replaces that rule (not refused as a contradiction), ``--cut-at-limit`` the forced EOS
+    of a folder that has one, and each decodes as the options of that rule do. Both
+    flags at once are refused, naming them."""
+    _, forced_dir = imported
+    cut_dir = tmp_path / "cut"
+    shutil.copytree(forced_dir, cut_dir)
+    for path in cut_dir.glob("*.pt"):
+        state = load_checkpoint(path)
+        state["generation"].pop("forced_eos_token_id")
+        save_checkpoint(state, path)
+    forced, cut = Translator.from_dir(forced_dir), Translator.from_dir(cut_dir)
+    assert forced.defaults.forced_eos and not forced.defaults.cut_at_limit
+    assert cut.defaults.cut_at_limit and not cut.defaults.forced_eos
+    lines, _ = corpus_lines("val", 10)
+    path = tmp_path / "in.de"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    short = ["--max-len-a", "0", "--max-len-b", "3", "--quiet", str(path)]
+    for model_dir, translator, flag, rule in (
+        (cut_dir, cut, "--forced-eos", {"forced_eos": True, "cut_at_limit": False}),
+        (forced_dir, forced, "--cut-at-limit", {"forced_eos": False, "cut_at_limit": True}),
+    ):
+        options = translator.defaults.replace(max_len_a=0.0, max_len_b=3, **rule)
+        want = [t[0] for t in translator.translate(lines, options)]
+        assert main(["translate", "--model", str(model_dir), flag, *short]) == 0
+        assert capsys.readouterr().out.splitlines() == want
+        default = [t[0] for t in translator.translate(lines, options.replace(**{
+            k: not v for k, v in rule.items()}))]  # fmt: skip
+        assert default != want  # the flag changed something
+    both = ["--forced-eos", "--cut-at-limit", *short]
+    assert main(["translate", "--model", str(cut_dir), *both]) == 2
+    assert "set at most one" in capsys.readouterr().err

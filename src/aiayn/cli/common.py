@@ -216,7 +216,8 @@ def translator_for(args: argparse.Namespace, device: str | None = None) -> Trans
 # model's defaults (the paper's, or an imported model's generation settings).
 OPTION_FLAGS = (
     "beam", "alpha", "max_len_a", "max_len_b", "length_penalty", "early_stopping",
-    "forced_eos", "sampling", "temperature", "top_k", "top_p", "seed", "prefix",
+    "forced_eos", "cut_at_limit", "sampling", "temperature", "top_k", "top_p", "seed",
+    "prefix",
 )  # fmt: skip
 
 
@@ -229,6 +230,11 @@ def decode_options(
     given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
     if given["sampling"] and given["beam"] is None:
         given["beam"] = 1
+    # The two rules for the length limit exclude each other: the one given replaces the
+    # model's default (an imported model's folder may set either).
+    for flag, other in (("forced_eos", "cut_at_limit"), ("cut_at_limit", "forced_eos")):
+        if given[flag] and given[other] is None:
+            given[other] = False
     options = defaults.given(n_best=n_best, **given)
     if given["seed"] is not None and not options.sampling:  # as the server's 422
         raise AiaynError("--seed seeds sampling, which is off: give --sampling too")
@@ -388,6 +394,14 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="an output that reaches its length limit ends with EOS scored 0 (generate()'s "
         "forced_eos_token_id)",
+    )
+    g.add_argument(
+        "--cut-at-limit",
+        action="store_true",
+        default=None,
+        help="beam search ends an output that reaches its length limit there, without EOS, "
+        "as greedy does (generate() without forced_eos_token_id, CTranslate2; default: EOS "
+        "takes the last slot)",
     )
     g = p.add_argument_group("sampling")
     g.add_argument(

@@ -40,6 +40,7 @@ def select(
     ending: list[bool],
     eos_id: int,
     eos_scores_zero: bool = False,
+    cut: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One step's choice for n sentences of K beams.
 
@@ -47,10 +48,11 @@ def select(
     log-probs (:meth:`~aiayn.decode.core.DecodeStep.normalise`; banned ids at -inf). The beams of
     sentences with ``ending[i]`` may only take EOS (``logp`` is changed in place for
     them), which adds its log-prob to the score, or 0 with ``eos_scores_zero`` (Hugging
-    Face's ``forced_eos_token_id``). Returns the 2K best candidates of each sentence
-    (``top_scores``, ``beam`` index within the sentence, ``is_eos``: all ``[n, 2K]``) and
-    the K best non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows
-    ``[n*K]`` and ``token [n*K, 1]``.
+    Face's ``forced_eos_token_id``); with ``cut`` they choose freely (:func:`finishing`
+    ends them all). Returns the 2K best candidates of each sentence (``top_scores``,
+    ``beam`` index within the sentence, ``top_token``: all ``[n, 2K]``) and the K best
+    non-EOS ones that continue: their ``scores [n, K]``, ``parent`` rows ``[n*K]`` and
+    ``token [n*K, 1]``.
 
     The 2K best of a sentence's K x V candidates are among the 2K best of each beam's own
     V (one beam's candidates all shift by its score), so each row's top 2K are found
@@ -58,7 +60,7 @@ def select(
     """
     n, K = scores.shape
     device = scores.device
-    if any(ending):
+    if any(ending) and not cut:
         at_limit = torch.tensor(ending, device=device).repeat_interleave(K)
         eos = 0.0 if eos_scores_zero else logp[at_limit, eos_id]
         logp[at_limit] = float("-inf")
@@ -68,27 +70,31 @@ def select(
     cand = (scores.view(-1, 1) + top_logp).view(n, K * k)
     top_scores, pos = cand.topk(2 * K, dim=1)  # [n, 2K]; >= K of them are not EOS
     beam, token = pos // k, top_tokens.view(n, K * k).gather(1, pos)
-    is_eos = token == eos_id
     # The best K non-EOS candidates continue.
-    rank = torch.where(is_eos, 2 * K, torch.arange(2 * K, device=device))
+    rank = torch.where(token == eos_id, 2 * K, torch.arange(2 * K, device=device))
     pick = rank.argsort(dim=1, stable=True)[:, :K]  # [n, K]
     next_scores = top_scores.gather(1, pick)
     parent = (beam.gather(1, pick) + torch.arange(n, device=device)[:, None] * K).view(-1)
-    return top_scores, beam, is_eos, next_scores, parent, token.gather(1, pick).view(-1, 1)
+    return top_scores, beam, token, next_scores, parent, token.gather(1, pick).view(-1, 1)
 
 
-def eos_hits(
-    beam: Tensor, is_eos: Tensor, top_scores: Tensor
-) -> tuple[list[int], Tensor, list[float]]:
-    """EOS among the best K candidates of a sentence ends that hypothesis (as fairseq
-    does). Returns, for each such hit in order, its sentence index (a list), the row of its
-    parent beam (a LongTensor, to gather the parents' tokens at once) and its log-prob."""
+def finishing(
+    beam: Tensor, top_token: Tensor, top_scores: Tensor, eos_id: int, ending: list[bool]
+) -> tuple[list[int], Tensor, list[float], list[int]]:
+    """The candidates that end a hypothesis: an EOS among the best K of a sentence (as
+    fairseq), and every one of the best K of a sentence at its length limit (without EOS
+    when :func:`select` let it choose freely). Returns, for each in order, its sentence
+    index (a list), the row of its parent beam (a LongTensor, to gather the parents'
+    tokens at once), its log-prob and its token."""
     K = beam.size(1) // 2
-    hits = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
+    ends = top_token[:, :K] == eos_id
+    if any(ending):
+        ends |= torch.tensor(ending, device=ends.device)[:, None]
+    hits = (ends & (top_scores[:, :K] > float("-inf"))).nonzero()  # [h, 2]
     if not hits.numel():
-        return [], hits.new_empty(0), []
+        return [], hits.new_empty(0), [], []
     g, j = hits[:, 0], hits[:, 1]
-    return g.tolist(), g * K + beam[g, j], top_scores[g, j].tolist()
+    return g.tolist(), g * K + beam[g, j], top_scores[g, j].tolist(), top_token[g, j].tolist()
 
 
 def hypothesis(

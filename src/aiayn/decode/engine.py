@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from aiayn.decode.beam import Hypothesis, eos_hits, hypothesis, is_done, select, stop_bound
+from aiayn.decode.beam import Hypothesis, finishing, hypothesis, is_done, select, stop_bound
 from aiayn.decode.core import (
     DecodeStep,
     Models,
@@ -235,27 +235,28 @@ class BeamEngine(Generic[Tag]):
         """Beam search's step (:mod:`aiayn.decode.beam`): the beams' new ``scores [n, K]``,
         their ``parent`` rows and new ``token [n*K, 1]``, the units that go on, and the
         sentences that are done."""
-        K, units = self.K, self.units
+        K, units, eos, o = self.K, self.units, self.cfg.eos_id, self.options
         logp = rows.normalise(logits, self._banned)  # [n*K, V]
         force(logp, now.repeat_interleave(K) if now is not None else None)
-        top_scores, beam, is_eos, scores, parent, token = select(
-            self.scores, logp, ending, self.cfg.eos_id, self.options.forced_eos
+        top_scores, beam, top_token, scores, parent, token = select(
+            self.scores, logp, ending, eos, o.forced_eos, o.cut_at_limit
         )
-        groups, hit_rows, log_probs = eos_hits(beam, is_eos, top_scores)
+        groups, hit_rows, log_probs, ends = finishing(beam, top_token, top_scores, eos, ending)
         if groups:
             P, hits = self.decoded.size(1), self.decoded.index_select(0, hit_rows).tolist()
-            for g, row, log_prob in zip(groups, hits, log_probs):
-                unit, o = units[g], units[g].options  # its tokens: the last `steps` columns
-                tokens = row[P - unit.steps :]
-                unit.finished.append(hypothesis(tokens, log_prob, o.alpha, o.length_penalty))
+            for g, row, log_prob, last in zip(groups, hits, log_probs, ends):
+                unit = units[g]  # its tokens: the last `steps` columns, then `last` unless EOS
+                tokens = row[P - unit.steps :] + ([] if last == eos else [last])
+                alpha, kind = unit.options.alpha, unit.options.length_penalty
+                unit.finished.append(hypothesis(tokens, log_prob, alpha, kind, last == eos))
         best = scores.max(dim=1).values.tolist()
         keep: list[int] = []
         out: Done = []
         for i, (unit, b, end) in enumerate(zip(units, best, ending)):
             unit.steps += 1
             if not unit.limit:  # no token allowed, EOS neither: empty, as greedy decoding
-                o = unit.options
-                unit.finished = [hypothesis([], 0.0, o.alpha, o.length_penalty, eos=False)]
+                alpha, kind = unit.options.alpha, unit.options.length_penalty
+                unit.finished = [hypothesis([], 0.0, alpha, kind, eos=False)]
             bound = stop_bound(unit.options, unit.limit, unit.steps)
             if end or is_done(unit.finished, b, bound, K):
                 out.append((unit.tag, sorted(unit.finished, key=_score, reverse=True)))

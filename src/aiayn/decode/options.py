@@ -32,10 +32,12 @@ class DecodeOptions:
     search sentence ends once ``beam`` hypotheses finished and no active beam can beat them
     at the longest length it may reach (``early_stopping="never"``, as Hugging Face names
     it: exact), at its current length (False: Hugging Face's default heuristic), or at once
-    (True). At its
-    length limit beam search ends every hypothesis with EOS, scored with its log-prob; with
-    ``forced_eos`` (Hugging Face's ``forced_eos_token_id``) every search ends an output
-    that reaches its limit with EOS, scored 0, as ``generate()`` does.
+    (True). At its length limit beam search ends every hypothesis with EOS, scored with its
+    log-prob (fairseq's rule); with ``cut_at_limit`` it chooses the last token freely and
+    ends there without EOS, as greedy decoding and sampling do (``generate()`` without
+    ``forced_eos_token_id``, CTranslate2). With ``forced_eos`` (Hugging Face's
+    ``forced_eos_token_id``) every search ends an output that reaches its limit with EOS,
+    scored 0, as ``generate()`` does.
     Sampling draws each token from the model's distribution at ``temperature``, restricted
     to the ``top_k`` most likely tokens (0: no limit) and to the nucleus of probability
     ``top_p`` (1: no limit); with ``seed`` set, each line's samples are drawn from its own
@@ -60,6 +62,7 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int | None = None
     prefix: str = ""
+    cut_at_limit: bool = False
 
     def __post_init__(self) -> None:
         _check_int("beam", self.beam, 1)
@@ -85,9 +88,14 @@ class DecodeOptions:
                 f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, "
                 f"got {self.length_penalty!r}"
             )
-        for name in ("sampling", "forced_eos"):
+        for name in ("sampling", "forced_eos", "cut_at_limit"):
             if not isinstance(getattr(self, name), bool):
                 raise DecodeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.forced_eos and self.cut_at_limit:
+            raise DecodeError(
+                "forced_eos ends an output at its length limit with EOS and cut_at_limit "
+                "without one: set at most one"
+            )
         if not isinstance(self.prefix, str):
             raise DecodeError(f"prefix must be text, got {type(self.prefix).__name__}")
         if self.sampling:
@@ -133,7 +141,8 @@ class DecodeOptions:
         generation settings (a ``generation_config.json``; missing keys take transformers'
         defaults): ``num_beams``, ``length_penalty`` (its formula, |Y|^alpha), ``max_length``
         (which counts the decoder's start token) or ``max_new_tokens``, ``early_stopping``,
-        ``forced_eos_token_id``, ``num_return_sequences``, and sampling (``do_sample``,
+        ``forced_eos_token_id`` (without it, outputs are cut at the limit:
+        ``cut_at_limit``), ``num_return_sequences``, and sampling (``do_sample``,
         ``temperature``, ``top_k``, ``top_p``). The pad id is always banned, as Marian's
         ``bad_words_ids`` do.
 
@@ -165,6 +174,7 @@ class DecodeOptions:
             length_penalty="hf",
             early_stopping=get("early_stopping", False),
             forced_eos=get("forced_eos_token_id") is not None,
+            cut_at_limit=get("forced_eos_token_id") is None,
             sampling=sampling,
             temperature=float(get("temperature", 1.0)) if sampling else 1.0,
             top_k=int(get("top_k", 50)) if sampling else 0,

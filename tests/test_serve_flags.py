@@ -5,6 +5,10 @@ below its default really bounds the batches."""
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -172,23 +176,27 @@ def test_a_key_read_with_its_newline_is_the_key(served, monkeypatch):
     assert code == 0 and calls[0]["cfg"].api_key == "s3cret"
 
 
-def test_serve_says_where_it_listens_even_on_a_port_of_its_choice(
-    sample_model_dir, monkeypatch, capsys
-):
-    import uvicorn
-
-    from aiayn.serve.server import serve
-
-    seen: list[int] = []
-
-    def run(self, sockets):  # the server as far as its socket: bound, not served
-        seen.append(sockets[0].getsockname()[1])
-        sockets[0].close()
-
-    monkeypatch.setattr(uvicorn.Server, "run", run)
-    translator = load_model(resolve_checkpoint(sample_model_dir()))
-    from aiayn.translator import Translator
-
-    serve(Translator(*translator), ServeConfig(worker="thread"), "127.0.0.1", 0, threads=1)
-    assert seen and seen[0] > 0
-    assert f"aiayn serve: listening on http://127.0.0.1:{seen[0]}\n" in capsys.readouterr().err
+def test_serve_says_where_it_listens_once_it_accepts_connections(sample_model_dir):
+    """`aiayn serve --port 0` names the port it was given, and only once it accepts
+    connections (the model worker started): a script that waits for the line may send its
+    first request at once, with no retry. The line came when the port was bound, seconds
+    before the worker had the model, and such a first request was refused."""
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(sample_model_dir())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*cmd, "--port", "0", "--threads", "1"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if found := re.match(r"aiayn serve: listening on (http://127\.0\.0\.1:(\d+))$", line):
+                break
+        assert found and int(found[2]) > 0, lines
+        response = httpx.post(f"{found[1]}/translate", json={"src": [PAIRS[0][0]]}, timeout=60)
+        assert response.status_code == 200 and response.json()["translations"][0]
+        assert sum("listening on" in line for line in lines) == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -78,7 +78,7 @@ def serve(
         # uvicorn parses HTTP with httptools (C) when it is installed, as the serve extra
         # makes sure: less CPU beside the model on the event loop.
     )
-    server = uvicorn.Server(config)
+    announce = ""
     if sock is None:  # bind here so a taken port is one clear error, not a traceback
         try:
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -89,7 +89,17 @@ def serve(
         # uvicorn names the address only when it binds: say it (with port 0, which one).
         bound, port = sock.getsockname()[:2]
         where = f"[{bound}]" if ":" in bound else bound
-        print(f"aiayn serve: listening on http://{where}:{port}", file=sys.stderr, flush=True)
+        announce = f"aiayn serve: listening on http://{where}:{port}"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            # Said once connections are accepted (the worker has the model), so that a
+            # script that waits for the line can send its first request at once.
+            if self.started and announce:
+                print(announce, file=sys.stderr, flush=True)
+
+    server = Server(config)
     server.run(sockets=[sock])
     if died:
         raise WorkerDiedError(f"the model worker died, so the server stopped: {died[0]}")

@@ -269,6 +269,27 @@ def test_inputs_on_another_device_than_the_model_are_named(tiny):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
+        (lambda m, mem: m.decode(SRC[:, :1], mem[..., :8], SRC), r"got \(2, 4, 8\)"),
+        (lambda m, mem: m.decode(SRC[:, :1], [1, 2], SRC), "got list"),
+        (lambda m, mem: m.decode(SRC[:, :1], mem, SRC.float()), "src must be torch.long"),
+        (lambda m, mem: m.decode(SRC[:, :1], mem, SRC[0]), r"src must have shape \[batch"),
+        (lambda m, mem: m.decode(SRC[:, :1], mem, SRC, "x"), "state must be a DecoderState"),
+        (lambda m, mem: m.start_state(mem[0]), r"memory must be the encoder output \[batch"),
+        (lambda m, mem: m.start_state(mem, 0), "group must be an integer >= 1"),
+        (lambda m, mem: m.start_state(mem, "2"), "group must be an integer >= 1"),
+    ],
+)
+def test_decode_and_start_state_name_a_bad_argument(tiny, call, message):
+    """The incremental-decoding API's arguments, checked: each met a shape or dtype error
+    inside torch (or an AttributeError), or was accepted (a float src, group 0)."""
+    memory = tiny.encode(SRC)  # [2, 4, d_model]
+    with pytest.raises(ModelInputError, match=message):
+        call(tiny, memory)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
         (lambda t: t.encode(None), "text: a str, not NoneType"),
         (lambda t: t.encode(["Ein", "Hund"]), "text: a str, not list"),  # was a batch
         (lambda t: t.encode("Ein \ud800"), r"text: not valid Unicode \(character 4\)"),

@@ -420,7 +420,7 @@ def test_refusals_are_whole_sentences(tiny_model):
         "batch sizes differ: tgt_in (4, 1), memory (2, 3, 32), src (2, 3)"
     )
     assert message(lambda: m.decode(ok, memory[0], ok)) == (
-        "batch sizes differ: tgt_in (2, 3), memory (3, 32), src (2, 3)"
+        "memory must be the encoder output [batch, src_len, d_model=32], got (3, 32)"
     )
     assert message(lambda: m.decode(ok, memory, ok[:1])) == (
         "batch sizes differ: tgt_in (2, 3), memory (2, 3, 32), src (1, 3)"
@@ -489,7 +489,9 @@ def test_a_state_may_not_step_past_max_len(tiny_model):
     assert str(e.value) == "batch sizes differ: src has 2 rows, tgt_in 3"
     with pytest.raises(ValueError) as e:
         tiny_model.decode(src, memory[:, 0], src)
-    assert str(e.value) == "batch sizes differ: tgt_in (2, 3), memory (2, 32), src (2, 3)"
+    assert str(e.value) == (
+        "memory must be the encoder output [batch, src_len, d_model=32], got (2, 32)"
+    )
     with pytest.raises(ValueError) as e:
         tiny_model.decode(
             torch.ones(3, 1, dtype=torch.long), memory, src, tiny_model.start_state(memory, 2)

@@ -14,6 +14,7 @@ from aiayn.errors import ModelInputError
 from aiayn.model import projection
 from aiayn.model.cache import CrossAttentionCache, DecoderLayerCache, SelfAttentionCache
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
+from aiayn.model.inputs import check_group, check_ids, check_memory
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import decoder_self_mask, padding_mask
 
@@ -128,43 +129,6 @@ class DecoderState:
                 self.positions = self.keys = None
 
 
-def _check_ids(
-    name: str,
-    ids: Tensor,
-    vocab_size: int,
-    max_len: int,
-    values: bool = True,
-    device: torch.device | None = None,
-) -> None:
-    """Raise ModelInputError naming ``name`` unless ids is a LongTensor [B, T] of valid ids,
-    on ``device`` when one is given (a comparison: no synchronisation). ``values=False``
-    checks the shape and dtype only, not the ids' range, which costs a device
-    synchronisation on a GPU."""
-    if not isinstance(ids, Tensor):
-        raise ModelInputError(
-            f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}"
-        )
-    if device is not None and ids.device != device:  # torch's own error names neither
-        raise ModelInputError(
-            f"{name} is on device {ids.device} but the model is on {device}; move one of them"
-        )
-    if ids.dtype != torch.long:
-        raise ModelInputError(f"{name} must be torch.long (int64) token ids, got dtype {ids.dtype}")
-    if ids.dim() != 2:
-        raise ModelInputError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
-    if ids.size(1) > max_len:
-        raise ModelInputError(f"{name} has length {ids.size(1)}, longer than max_len={max_len}")
-    # Under torch.compile the range check would break the graph (a data-dependent branch);
-    # compiled training reads ids that `aiayn prepare` already checked.
-    if values and ids.numel() and not torch.compiler.is_compiling():
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            raise ModelInputError(
-                f"{name} holds id {bad}, outside the vocabulary [0, {vocab_size})"
-            )
-
-
 class Encoder(nn.Module):
     """N identical layers over the embedded source (Section 3.1)."""
 
@@ -266,7 +230,7 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, weights: list[Tensor] | None = None) -> Tensor:
         """src ``[B, S]`` -> memory ``[B, S, d_model]``."""
         device = self.src_embed.weight.device
-        _check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, device=device)
+        check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, device=device)
         src_mask = padding_mask(src, self.cfg.pad_id)  # [B, 1, 1, S]
         return self.encoder(self.src_pos(self.src_embed(src)), src_mask, weights)
 
@@ -288,13 +252,17 @@ class Transformer(nn.Module):
         ids are range-checked on a state's first step only: later steps feed the decoder's
         own outputs, and checking them would synchronise a GPU at every step.
         """
+        if state is not None and not isinstance(state, DecoderState):
+            raise ModelInputError(f"state must be a DecoderState, got {type(state).__name__}")
         offset = state.offset if state is not None else 0
         padded = state is not None and state.positions is not None  # rows at their own steps
         room = self.cfg.max_len - (0 if padded else offset)
-        _check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, room, values=offset == 0)
+        check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, room, values=offset == 0)
+        check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, values=False)
+        check_memory(memory, self.cfg.d_model)
         group = state.group if state is not None else 1  # target rows per source row
         rows = tgt_in.size(0)
-        if memory.dim() != 3 or memory.size(0) * group != rows or src.size(0) * group != rows:
+        if memory.size(0) * group != rows or src.size(0) * group != rows:
             raise ModelInputError(
                 f"batch sizes differ: tgt_in {tuple(tgt_in.shape)}, memory "
                 f"{tuple(memory.shape)}, src {tuple(src.shape)}"
@@ -319,6 +287,8 @@ class Transformer(nn.Module):
         [B, S, d_model]`` (B * group rows: the beams of each sentence, side by side), about
         to take their first step: encoder-decoder keys/values projected once per source,
         no self-attention keys yet. :meth:`DecoderState.join` adds it to a running batch."""
+        check_memory(memory, self.cfg.d_model)
+        check_group(group)
         return DecoderState(self.decoder.start(memory, group), 0, group=group)
 
     def projection_buffers(self, x: Tensor) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiayn.checkpoint import check_inference_settings, load_inference, resolve_checkpoint
 from aiayn.data.batching import sorted_batches
-from aiayn.data.tokenizer import Tokenizer
+from aiayn.data.tokenizer import Tokenizer, unencodable
 from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, search
 from aiayn.decode.core import as_list
 from aiayn.decode.options import length_rule, resolve
@@ -254,10 +254,8 @@ def _check_texts(texts: object, name: str) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise AiaynError(f"{name}[{i}]: text, not {type(text).__name__}")
-        try:  # a lone surrogate (from bytes decoded with surrogateescape): no tokenizer takes it
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise AiaynError(f"{name}[{i}]: not valid Unicode (character {e.start})") from None
+        if (at := unencodable(text)) is not None:
+            raise AiaynError(f"{name}[{i}]: not valid Unicode (character {at})")
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

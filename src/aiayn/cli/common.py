@@ -64,14 +64,12 @@ def text_arg(value: str) -> str:
     """The argparse type of a text argument (a sentence, a prefix): its value, unless it
     holds bytes that are not UTF-8, which Python keeps as lone surrogates that no
     tokenizer can take; argparse then names the argument."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(value[e.start])
+    from aiayn.data.tokenizer import unencodable
+
+    if (at := unencodable(value)) is not None:
+        code = ord(value[at])
         what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
-        raise argparse.ArgumentTypeError(
-            f"not UTF-8 text ({what} at character {e.start + 1})"
-        ) from None
+        raise argparse.ArgumentTypeError(f"not UTF-8 text ({what} at character {at + 1})")
     return value
 
 

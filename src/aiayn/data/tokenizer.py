@@ -223,10 +223,19 @@ def _text_error(name: str, text: object) -> TokenizerError | None:
     which SentencePiece's C++ cannot take), naming ``name``; None when it can."""
     if not isinstance(text, str):
         return TokenizerError(f"{name}: a str, not {type(text).__name__}")
+    if (at := unencodable(text)) is not None:
+        return TokenizerError(f"{name}: not valid Unicode (character {at})")
+    return None
+
+
+def unencodable(text: str) -> int | None:
+    """The index of the first character of ``text`` that UTF-8 cannot encode, None when
+    there is none: a lone surrogate (bytes that were not UTF-8, kept by Python's
+    surrogateescape, or a JSON escape), which no tokenizer can take."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        return TokenizerError(f"{name}: not valid Unicode (character {e.start})")
+        return e.start
     return None
 
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from aiayn.data.tokenizer import unencodable
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError, DecodeError
 from aiayn.inspect.maps import ATTENTION_KINDS, AttentionMap
@@ -234,11 +235,9 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
     prefixes = [req.prefix] if isinstance(req.prefix, str) else req.prefix or []
     for field, texts in (("src", req.src), ("prefix", prefixes)):
         for i, text in enumerate(texts):
-            try:  # JSON may escape a lone surrogate, which no tokenizer can take
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
+            if (at := unencodable(text)) is not None:  # JSON may escape a lone surrogate
                 where = "prefix" if field == "prefix" and one_prefix else f"{field}.{i}"
-                raise ApiError(422, f"{where}: not valid Unicode (character {e.start})") from None
+                raise ApiError(422, f"{where}: not valid Unicode (character {at})")
     return req
 
 

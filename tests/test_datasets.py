@@ -352,8 +352,9 @@ def test_wmt14_extraction_failures_are_one_line_and_leave_no_part(tmp_path, monk
 def test_an_unreadable_archive_recorded_on_first_use_says_how_to_fetch_it_again(
     cache, monkeypatch, capsys
 ):
-    """A file with no pinned checksum is recorded as it came: a proxy's page in its place
-    passes the download and fails the extraction, and fetching it again needs its
+    """A file with no pinned checksum is recorded as it came. A proxy's page in its place
+    is no gzip data: refused at the download, nothing recorded. One that is gzip but no
+    tar passes the download and fails the extraction, and fetching it again needs its
     record gone too, which the error says (a pinned file's error needs no such hint)."""
     from aiayn.data import wmt
 
@@ -367,14 +368,19 @@ def test_an_unreadable_archive_recorded_on_first_use_says_how_to_fetch_it_again(
     with Mirror({"a.tgz": page}).running() as mirror:
         argv = ["data", "get", "tiny", "--mirror", mirror.url, "--no-progress"]
         record = cache / "tiny" / datasets.RECORDED
+        assert "a.tgz: not gzip data" in one_line_error(argv, capsys)
+        assert not record.exists() and not (cache / "tiny" / "a.tgz").exists()
+        mirror.files["a.tgz"] = gzip.compress(page)
         assert (
             one_line_error(argv, capsys)
             .rstrip()
             .endswith(
-                f"not a readable .tgz archive (not a gzip file); if that file is damaged, "
+                "not a readable .tgz archive (truncated header); if that file is damaged, "
                 f"delete it and its line in {record}, then fetch it again"
             )
         )
+        mirror.files["a.tgz"] = page
+        (cache / "tiny" / "a.tgz").unlink()
         pinned = dataclasses.replace(sources[0], sha256=hashlib.sha256(page).hexdigest())
         monkeypatch.setitem(datasets.DATASETS, "tiny", dataclasses.replace(data, sources=(pinned,)))
         with pytest.raises(DownloadError, match=r"not a readable \.tgz archive") as refused:

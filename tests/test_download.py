@@ -7,6 +7,7 @@ request, or starts again when the server cannot send ranges."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 
@@ -67,6 +68,29 @@ def test_a_dropped_connection_keeps_the_part_and_the_next_call_resumes_it(mirror
     assert fetch(url, dest, SHA, show_progress=False) is True
     assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]
     assert mirror.requests[-1] == ("data/a.bin", f"bytes={len(BODY) // 2}-")  # the rest only
+
+
+def test_an_unpinned_gzip_cut_short_without_a_length_is_kept_to_resume(mirror, tmp_path):
+    """No Content-Length and a close half-way: the response looks complete. A gzip file
+    without a checksum is checked whole instead (it was renamed into place and its
+    SHA-256 recorded as good); the part is kept and the next call resumes it. A page that
+    is no gzip at all (a proxy's) is deleted."""
+    body = gzip.compress(os.urandom(200_000))  # incompressible: several chunks
+    mirror.files.update({"data/c.tgz": body, "data/page.gz": b"<html>proxy</html>"})
+    mirror.no_length.update({"data/c.tgz", "data/page.gz"})
+    mirror.drop.add("data/c.tgz")
+    dest, url = tmp_path / "c.tgz", mirror.url + "data/c.tgz"
+    with pytest.raises(DownloadError, match=r"data/c\.tgz: the download ends before its gzip"):
+        fetch(url, dest, show_progress=False)
+    part = tmp_path / "c.tgz.part"
+    assert not dest.exists() and part.stat().st_size == len(body) // 2
+    mirror.drop.clear()
+    assert fetch(url, dest, show_progress=False) is True
+    assert dest.read_bytes() == body and leftovers(tmp_path) == ["c.tgz"]
+    assert mirror.requests[-1] == ("data/c.tgz", f"bytes={len(body) // 2}-")
+    with pytest.raises(DownloadError, match=r"data/page\.gz: not gzip data .*was deleted"):
+        fetch(mirror.url + "data/page.gz", tmp_path / "page.gz", show_progress=False)
+    assert leftovers(tmp_path) == ["c.tgz"]
 
 
 def test_a_server_that_cannot_resume_sends_the_whole_file_again(mirror, tmp_path):

@@ -3,7 +3,9 @@
 What :func:`fetch` guarantees, whatever the network does:
 
 - a file at ``dest`` is always whole and, when a SHA-256 is known, verified: bytes arrive
-  in ``dest.part`` and are renamed to ``dest`` only after the checksum matched;
+  in ``dest.part`` and are renamed to ``dest`` only after the checksum matched (without
+  one, a gzip file only once its stream is whole: a server that sends no length and
+  closes early would otherwise leave a cut file that looks done);
 - a broken transfer (a dropped connection, a timeout) keeps ``dest.part``, and the next
   call asks the server for the rest (an HTTP Range request) or starts again when the
   server cannot resume;
@@ -16,6 +18,7 @@ What :func:`fetch` guarantees, whatever the network does:
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import http.client
 import math
@@ -25,6 +28,7 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import BinaryIO
 
@@ -122,6 +126,8 @@ def fetch(
             if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
                 part.unlink()
         raise
+    if sha256 is None and dest.name.endswith((".gz", ".tgz")):
+        _check_gzip(part, url, dest)
     if sha256 is not None:
         got = sha256_of(part)
         if got != sha256:
@@ -193,6 +199,27 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
             f"{url}: the server closed the connection after {received} of {total} bytes; the "
             f"part is kept in {part} and the next call resumes it. {_by_hand(url, dest)}"
         )
+
+
+def _check_gzip(part: Path, url: str, dest: Path) -> None:
+    """DownloadError unless ``part`` holds a whole gzip stream: cut short, it is kept to
+    resume; not gzip at all (a proxy's or captive portal's page), it is deleted."""
+    try:
+        with gzip.open(part) as stream:
+            while stream.read(CHUNK):
+                pass
+    except EOFError:
+        raise DownloadError(
+            f"{url}: the download ends before its gzip stream does (the server sent no "
+            f"length and closed early); the part is kept in {part} and the next call "
+            f"resumes it. {_by_hand(url, dest)}"
+        ) from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        part.unlink()
+        raise DownloadError(
+            f"{url}: not gzip data ({e}; a proxy's page?); the download was deleted. "
+            f"{_by_hand(url, dest)}"
+        ) from None
 
 
 def _range_start(response: http.client.HTTPResponse) -> int | None:

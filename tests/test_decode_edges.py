@@ -186,3 +186,22 @@ def test_states_that_stepped_apart_join_and_go_on_as_alone(tiny_model):
         both = tiny_model.decode(torch.cat([tgt[:1, 3:4], tgt[1:, 1:2]]), memory, src, a)
     torch.testing.assert_close(both[:1], alone_a, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(both[1:], alone_b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_source_of_max_len_tokens_is_taken_whole(sample_model_dir):
+    """The encoder has ``max_len`` positions: a line of that many tokens is decoded whole,
+    as ``generate()`` takes it (one position was kept free, which dropped a real token);
+    a longer line is cut to them."""
+    from aiayn.translator import Translator
+
+    translator = Translator.from_dir(sample_model_dir())
+    max_len, tok = translator.model.cfg.max_len, translator.tokenizer
+    ids = tok.encode(" ".join(["Ein Hund rennt."] * max_len))[:max_len]
+    assert len(ids) == max_len == translator.max_source_tokens
+    line = tok.decode(ids)
+    assert translator.encode(line) == ids and translator.encode(line + " Hund") == ids
+    options = DecodeOptions(beam=2, max_len_b=5)
+    ((hyp, *_),) = translator.hypotheses([ids], options)
+    ((want, *_),) = search(translator.model, torch.tensor([ids]), options)
+    assert hyp.tokens == want.tokens
+    assert translator.translate([line], options) == [[tok.decode(want.tokens)]]

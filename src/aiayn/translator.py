@@ -99,8 +99,8 @@ class Translator:
 
     @property
     def max_source_tokens(self) -> int:
-        """The longest source the model takes whole (one position is kept free)."""
-        return min(m.cfg.max_len for m in self.models) - 1
+        """The longest source the model takes whole: its positions (an ensemble's fewest)."""
+        return min(m.cfg.max_len for m in self.models)
 
     def encode(self, line: str) -> list[int]:
         """Source ids of ``line`` (as the tokenizer makes them, EOS last for Marian models),

@@ -66,8 +66,9 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
         if value is not None and any(v != want for v in found):
             raise refuse(key, f"aiayn decodes with the config's id {want} only")
     # aiayn always bans the pad and start ids; a folder that bans fewer (none: an older or
-    # re-saved folder) differs only where generate() would output the pad, which a trained
-    # model gives no probability. One that bans other ids or sequences aiayn would output.
+    # re-saved folder; the pad only, where the start id is another) differs only where
+    # generate() would output one of them, which training never made a target (a model
+    # barely trained may still). One that bans other ids or sequences aiayn would output.
     banned = settings.get("bad_words_ids") or []
     ours = {cfg.pad_id, cfg.bos_id}
     found_ids = [_id(w) for w in banned] if isinstance(banned, list) else [None]

@@ -96,14 +96,16 @@ def test_a_state_whose_rows_realign_is_no_longer_padded(tiny_model):
         assert state.keys is None and state.offset == 1
 
 
-def test_joining_sentences_get_their_beam_search_results(varied_model):
+@pytest.mark.parametrize("cut_at_limit", [False, True])
+def test_joining_sentences_get_their_beam_search_results(varied_model, cut_at_limit):
+    """Each sentence gets its offline n-best (under both rules at the length limit)."""
     cfg = varied_model.cfg
     rng = random.Random(0)
     rows = sources(cfg, [rng.randint(1, 12) for _ in range(30)], seed=3)
-    want = [
-        beam_search(varied_model, r[None], beam_size=3, n_best=3, max_len_b=10)[0] for r in rows
-    ]
-    search = BeamEngine(varied_model, DecodeOptions(beam=3, max_len_b=10))
+    options = DecodeOptions(beam=3, n_best=3, max_len_b=10, cut_at_limit=cut_at_limit)
+    want = [beam_search(varied_model, r[None], options)[0] for r in rows]
+    assert any(not h.eos for w in want for h in w) == cut_at_limit  # some cut at the limit
+    search = BeamEngine(varied_model, options)
     got, joined_running, next_row, steps = {}, 0, 0, 0
     while next_row < len(rows) or len(search):
         n = rng.randint(0, 3)  # 0-3 sentences join before each step

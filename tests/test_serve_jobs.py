@@ -296,7 +296,7 @@ def test_serve_takes_several_models_as_an_ensemble(sample_model_dir):
     from fastapi.testclient import TestClient
 
     from aiayn.cli import build_parser
-    from aiayn.cli.common import translator_for
+    from aiayn.cli.flags import translator_for
     from aiayn.serve import ServeConfig, create_app
 
     folder = str(sample_model_dir())

@@ -10,19 +10,16 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
-    add_decoding_flags,
-    add_inference_flags,
-    add_search_flags,
     check_output_file,
     named,
     output_stream,
     read_input,
     refuse_two_stdins,
-    text_arg,
     translate_chunks,
     typed_lines,
     write_stdout,
 )
+from aiayn.cli.flags import add_decoding_flags, add_inference_flags, add_search_flags, text_arg
 from aiayn.errors import AiaynError
 from aiayn.metrics.bleu import TOKENIZERS
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.cli.common import add_decoding_flags, text_arg, translator_for
+from aiayn.cli.flags import add_decoding_flags, text_arg, translator_for
 from aiayn.config import TransformerConfig
 from aiayn.errors import AiaynError
 

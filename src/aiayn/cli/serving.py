@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from aiayn.cli.common import add_ensemble_flags, add_inference_flags, translator_for
+from aiayn.cli.flags import add_ensemble_flags, add_inference_flags, translator_for
 from aiayn.errors import AiaynError
 
 MAX_THREADS = 1024

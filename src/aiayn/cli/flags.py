@@ -1,0 +1,163 @@
+"""The flags the decoding subcommands share (the model or an ensemble, inference settings,
+every field of DecodeOptions), and what they make: the Translator and the options."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from aiayn.errors import AiaynError
+
+if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
+    from aiayn.decode.options import DecodeOptions
+    from aiayn.translator import Translator
+
+
+def text_arg(value: str) -> str:
+    """The argparse type of a text argument (a sentence, a prefix): its value, unless it
+    holds bytes that are not UTF-8, which Python keeps as lone surrogates that no
+    tokenizer can take; argparse then names the argument."""
+    from aiayn.data.tokenizer import unencodable
+
+    if (at := unencodable(value)) is not None:
+        code = ord(value[at])
+        what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise argparse.ArgumentTypeError(f"not UTF-8 text ({what} at character {at + 1})")
+    return value
+
+
+def translator_for(args: argparse.Namespace, device: str | None = None) -> Translator:
+    """The Translator of ``--model`` (several: an ensemble) and ``--checkpoint``."""
+    from aiayn.translator import Translator
+
+    return Translator.from_dir(
+        args.model,
+        checkpoint=args.checkpoint if args.checkpoint else "auto",
+        device=device or args.device,
+        quantize=getattr(args, "quantize", False),
+        precision=getattr(args, "precision", "fp32"),
+    )
+
+
+# The flags that set DecodeOptions fields of the same name; unset (None) ones keep the
+# model's defaults (the paper's, or an imported model's generation settings).
+OPTION_FLAGS = (
+    "beam", "alpha", "max_len_a", "max_len_b", "length_penalty", "early_stopping",
+    "forced_eos", "cut_at_limit", "sampling", "temperature", "top_k", "top_p", "seed",
+    "prefix",
+)  # fmt: skip
+
+
+def decode_options(
+    args: argparse.Namespace, defaults: DecodeOptions, n_best: int = 1
+) -> DecodeOptions:
+    """``defaults`` (a :class:`~aiayn.decode.DecodeOptions`) with the decoding flags that
+    were given; checked there. Sampling without a beam flag samples (beam 1); a seed
+    without sampling (given, or the model's default) would be ignored, and is refused."""
+    given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
+    if given["sampling"] and given["beam"] is None:
+        given["beam"] = 1
+    # The two rules for the length limit exclude each other: the one given replaces the
+    # model's default (an imported model's folder may set either).
+    for flag, other in (("forced_eos", "cut_at_limit"), ("cut_at_limit", "forced_eos")):
+        if given[flag] and given[other] is None:
+            given[other] = False
+    options = defaults.given(n_best=n_best, **given)
+    if given["seed"] is not None and not options.sampling:  # as the server's 422
+        raise AiaynError("--seed seeds sampling, which is off: give --sampling too")
+    return options
+
+
+def add_inference_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantize", action="store_true", help="int8 dynamic quantization (CPU only; faster)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights for decoding: bf16 is faster on GPUs and on CPUs with AVX512-BF16/AMX",
+    )
+
+
+def add_ensemble_flags(p: argparse.ArgumentParser) -> None:
+    """--model and --checkpoint, each repeatable: one model or an ensemble."""
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="model directory from `aiayn train`; repeat it for an ensemble",
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        help="auto|averaged|best|last or a .pt file (default auto); repeat it for an "
+        "ensemble of one directory's checkpoints, or give one per --model",
+    )
+
+
+def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> None:
+    if ensemble:
+        add_ensemble_flags(p)
+    else:
+        p.add_argument("--model", required=True, help="model directory from `aiayn train`")
+        p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+    p.add_argument(
+        "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4; 1 sampling)"
+    )
+    p.add_argument("--alpha", type=float, default=None, help="length penalty (default 0.6)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_search_flags(p: argparse.ArgumentParser) -> None:
+    """Length rule, penalty formula, stopping, sampling: the rest of DecodeOptions. Every
+    default is None: the model's own (the paper's settings, or an imported model's
+    generation_config.json)."""
+    g = p.add_argument_group("search (defaults: the paper's, or an imported model's own)")
+    g.add_argument("--max-len-a", type=float, help="output tokens <= a * source + b (a=1)")
+    g.add_argument("--max-len-b", type=int, help="(b=50)")
+    g.add_argument(
+        "--length-penalty",
+        choices=["gnmt", "hf"],
+        help="gnmt: ((5+|Y|)/6)^alpha (the paper's); hf: |Y|^alpha (Hugging Face's)",
+    )
+    g.add_argument(
+        "--early-stopping",
+        type=_early_stopping,
+        help="never (exact; default), false (generate()'s default heuristic) or true",
+    )
+    g.add_argument(
+        "--forced-eos",
+        action="store_true",
+        default=None,
+        help="an output that reaches its length limit ends with EOS scored 0 (generate()'s "
+        "forced_eos_token_id)",
+    )
+    g.add_argument(
+        "--cut-at-limit",
+        action="store_true",
+        default=None,
+        help="beam search ends an output that reaches its length limit there, without EOS, "
+        "as greedy does (generate() without forced_eos_token_id, CTranslate2; default: EOS "
+        "takes the last slot)",
+    )
+    g = p.add_argument_group("sampling")
+    g.add_argument(
+        "--sampling",
+        action="store_true",
+        default=None,
+        help="draw each token (--n-best N: N samples)",
+    )
+    g.add_argument("--temperature", type=float, help="(default 1.0)")
+    g.add_argument("--top-k", type=int, help="only the k most likely (default 0: all)")
+    g.add_argument("--top-p", type=float, help="nucleus mass (default 1.0: all)")
+    g.add_argument("--seed", type=int, help="the same seed gives each line the same samples")
+
+
+def _early_stopping(text: str) -> bool | str:
+    values: dict[str, bool | str] = {"never": "never", "true": True, "false": False}
+    value = values.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected never, true or false")
+    return value

@@ -325,9 +325,10 @@ def test_evaluate_with_several_references_scores_as_sacrebleu_does(
         hyps = hyp.read_text(encoding="utf-8").splitlines()
         streams = [p.read_text(encoding="utf-8").splitlines() for p in given]
         bleu = sacrebleu.corpus_bleu(hyps, streams)
-        chrf = sacrebleu.corpus_chrf(hyps, streams)
+        metric = sacrebleu.metrics.CHRF()
+        chrf = metric.corpus_score(hyps, streams)
         assert bleu_line.startswith(f"{bleu} ") and f"nrefs:{len(given)}|" in bleu_line
-        assert chrf_line == f"{chrf}  (sacrebleu)"
+        assert chrf_line == f"{chrf}  [{metric.get_signature()}]"
         scores.append(bleu.score)
     assert scores[1] > scores[0] + 10  # the second, right, reference counts
     assert main([*argv, "--ref", str(paths[0]), "--ref", str(paths[1])]) == 0  # repeated
@@ -393,8 +394,10 @@ def test_evaluate_lowercase_scores_as_sacrebleu_lc(sample_model_dir, tmp_path, c
     hyps = hyp.read_text(encoding="utf-8").splitlines()
     for lowercase, (bleu_line, chrf_line) in printed.items():
         bleu = sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase)
-        chrf = sacrebleu.metrics.CHRF(lowercase=lowercase).corpus_score(hyps, [refs])
+        metric = sacrebleu.metrics.CHRF(lowercase=lowercase)
+        chrf = metric.corpus_score(hyps, [refs])
         assert bleu_line.startswith(f"{bleu} ")
-        assert f"|case:{'lc' if lowercase else 'mixed'}|" in bleu_line
-        assert chrf_line == f"{chrf}  (sacrebleu)"
+        case = f"|case:{'lc' if lowercase else 'mixed'}|"
+        assert case in bleu_line and case in chrf_line  # each says how it was scored
+        assert chrf_line == f"{chrf}  [{metric.get_signature()}]"
     assert printed[True][0] != printed[False][0]  # the case mattered

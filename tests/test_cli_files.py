@@ -324,7 +324,38 @@ def test_evaluate_reads_src_or_ref_from_stdin_as_translate_does(
         assert capsys.readouterr().out == from_files
     monkeypatch.setattr(sys, "stdin", _stdin("Ein Hund.\n"))
     err = one_line_error([*evaluate, "--src", "-", "--ref", ref_en], capsys)
-    assert "stdin has 1 lines but " in err
+    assert err.rstrip().endswith(f"stdin has 1 line(s) but {ref_en} has 2")
+
+
+def _binary_stdin(data: bytes) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
+def test_stdin_may_be_gzip_as_a_file_may(sample_model_dir, tmp_path, monkeypatch, capsys):
+    """Gzip data on stdin is read as a gzip file is (by its magic bytes; it was "invalid
+    UTF-8 (byte 0x8b)"); cut short, it is one line naming stdin and the gzip data. Two
+    files whose line counts differ because one ends lines with CR alone say so, and a
+    prefix file read from stdin is named stdin, not "-"."""
+    model = str(sample_model_dir())
+    text = "Ein Hund.\nZwei Männer.\n"
+    f = _files(tmp_path, in_de=text, ref_en="A dog.\rTwo men.\r")
+    assert main(["translate", "--model", model, "--quiet", str(f["in_de"])]) == 0
+    want = capsys.readouterr().out
+    packed = gzip.compress(text.encode("utf-8"))
+    monkeypatch.setattr(sys, "stdin", _binary_stdin(packed))
+    assert main(["translate", "--model", model, "--quiet", "-"]) == 0
+    assert capsys.readouterr().out == want
+    monkeypatch.setattr(sys, "stdin", _binary_stdin(packed[:12]))
+    err = one_line_error(["translate", "--model", model, "-"], capsys)
+    assert "stdin: bad gzip data (" in err
+    evaluate = ["evaluate", "--model", model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
+    err = one_line_error(evaluate, capsys)
+    assert "has 2 line(s) but" in err and "a line holds a carriage return" in err
+    monkeypatch.setattr(sys, "stdin", _stdin("only one\n"))
+    err = one_line_error(
+        ["translate", "--model", model, "--prefix-file", "-", str(f["in_de"])], capsys
+    )
+    assert "stdin: 1 prefix line(s) for 2 input line(s)" in err
 
 
 @pytest.mark.parametrize(

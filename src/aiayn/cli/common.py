@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import stat
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from itertools import islice
@@ -35,6 +37,11 @@ def read_input(path: str | None, keep_bom: bool = False) -> list[str]:
         data = sys.stdin.buffer.read()
     except OSError as e:  # a folder as stdin (`< /tmp`), a read error
         raise AiaynError(f"stdin: cannot read ({e.strerror or e})") from None
+    if data.startswith(b"\x1f\x8b"):  # gzip, recognised by its magic bytes as in a file
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise AiaynError(f"stdin: bad gzip data ({e})") from None
     return decode_lines(data, "<stdin>", keep_bom)
 
 

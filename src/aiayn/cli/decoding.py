@@ -86,7 +86,9 @@ def read_closest_to(args: argparse.Namespace, n_lines: int) -> list[str] | None:
         raise AiaynError("choosing the output closest to a reference needs n-best 2 or more")
     references = read_input(path)
     if len(references) != n_lines:
-        raise AiaynError(f"{path}: {len(references)} reference line(s) for {n_lines} input line(s)")
+        raise AiaynError(
+            f"{named(path)}: {len(references)} reference line(s) for {n_lines} input line(s)"
+        )
     return references
 
 
@@ -111,10 +113,10 @@ def read_prefixes(args: argparse.Namespace, n_lines: int) -> list[str] | None:
         raise AiaynError("give one prefix for every line or a file of prefixes, not both")
     prefixes = read_input(path)
     if not prefixes and n_lines:
-        raise AiaynError(f"{path}: the prefix file is empty; give one line per input line")
+        raise AiaynError(f"{named(path)}: the prefix file is empty; give one line per input line")
     if len(prefixes) != n_lines:
         raise AiaynError(
-            f"{path}: {len(prefixes)} prefix line(s) for {n_lines} input line(s); give one "
+            f"{named(path)}: {len(prefixes)} prefix line(s) for {n_lines} input line(s); give one "
             "line per input line (an empty line forces nothing)"
         )
     return prefixes
@@ -204,7 +206,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     src_name = named(args.src)
     for path, ref in zip(args.ref, refs):
         if len(src) != len(ref):
-            raise AiaynError(f"{src_name} has {len(src)} lines but {named(path)} has {len(ref)}")
+            cr = any("\r" in line for text in (src, ref) for line in text)
+            raise AiaynError(
+                f"{src_name} has {len(src)} line(s) but {named(path)} has {len(ref)}"
+                + ("; a line holds a carriage return (CR alone ends no line: use LF)" if cr else "")
+            )
     if not src:
         raise AiaynError(f"{src_name} and {named(args.ref[0])}: no lines to score")
     prefixes = read_prefixes(args, len(src))
@@ -242,8 +248,9 @@ def score_lines(args: argparse.Namespace, hyps: list[str], refs: list[list[str]]
     from aiayn.metrics import corpus_bleu
 
     bleu = corpus_bleu(hyps, refs, lowercase=args.lowercase, tokenize=args.tokenize)
-    chrf = sacrebleu.metrics.CHRF(lowercase=args.lowercase).corpus_score(hyps, refs)
-    return f"{bleu}  [{bleu.signature}]\n{chrf}  (sacrebleu)\n"
+    metric = sacrebleu.metrics.CHRF(lowercase=args.lowercase)
+    chrf = metric.corpus_score(hyps, refs)  # its signature says case:lc where lowercased
+    return f"{bleu}  [{bleu.signature}]\n{chrf}  [{metric.get_signature()}]\n"
 
 
 def add_output_flags(p: argparse.ArgumentParser) -> None:
@@ -281,7 +288,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_search_flags(p)
     add_inference_flags(p)
     add_output_flags(p)
-    p.add_argument("input", nargs="?", help="input file (plain or .gz); default stdin")
+    p.add_argument("input", nargs="?", help="input file; default stdin (either plain or gzip)")
     p.add_argument("-o", "--output", help="output file; default stdout")
     p.add_argument(
         "--n-best", type=int, default=1, help="outputs per line (' ||| '-joined; samples)"
@@ -299,7 +306,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_search_flags(p)
     add_inference_flags(p)
     add_output_flags(p)
-    p.add_argument("--src", required=True, help="source file (plain or .gz); - for stdin")
+    p.add_argument("--src", required=True, help="source file, or - for stdin (either plain or gzip)")
     p.add_argument(
         "--ref",
         required=True,
@@ -318,7 +325,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--lowercase",
         action="store_true",
-        help="case-insensitive BLEU and chrF, as sacreBLEU's -lc (for lowercased references)",
+        help="case-insensitive BLEU and chrF, as sacreBLEU's -lc and --chrf-lowercase (for "
+        "lowercased references)",
     )
     p.add_argument(
         "-o", "--output", help="also write the translations here (as --format, --alignment)"

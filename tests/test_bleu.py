@@ -335,7 +335,7 @@ def test_evaluate_with_several_references_scores_as_sacrebleu_does(
     assert capsys.readouterr().out.startswith(bleu_line)
     paths[1].write_text("only one line\n", encoding="utf-8")
     assert main([*argv, "--ref", *map(str, paths)]) == 2
-    assert f"{src} has 8 lines but {paths[1]} has 1" in capsys.readouterr().err
+    assert f"{src} has 8 line(s) but {paths[1]} has 1" in capsys.readouterr().err
 
 
 def test_evaluate_tokenizes_as_asked_and_says_when_13a_misfits(sample_model_dir, tmp_path, capsys):

@@ -107,7 +107,7 @@ def test_evaluate_refuses_files_of_unequal_line_counts(sample_model_dir, tmp_pat
     ref.write_text("A dog.\nTwo cats.\n", encoding="utf-8")
     argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet"]
     err = one_line_error([*argv, "--src", str(src), "--ref", str(ref)], capsys)
-    assert f"{src} has 3 lines but {ref} has 2" in err
+    assert f"{src} has 3 line(s) but {ref} has 2" in err
 
 
 def test_average_refuses_last_0_and_no_checkpoints(sample_model_dir, tmp_path, capsys):

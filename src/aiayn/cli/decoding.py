@@ -306,7 +306,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_search_flags(p)
     add_inference_flags(p)
     add_output_flags(p)
-    p.add_argument("--src", required=True, help="source file, or - for stdin (either plain or gzip)")
+    p.add_argument(
+        "--src", required=True, help="source file, or - for stdin (either plain or gzip)"
+    )
     p.add_argument(
         "--ref",
         required=True,

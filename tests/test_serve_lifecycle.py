@@ -189,8 +189,12 @@ def test_a_disconnect_storm_leaves_nothing_behind(parts, worker):
         }
         finished = count["200"] - 16  # the 16 requests timed above
         assert count["499"] >= 200 and count["499"] + finished == 250, count
+        # Every job ended done or cancelled. A job can finish just as its client closes
+        # (done, yet its request counted 499), so done may exceed the 200s; a request
+        # closed before it was read makes no job.
         ended = jobs_ended(base)
-        assert ended["done"] == 1 + 16 + finished, ended  # + the warm-up
+        assert ended["done"] >= 1 + 16 + finished, ended  # + the warm-up
+        assert ended["done"] + ended["cancelled"] <= 1 + 16 + 250, ended
         assert ended["failed"] == ended["timed_out"] == 0, ended
         # Of the storm's 1000 sentences, few were decoded to their end.
         assert idle["aiayn_sentences_translated_total"] < 1 + 16 + 400, idle

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 from aiayn.errors import AiaynError
@@ -125,6 +126,11 @@ def cmd_average(args: argparse.Namespace) -> int:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
     out = Path(args.out) if args.out else model_dir / AVERAGED
     check_target(out)  # a folder or device there: refused before the work, never replaced
+    if out.exists() and re.fullmatch(r"checkpoint_(last|best|epoch\d+|step\d+)\.pt", out.name):
+        raise AiaynError(  # weights alone in place of a run's own checkpoint: resume lost
+            f"{out}: a training run's own checkpoint, which the average would replace; "
+            "choose another file"
+        )
     paths = epoch_checkpoints(model_dir)[-args.last :]
     if not paths:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 import yaml
 
-from aiayn.config import TransformerConfig
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
 from aiayn.metrics.bleu import TOKENIZERS
@@ -180,6 +179,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "recipe") -> Recipe:
         known = {f.name for f in fields(cls)} - {"given_model_fields"}
+        _check_names(data, source)
         unknown = sorted(set(data) - known)
         if unknown:
             raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
@@ -238,6 +238,7 @@ class Recipe:
         if key == "model":
             if not isinstance(value, dict):
                 raise RecipeError(f"{source}: 'model' must be a mapping")
+            _check_names(value, f"{source}: model")
             self.given_model_fields.update(value)
             value = {**default, **value}
         elif key == "adam_betas":
@@ -308,11 +309,20 @@ def _number(kind: type, value: Any, what: str) -> int | float:
             number = None
     if isinstance(number, bool) or not isinstance(number, (int, float)):
         raise RecipeError(f"{what} must be {kind.__name__}, got {value!r}")
+    if isinstance(number, int) and abs(number) >= 2**63:  # past int64, and float's range
+        raise RecipeError(f"{what} is out of range (at most 2**63 - 1 in size)")
     if not math.isfinite(number):
         raise RecipeError(f"{what} must be a finite number, got {value!r}")
     if kind is int and number != int(number):
         raise RecipeError(f"{what} must be int (a whole number), got {value!r}")
     return kind(number)
+
+
+def _check_names(data: dict, source: str) -> None:
+    """RecipeError unless every key of ``data`` is a field name (text, not ``1`` or ``true``)."""
+    for key in data:
+        if not isinstance(key, str):
+            raise RecipeError(f"{source}: field names are text, got {key!r}")
 
 
 def _adam_betas(value: Any, source: str) -> tuple[float, float]:
@@ -341,59 +351,3 @@ def step_settings(recipe: Recipe, device_type: str) -> dict[str, Any]:
         else ("bf16" if bf16 else "fp32"),
         "compile": recipe.compile if recipe.compile is not None else cuda,
     }
-
-
-def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
-    """The config of a run that starts from a model whose config is ``source`` (read from
-    ``origin``): the source's, with the recipe's :data:`FINE_TUNE_FIELDS`. Any other model
-    field the recipe sets must equal the source's: RecipeError naming it otherwise."""
-    data = source.to_dict()
-    for key in sorted(recipe.given_model_fields):
-        value = recipe.model[key]
-        if key not in data:
-            raise RecipeError(f"recipe field model.{key}: not a model field")
-        learned = key == "max_len" and source.learned_positions  # a table of trained weights
-        if key in FINE_TUNE_FIELDS and not learned:
-            data[key] = value
-        elif value != data[key]:
-            raise RecipeError(
-                f"recipe field model.{key}={value!r} contradicts the model being fine-tuned "
-                f"({origin} has {key}={data[key]!r}); leave it out of the recipe"
-            )
-    return TransformerConfig.from_dict(data)
-
-
-def check_new_model(recipe: Recipe, init: dict | None = None) -> None:
-    """Refuse, before a new run writes anything, model fields that cannot make a model:
-    those of ``recipe.model`` (with stand-in vocabulary sizes: the tokenizer is made
-    later), or with ``init`` (the state of the model it starts from) what
-    :func:`fine_tune_config` refuses. ConfigError or RecipeError naming the field."""
-    if init is not None:
-        fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
-        return
-    stand_in = dict(src_vocab_size=8, tgt_vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
-    TransformerConfig.from_dict({**recipe.model, **stand_in})
-
-
-def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
-    """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
-    model field the recipe sets to other than the checkpoint's (a resumed run keeps its
-    model), or one of :data:`RESUME_FIXED` other than the checkpoint's recipe had."""
-    config = state["config"]
-    for key in sorted(recipe.given_model_fields):
-        value = recipe.model[key]
-        if key not in config:
-            raise RecipeError(f"recipe field model.{key}: not a model field")
-        if value != config[key]:
-            raise RecipeError(
-                f"recipe field model.{key}={value!r} differs from the run being resumed "
-                f"({origin} has {key}={config[key]!r}): a resumed run keeps its model"
-            )
-    saved = state.get("recipe") or {}
-    for key in RESUME_FIXED:
-        value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
-        if key in saved and value != saved[key]:
-            raise RecipeError(
-                f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
-                f"has {saved[key]!r}): its optimizer state keeps the run's own"
-            )

@@ -14,13 +14,20 @@ shared file system).
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+try:  # POSIX: a run directory is held with an advisory lock (flock) while a run uses it
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 from aiayn.checkpoint import (
     LAST,
@@ -37,7 +44,8 @@ from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer, read_manifest, sha256_file
 from aiayn.distributed import World
 from aiayn.errors import AiaynError, CheckpointError, CorpusError, RecipeError
-from aiayn.train.recipe import TEXT_FIELDS, Recipe, check_new_model, check_resume
+from aiayn.train.model_checks import check_new_model, check_resume
+from aiayn.train.recipe import TEXT_FIELDS, Recipe
 
 T = TypeVar("T")
 
@@ -56,19 +64,20 @@ def same_text(r: Recipe, directory: Path) -> None:
     """RecipeError when a text file ``r`` names is not the one ``directory`` (a resumed
     run's data) was prepared from: the run would go on with its own data and leave the
     named file unread. A file at another path with the same size and sha256 (a moved
-    corpus) is the same."""
+    corpus) is the same; at its path, one of another size was edited since (its size
+    only is compared there: hashing a large corpus at every resume would be slow)."""
     inputs = read_manifest(directory)["inputs"]
     for field in TEXT_FIELDS:
         given, was = Path(getattr(r, field)).resolve(), inputs[field]
-        if str(given) == was["path"]:
-            continue
         same_size = given.is_file() and given.stat().st_size == was["bytes"]
-        if same_size and sha256_file(given) == was["sha256"]:
+        there = str(given) == was["path"]
+        if same_size and (there or sha256_file(given) == was["sha256"]):
             continue
+        what = "was changed since" if there else f"is not the file ({was['path']}) that"
         raise RecipeError(
-            f"recipe field {field}={getattr(r, field)} is not the file the run being resumed "
-            f"was prepared from ({was['path']}, in {directory}): a resumed run goes on with its "
-            "own data; give the same files, or train into a new directory"
+            f"recipe field {field}={getattr(r, field)} {what} the run being resumed was "
+            f"prepared from (in {directory}): a resumed run goes on with its own data; give "
+            "the same files, or train into a new directory"
         )
 
 
@@ -77,7 +86,32 @@ class RunDirectory:
 
     def __init__(self, out_dir: Path, world: World, log: Callable[[str], None]):
         self.out_dir, self.world, self.log = out_dir, world, log
+        self._held: int | None = None  # rank 0's descriptor of the locked directory
         self.on_main(self._check_place)
+        self.on_main(self._hold)
+
+    def _hold(self) -> None:
+        """Hold the run directory, once it exists, until :meth:`release` or this process
+        ends (an flock on the directory itself, so nothing is written): a second run into
+        it, new or resumed, is refused instead of interleaving checkpoints and metrics."""
+        if self._held is not None or fcntl is None or not self.out_dir.is_dir():
+            return
+        fd = os.open(self.out_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise AiaynError(
+                f"{self.out_dir}: another run is using this run directory; let it finish, "
+                "or choose another directory"
+            ) from None
+        self._held = fd
+        weakref.finalize(self, os.close, fd)
+
+    def release(self) -> None:
+        """Let another run use the directory (the run is over)."""
+        if self._held is not None:
+            fcntl.flock(self._held, fcntl.LOCK_UN)
 
     def _check_place(self) -> None:
         if self.out_dir.exists() and not self.out_dir.is_dir():
@@ -96,6 +130,7 @@ class RunDirectory:
                 raise AiaynError(
                     f"{self.out_dir}: cannot create the run directory ({e.strerror or e})"
                 ) from None
+            self._hold()  # a new run holds its directory from its first write
             try:
                 return work()
             except BaseException:
@@ -169,6 +204,11 @@ class RunDirectory:
                     "file system)"
                 )
             state = load_checkpoint(path, map_location=device)
+            if missing := [k for k in ("optimizer", "schedule", "step") if k not in state]:
+                raise CheckpointError(  # an averaged or exported file put in its place
+                    f"{path}: holds no training state to resume ({', '.join(missing)} "
+                    "missing): weights only, as an averaged checkpoint holds"
+                )
             if recipe is not None:
                 check_resume(recipe, state, str(path))
             return state

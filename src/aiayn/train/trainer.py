@@ -29,15 +29,15 @@ from aiayn.checkpoint import (
     save_checkpoint,
     step_checkpoint_name,
 )
-from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World, init_from_env
 from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
+from aiayn.train.model_checks import run_config
 from aiayn.train.optim import make_optimizer
-from aiayn.train.recipe import Recipe, fine_tune_config, step_settings
+from aiayn.train.recipe import Recipe, step_settings
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
@@ -91,7 +91,7 @@ class Trainer:
         tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
         self.data = run.prepared_data(r, state, tokenizer)
         self.tokenizer = run.tokenizer(self.data, state, init)
-        self.cfg = self._config(state, init)
+        self.cfg = run_config(self.recipe, self.tokenizer, state, init)
         run.save_new_run(r, state, self.cfg, self.tokenizer)
         # What a model that came from elsewhere carries along (see aiayn.checkpoint).
         self.generation = dict((known or {}).get("generation") or {})
@@ -102,9 +102,14 @@ class Trainer:
         # data path for raw text and prepared directories alike).
         self.train_data, self.valid_data = self.data.train, self.data.valid
         self.valid_src, self.valid_ref = self.data.valid_src, self.data.valid_tgt
-        too_long = len(self.train_data) - len(self.train_data.usable(self.cfg.max_len))
-        if too_long:
-            self.log(f"train: {too_long} pairs longer than {self.cfg.max_len} tokens skipped")
+        usable, pairs = len(self.train_data.usable(self.cfg.max_len)), len(self.train_data)
+        if not usable:  # every epoch would pass without an update
+            raise RecipeError(
+                f"train: all {pairs} pairs are longer than model.max_len={self.cfg.max_len} "
+                "tokens: nothing to train on (raise model.max_len)"
+            )
+        if usable < pairs:
+            self.log(f"train: {pairs - usable} pairs longer than {self.cfg.max_len} tokens skipped")
 
         torch.manual_seed(r.seed)  # the same initial weights on every rank
         self.model = Transformer(self.cfg)
@@ -141,20 +146,6 @@ class Trainer:
             f"device {self.device}"
             + (f", {self.world.size} processes" if self.world.size > 1 else "")
         )
-
-    def _config(self, state: dict | None, init: dict | None) -> TransformerConfig:
-        """The model's config: the checkpoint's when resuming; the starting model's with
-        the recipe's fine-tuning fields; else the recipe's, with the tokenizer's
-        vocabulary sizes and special ids."""
-        if state is not None:
-            return TransformerConfig.from_dict(state["config"])
-        if init is not None:
-            source = TransformerConfig.from_dict(init["config"])
-            return fine_tune_config(self.recipe, source, init["path"])
-        t = self.tokenizer
-        sizes = dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size)
-        ids = dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id)
-        return TransformerConfig.from_dict({**self.recipe.model, **sizes, **ids})
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:
@@ -284,6 +275,7 @@ class Trainer:
         finally:
             metrics.close()
             self._metrics = None
+            self.run.release()
         self.log(
             f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
             f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"

@@ -1,0 +1,87 @@
+"""A recipe's model fields against the model they make, fine-tune or resume: what a run
+would otherwise ignore or contradict, refused before anything is written."""
+
+from __future__ import annotations
+
+from aiayn.config import TransformerConfig
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import RecipeError
+from aiayn.train.recipe import FINE_TUNE_FIELDS, RESUME_FIXED, Recipe
+
+
+def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
+    """The config of a run that starts from a model whose config is ``source`` (read from
+    ``origin``): the source's, with the recipe's :data:`FINE_TUNE_FIELDS`. Any other model
+    field the recipe sets must equal the source's: RecipeError naming it otherwise."""
+    data = source.to_dict()
+    for key in sorted(recipe.given_model_fields):
+        value = recipe.model[key]
+        if key not in data:
+            raise RecipeError(f"recipe field model.{key}: not a model field")
+        learned = key == "max_len" and source.learned_positions  # a table of trained weights
+        if key in FINE_TUNE_FIELDS and not learned:
+            data[key] = value
+        elif value != data[key]:
+            raise RecipeError(
+                f"recipe field model.{key}={value!r} contradicts the model being fine-tuned "
+                f"({origin} has {key}={data[key]!r}); leave it out of the recipe"
+            )
+    return TransformerConfig.from_dict(data)
+
+
+def check_new_model(recipe: Recipe, init: dict | None = None) -> None:
+    """Refuse, before a new run writes anything, model fields that cannot make a model:
+    those of ``recipe.model`` (with stand-in vocabulary sizes: the tokenizer is made
+    later), or with ``init`` (the state of the model it starts from) what
+    :func:`fine_tune_config` refuses. ConfigError or RecipeError naming the field."""
+    if init is not None:
+        fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
+        return
+    stand_in = dict(src_vocab_size=8, tgt_vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
+    if given := sorted(recipe.given_model_fields & stand_in.keys()):
+        raise RecipeError(
+            f"recipe field model.{given[0]}: the tokenizer sets it (vocab_size the size); "
+            "leave it out"
+        )
+    TransformerConfig.from_dict({**recipe.model, **stand_in})
+
+
+def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
+    """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
+    model field the recipe sets to other than the checkpoint's (a resumed run keeps its
+    model), or one of :data:`RESUME_FIXED` other than the checkpoint's recipe had."""
+    config = state["config"]
+    for key in sorted(recipe.given_model_fields):
+        value = recipe.model[key]
+        if key not in config:
+            raise RecipeError(f"recipe field model.{key}: not a model field")
+        if value != config[key]:
+            raise RecipeError(
+                f"recipe field model.{key}={value!r} differs from the run being resumed "
+                f"({origin} has {key}={config[key]!r}): a resumed run keeps its model"
+            )
+    saved = state.get("recipe") or {}
+    for key in RESUME_FIXED:
+        value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
+        if key in saved and value != saved[key]:
+            raise RecipeError(
+                f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
+                f"has {saved[key]!r}): its optimizer state keeps the run's own"
+            )
+
+
+def run_config(
+    recipe: Recipe, tokenizer: Tokenizer, state: dict | None, init: dict | None
+) -> TransformerConfig:
+    """A run's model config: the checkpoint's ``state`` when resuming; the starting model's
+    (``init``) with the recipe's fine-tuning fields; else the recipe's, with the
+    tokenizer's vocabulary sizes and special ids."""
+    if state is not None:
+        return TransformerConfig.from_dict(state["config"])
+    if init is not None:
+        source = TransformerConfig.from_dict(init["config"])
+        return fine_tune_config(recipe, source, init["path"])
+    t = tokenizer
+    sizes = dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size)
+    ids = dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id)
+    return TransformerConfig.from_dict({**recipe.model, **sizes, **ids})

@@ -1,134 +1,152 @@
-"""Training runs against what a sweep of broken recipes, interruptions and concurrent runs
-found: a second run into a directory in use is refused (it interleaved its metrics and
-checkpoints with the first's), a run's own checkpoint is not replaced by an average (its
-resume state was lost), a recipe that trains nothing is refused, and recipe values that
-met a traceback (huge numbers, keys that are not names) or were silently ignored (ids the
-tokenizer sets) are one line naming the field."""
+"""`aiayn train` meeting faults a user's own run meets: a kill between checkpoints and
+--resume, a full disk, non-finite numbers in the log, data changed under a resume."""
 
 from __future__ import annotations
 
-import shutil
+import json
 from pathlib import Path
 
 import pytest
 
 from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
-from aiayn.errors import AiaynError
-from aiayn.train.recipe import Recipe
-from aiayn.train.trainer import Trainer
-from conftest import small_corpus
-from test_pipeline import TINY, fail, records, train_argv
-
-pytestmark = pytest.mark.multi30k  # small_corpus reads Multi30k where it is
+from aiayn.errors import TrainingError
+from aiayn.train.metrics_log import MetricsLog
+from cli_util import one_line_error
+from test_train_refusals import TINY_RUN
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict:
-    return small_corpus(tmp_path_factory.mktemp("corpus"))
+def text(tmp_path_factory) -> dict[str, Path]:
+    """The built-in sample pairs as text files (train.de, train.en, val.de, val.en)."""
+    from sample_data import write_sample
+
+    return write_sample(tmp_path_factory.mktemp("text"))
 
 
-def recipe(paths: dict, *overrides: str) -> Recipe:
-    files = dict(
-        train_src=str(paths["train.de"]), train_tgt=str(paths["train.en"]),
-        valid_src=str(paths["val.de"]), valid_tgt=str(paths["val.en"]),
-    )  # fmt: skip
-    return Recipe.from_dict(files).override([*TINY, "max_steps=8", *overrides])
+def train_text(text: dict[str, Path], out: Path, *settings: str) -> list[str]:
+    """The argv of a TINY_RUN training on the sample text into ``out``."""
+    files = ["--train-src", text["train.de"], "--train-tgt", text["train.en"]]
+    files += ["--valid-src", text["val.de"], "--valid-tgt", text["val.en"]]
+    argv = ["train", *map(str, files), "--out", str(out), "--no-progress"]
+    return [*argv, "--set", *TINY_RUN, "vocab_size=120", *settings]
 
 
-def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path, corpus):
-    """The first run holds its directory from its first write until it ends; a second
-    one, resumed or new, is refused before it writes anything (two resumed runs wrote
-    210 train records for 150 steps, out of order, into one metrics.jsonl)."""
+def logged(out: Path, kind: str = "train") -> list[int]:
+    """The steps of the ``kind`` lines of ``out``'s metrics.jsonl, read as strict JSON."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=refuse) for line in lines]
+    return [r["step"] for r in records if r["kind"] == kind]
+
+
+def test_a_resume_cuts_the_log_back_to_its_checkpoint(tmp_path, text):
+    """Lines a killed run logged after its last checkpoint (the buffer reaches the disk
+    every few dozen updates) are logged again by the resumed run: they are cut off at
+    resume, so that every update is in metrics.jsonl once."""
     out = tmp_path / "run"
-    first = Trainer(recipe(corpus), out, log=lambda _: None)
-    for resume in (True, False):
-        with pytest.raises(AiaynError, match="another run is using this run directory"):
-            Trainer(recipe(corpus), out, resume=resume, log=lambda _: None)
-    first.train(progress=False)
-    again = Trainer(recipe(corpus, "max_steps=12"), out, resume=True, log=lambda _: None)
-    again.train(progress=False)
-    steps = [r["step"] for r in records(out, "train")]
-    assert steps == sorted(set(steps)) and steps[-1] == 12  # in order, none twice
+    assert main(train_text(text, out, "max_steps=3")) == 0
+    with (out / "metrics.jsonl").open("a") as log:  # as a run killed after update 4 left it
+        log.write('{"kind": "train", "step": 4, "loss": 9.0}\n')
+        log.write('{"kind": "valid", "step": 4, "loss": 9.0}\n')
+    assert main([*train_text(text, out, "max_steps=5"), "--resume"]) == 0
+    assert logged(out) == [1, 2, 3, 4, 5]
+    assert 9.0 not in [json.loads(line).get("loss") for line in (out / "metrics.jsonl").open()]
 
 
-def test_an_average_never_replaces_a_runs_own_checkpoint(tmp_path, corpus, capsys):
-    """`average --out RUN/checkpoint_last.pt` replaced the resume state with weights
-    alone; the next --resume died with KeyError: 'optimizer'. Refused now; and a
-    weights-only file put there by hand is named when resuming."""
-    out = tmp_path / "run"
-    assert main(train_argv(corpus, out, "max_steps=8")) == 0
-    last = out / "checkpoint_last.pt"
-    before = last.read_bytes()
-    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_epoch001.pt"):
-        if (out / name).exists():
-            argv = ["average", "--model", str(out), "--last", "1", "--out", str(out / name)]
-            assert "a training run's own checkpoint" in fail(argv, capsys)
-    assert last.read_bytes() == before
-    assert main(["average", "--model", str(out), "--last", "1"]) == 0  # the default target
-    capsys.readouterr()
-    shutil.copy(out / "checkpoint_averaged.pt", last)
-    assert "optimizer" not in load_checkpoint(last)
-    err = fail(train_argv(corpus, out, "max_steps=12", resume=True), capsys)
-    assert "checkpoint_last.pt: holds no training state to resume" in err
+def test_the_log_writes_json_and_names_itself_when_the_disk_is_full(tmp_path):
+    """A NaN loss is logged as a string (JSON has no NaN); a failed write is one
+    TrainingError naming metrics.jsonl, not an OSError from deep inside."""
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.write("valid", 1, loss=float("nan"), ppl=float("inf"), bleu=0.0)
+    log.size()
+    assert logged(tmp_path, "valid") == [1]
+
+    class Full:
+        def write(self, _text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+        flush = close = tell = lambda self: 0
+
+    log.file = Full()  # type: ignore[assignment]
+    with pytest.raises(TrainingError, match=r"metrics\.jsonl: cannot write \(No space left"):
+        log.write("valid", 2, loss=1.0)
 
 
-def test_a_recipe_that_trains_nothing_is_refused(tmp_path, corpus, capsys):
-    """model.max_len below every pair's length: it ran 100 epochs of no update, wrote a
-    checkpoint each, reported validation loss 0.000 and exited 0."""
-    err = fail(train_argv(corpus, tmp_path / "run", "model.max_len=3"), capsys)
-    assert "pairs are longer than model.max_len=3 tokens: nothing to train on" in err
-    assert not list((tmp_path / "run").glob("checkpoint_*.pt"))
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("max_steps=1" + "0" * 400, "field 'max_steps' is out of range"),
-        ("lr_scale=1" + "0" * 400, "field 'lr_scale' is out of range"),
-        ("model.pad_id=3", "model.pad_id: the tokenizer sets it"),
-        ("model.src_vocab_size=abc", "model.src_vocab_size: the tokenizer sets it"),
-    ],
-)
-def test_recipe_values_that_met_a_traceback_or_were_ignored(
-    tmp_path, corpus, capsys, override, message
+def test_a_full_disk_while_preparing_or_starting_a_run_is_one_line(
+    tmp_path, text, monkeypatch, capsys
 ):
-    assert message in fail(train_argv(corpus, tmp_path / "run", override), capsys)
+    """A write that fails for want of space (token files, the run's tokenizer or recipe)
+    is one line naming the folder, not an OSError traceback; no half-prepared data stays."""
+    import aiayn.data.shards as shards
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.train.recipe import Recipe
+
+    def full(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(shards.SplitWriter, "write", full)
+        out = tmp_path / "prepared"
+        files = [str(text[name]) for name in ("train.de", "train.en", "val.de", "val.en")]
+        flags = ("--train-src", "--train-tgt", "--valid-src", "--valid-tgt")
+        argv = ["prepare", *(x for pair in zip(flags, files) for x in pair), "--out", str(out)]
+        err = one_line_error([*argv, "--vocab-size", "120", "--no-progress"], capsys)
+        assert f"{out}: cannot write the prepared data (No space left on device)" in err
+        assert list(tmp_path.iterdir()) == []  # no folder, no .prepared.*.tmp
+        err = one_line_error(train_text(text, tmp_path / "run", "max_steps=1"), capsys)
+        assert f"{tmp_path / 'run' / 'data'}: cannot write the prepared data" in err
+    for owner in (Tokenizer, Recipe):  # spm.model, then recipe.yaml
+        with monkeypatch.context() as patch:
+            patch.setattr(owner, "save", full)
+            run = tmp_path / owner.__name__
+            err = one_line_error(train_text(text, run, "max_steps=1"), capsys)
+            assert f"{run}: cannot write " in err and "No space left on device" in err
+            assert not list(run.glob("checkpoint*"))
 
 
-@pytest.mark.parametrize(("text", "name"), [("1: 2\n", "1"), ("true: 3\n", "True"),
-                                            ("model:\n  1: 2\n", "1")])  # fmt: skip
-def test_recipe_keys_that_are_no_names(tmp_path, text, name):
-    path = tmp_path / "r.yaml"
-    path.write_text(text)
-    with pytest.raises(AiaynError, match=f"field names are text, got {name}"):
-        Recipe.from_yaml(path)
-
-
-def test_a_huge_number_in_a_file_is_one_line(tmp_path):
-    path: Path = tmp_path / "r.yaml"
-    path.write_text("warmup: " + "9" * 500 + "\n")
-    with pytest.raises(AiaynError, match="field 'warmup' is out of range"):
-        Recipe.from_yaml(path)
-
-
-def test_a_training_text_edited_since_the_run_began_is_named_on_resume(tmp_path, corpus, capsys):
-    """A resumed run trains on the data it prepared: a text edited in place since was
-    accepted and its edit ignored. The same text moved elsewhere is still the same."""
-    paths = {name: tmp_path / Path(path).name for name, path in corpus.items()}
-    for name, path in corpus.items():
-        shutil.copy(path, paths[name])
+def test_a_resume_naming_other_text_is_refused(tmp_path, text, capsys):
+    """--resume with text files other than those the run's data/ was prepared from used
+    to go on with the old data and leave them unread; now refused in one line. The same
+    text moved elsewhere (same size and sha256) resumes."""
     out = tmp_path / "run"
-    assert main(train_argv(paths, out, "max_steps=4")) == 0
-    moved = dict(paths, **{"train.en": tmp_path / "moved" / paths["train.en"].name})
-    moved["train.en"].parent.mkdir()
-    shutil.copy(paths["train.en"], moved["train.en"])
-    assert main(train_argv(moved, out, "max_steps=6", resume=True)) == 0
-    capsys.readouterr()
-    with paths["train.en"].open("ab") as f:
-        f.write(b"one more line\n")
-    err = fail(train_argv(paths, out, "max_steps=8", resume=True), capsys)
-    assert "train_tgt=" in err and "was changed since the run being resumed was prepared" in err
-    other = dict(paths, **{"train.en": paths["val.en"]})
-    err = fail(train_argv(other, out, "max_steps=8", resume=True), capsys)
-    assert "is not the file (" in err
+    assert main(train_text(text, out, "max_steps=2")) == 0
+    other = tmp_path / "other.de"
+    other.write_text("Ein anderer Satz.\n" * 50, encoding="utf-8")
+    argv = train_text(text, out, "max_steps=3")
+    changed = [str(other) if a == str(text["train.de"]) else a for a in argv]
+    err = one_line_error([*changed, "--resume"], capsys)
+    assert f"recipe field train_src={other} is not the file the run being resumed" in err
+    assert str(text["train.de"]) in err
+    moved = tmp_path / "moved.de"
+    moved.write_bytes(text["train.de"].read_bytes())
+    argv = [str(moved) if a == str(text["train.de"]) else a for a in argv]
+    assert main([*argv, "--resume"]) == 0
+    assert logged(out) == [1, 2, 3]
+
+
+def test_a_validation_with_a_non_finite_loss_is_never_the_best(tmp_path, text, monkeypatch):
+    """A model that gives a NaN validation loss is broken: it is not saved as the best,
+    whatever BLEU its (garbage) translations get; a finite one then is."""
+    import aiayn.train.trainer as trainer
+
+    losses = [float("nan"), 2.0]  # then 2.0 again at every later validation
+    monkeypatch.setattr(
+        trainer,
+        "validate_world",
+        lambda *a: {
+            "loss": losses.pop(0) if len(losses) > 1 else losses[0],
+            "ppl": 1.0,
+            "bleu": 5.0,
+        },
+    )
+    out = tmp_path / "run"
+    argv = train_text(text, out, "max_steps=2", "valid_every_steps=1", "max_epochs=1")
+    assert main(argv) == 0
+    valid = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    valid = [r for r in valid if r["kind"] == "valid"]
+    assert [r["loss"] for r in valid][:2] == ["nan", 2.0]
+    assert load_checkpoint(out / "checkpoint_best.pt")["step"] == 2

@@ -73,11 +73,16 @@ def same_text(r: Recipe, directory: Path) -> None:
         there = str(given) == was["path"]
         if same_size and (there or sha256_file(given) == was["sha256"]):
             continue
-        what = "was changed since" if there else f"is not the file ({was['path']}) that"
+        if there:
+            what = f"was changed since the run being resumed was prepared from it (in {directory})"
+        else:
+            what = (
+                "is not the file the run being resumed was prepared from "
+                f"({was['path']}, in {directory})"
+            )
         raise RecipeError(
-            f"recipe field {field}={getattr(r, field)} {what} the run being resumed was "
-            f"prepared from (in {directory}): a resumed run goes on with its own data; give "
-            "the same files, or train into a new directory"
+            f"recipe field {field}={getattr(r, field)} {what}: a resumed run goes on with its "
+            "own data; give the same files, or train into a new directory"
         )
 
 

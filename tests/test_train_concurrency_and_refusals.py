@@ -1,0 +1,134 @@
+"""Training runs against what a sweep of broken recipes, interruptions and concurrent runs
+found: a second run into a directory in use is refused (it interleaved its metrics and
+checkpoints with the first's), a run's own checkpoint is not replaced by an average (its
+resume state was lost), a recipe that trains nothing is refused, and recipe values that
+met a traceback (huge numbers, keys that are not names) or were silently ignored (ids the
+tokenizer sets) are one line naming the field."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aiayn.checkpoint import load_checkpoint
+from aiayn.cli import main
+from aiayn.errors import AiaynError
+from aiayn.train.recipe import Recipe
+from aiayn.train.trainer import Trainer
+from conftest import small_corpus
+from test_pipeline import TINY, fail, records, train_argv
+
+pytestmark = pytest.mark.multi30k  # small_corpus reads Multi30k where it is
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    return small_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def recipe(paths: dict, *overrides: str) -> Recipe:
+    files = dict(
+        train_src=str(paths["train.de"]), train_tgt=str(paths["train.en"]),
+        valid_src=str(paths["val.de"]), valid_tgt=str(paths["val.en"]),
+    )  # fmt: skip
+    return Recipe.from_dict(files).override([*TINY, "max_steps=8", *overrides])
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path, corpus):
+    """The first run holds its directory from its first write until it ends; a second
+    one, resumed or new, is refused before it writes anything (two resumed runs wrote
+    210 train records for 150 steps, out of order, into one metrics.jsonl)."""
+    out = tmp_path / "run"
+    first = Trainer(recipe(corpus), out, log=lambda _: None)
+    for resume in (True, False):
+        with pytest.raises(AiaynError, match="another run is using this run directory"):
+            Trainer(recipe(corpus), out, resume=resume, log=lambda _: None)
+    first.train(progress=False)
+    again = Trainer(recipe(corpus, "max_steps=12"), out, resume=True, log=lambda _: None)
+    again.train(progress=False)
+    steps = [r["step"] for r in records(out, "train")]
+    assert steps == sorted(set(steps)) and steps[-1] == 12  # in order, none twice
+
+
+def test_an_average_never_replaces_a_runs_own_checkpoint(tmp_path, corpus, capsys):
+    """`average --out RUN/checkpoint_last.pt` replaced the resume state with weights
+    alone; the next --resume died with KeyError: 'optimizer'. Refused now; and a
+    weights-only file put there by hand is named when resuming."""
+    out = tmp_path / "run"
+    assert main(train_argv(corpus, out, "max_steps=8")) == 0
+    last = out / "checkpoint_last.pt"
+    before = last.read_bytes()
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_epoch001.pt"):
+        if (out / name).exists():
+            argv = ["average", "--model", str(out), "--last", "1", "--out", str(out / name)]
+            assert "a training run's own checkpoint" in fail(argv, capsys)
+    assert last.read_bytes() == before
+    assert main(["average", "--model", str(out), "--last", "1"]) == 0  # the default target
+    capsys.readouterr()
+    shutil.copy(out / "checkpoint_averaged.pt", last)
+    assert "optimizer" not in load_checkpoint(last)
+    err = fail(train_argv(corpus, out, "max_steps=12", resume=True), capsys)
+    assert "checkpoint_last.pt: holds no training state to resume" in err
+
+
+def test_a_recipe_that_trains_nothing_is_refused(tmp_path, corpus, capsys):
+    """model.max_len below every pair's length: it ran 100 epochs of no update, wrote a
+    checkpoint each, reported validation loss 0.000 and exited 0."""
+    err = fail(train_argv(corpus, tmp_path / "run", "model.max_len=3"), capsys)
+    assert "pairs are longer than model.max_len=3 tokens: nothing to train on" in err
+    assert not list((tmp_path / "run").glob("checkpoint_*.pt"))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("max_steps=1" + "0" * 400, "field 'max_steps' is out of range"),
+        ("lr_scale=1" + "0" * 400, "field 'lr_scale' is out of range"),
+        ("model.pad_id=3", "model.pad_id: the tokenizer sets it"),
+        ("model.src_vocab_size=abc", "model.src_vocab_size: the tokenizer sets it"),
+    ],
+)
+def test_recipe_values_that_met_a_traceback_or_were_ignored(
+    tmp_path, corpus, capsys, override, message
+):
+    assert message in fail(train_argv(corpus, tmp_path / "run", override), capsys)
+
+
+@pytest.mark.parametrize(("text", "name"), [("1: 2\n", "1"), ("true: 3\n", "True"),
+                                            ("model:\n  1: 2\n", "1")])  # fmt: skip
+def test_recipe_keys_that_are_no_names(tmp_path, text, name):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(AiaynError, match=f"field names are text, got {name}"):
+        Recipe.from_yaml(path)
+
+
+def test_a_huge_number_in_a_file_is_one_line(tmp_path):
+    path: Path = tmp_path / "r.yaml"
+    path.write_text("warmup: " + "9" * 500 + "\n")
+    with pytest.raises(AiaynError, match="field 'warmup' is out of range"):
+        Recipe.from_yaml(path)
+
+
+def test_a_training_text_edited_since_the_run_began_is_named_on_resume(tmp_path, corpus, capsys):
+    """A resumed run trains on the data it prepared: a text edited in place since was
+    accepted and its edit ignored. The same text moved elsewhere is still the same."""
+    paths = {name: tmp_path / Path(path).name for name, path in corpus.items()}
+    for name, path in corpus.items():
+        shutil.copy(path, paths[name])
+    out = tmp_path / "run"
+    assert main(train_argv(paths, out, "max_steps=4")) == 0
+    moved = dict(paths, **{"train.en": tmp_path / "moved" / paths["train.en"].name})
+    moved["train.en"].parent.mkdir()
+    shutil.copy(paths["train.en"], moved["train.en"])
+    assert main(train_argv(moved, out, "max_steps=6", resume=True)) == 0
+    capsys.readouterr()
+    with paths["train.en"].open("ab") as f:
+        f.write(b"one more line\n")
+    err = fail(train_argv(paths, out, "max_steps=8", resume=True), capsys)
+    assert "train_tgt=" in err and "was changed since the run being resumed was prepared" in err
+    other = dict(paths, **{"train.en": paths["val.en"]})
+    err = fail(train_argv(other, out, "max_steps=8", resume=True), capsys)
+    assert "is not the file the run being resumed was prepared from (" in err

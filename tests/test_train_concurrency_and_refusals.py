@@ -132,3 +132,16 @@ def test_a_training_text_edited_since_the_run_began_is_named_on_resume(tmp_path,
     other = dict(paths, **{"train.en": paths["val.en"]})
     err = fail(train_argv(other, out, "max_steps=8", resume=True), capsys)
     assert "is not the file the run being resumed was prepared from (" in err
+
+
+def test_the_batch_plan_cannot_change_in_the_middle_of_an_epoch(tmp_path, corpus, capsys):
+    """A checkpoint in the middle of an epoch holds its position in the batch plan that
+    max_tokens and seed make: resumed with others, pairs were skipped or seen twice
+    without a word. Refused there; the run's own values resume."""
+    out = tmp_path / "run"
+    assert main(train_argv(corpus, out, "max_steps=3")) == 0
+    assert load_checkpoint(out / "checkpoint_last.pt")["batch_in_epoch"] > 0  # mid-epoch
+    for change in ("max_tokens=700", "seed=5"):
+        err = fail(train_argv(corpus, out, "max_steps=4", change, resume=True), capsys)
+        assert f"recipe field {change}" in err and "middle of an epoch" in err
+    assert main(train_argv(corpus, out, "max_steps=4", resume=True)) == 0

@@ -49,7 +49,9 @@ def check_new_model(recipe: Recipe, init: dict | None = None) -> None:
 def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
     """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
     model field the recipe sets to other than the checkpoint's (a resumed run keeps its
-    model), or one of :data:`RESUME_FIXED` other than the checkpoint's recipe had."""
+    model), one of :data:`RESUME_FIXED` other than the checkpoint's recipe had, or in the
+    middle of an epoch another ``max_tokens`` or ``seed`` (pairs would be skipped or
+    seen twice)."""
     config = state["config"]
     for key in sorted(recipe.given_model_fields):
         value = recipe.model[key]
@@ -61,6 +63,14 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
                 f"({origin} has {key}={config[key]!r}): a resumed run keeps its model"
             )
     saved = state.get("recipe") or {}
+    for key in ("max_tokens", "seed") if state.get("batch_in_epoch") else ():
+        if key in saved and getattr(recipe, key) != saved[key]:  # they make the epoch's plan
+            raise RecipeError(
+                f"recipe field {key}={getattr(recipe, key)!r} differs from the run being "
+                f"resumed ({origin} has {saved[key]!r}) in the middle of an epoch, whose "
+                "position indexes the batch plan they make: resume with the run's own, and "
+                "change it once an epoch has ended"
+            )
     for key in RESUME_FIXED:
         value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
         if key in saved and value != saved[key]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from pathlib import Path
 
 from aiayn.errors import AiaynError
@@ -118,7 +117,14 @@ def _absolute_model_spec(spec: str) -> str:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint import AVERAGED, check_target, epoch_checkpoints, save_checkpoint
+    from aiayn.checkpoint import (
+        AVERAGED,
+        BEST,
+        LAST,
+        check_target,
+        epoch_checkpoints,
+        save_checkpoint,
+    )
     from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
@@ -126,7 +132,7 @@ def cmd_average(args: argparse.Namespace) -> int:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
     out = Path(args.out) if args.out else model_dir / AVERAGED
     check_target(out)  # a folder or device there: refused before the work, never replaced
-    if out.exists() and re.fullmatch(r"checkpoint_(last|best|epoch\d+|step\d+)\.pt", out.name):
+    if out.exists() and out.name in {LAST, BEST, *(p.name for p in epoch_checkpoints(out.parent))}:
         raise AiaynError(  # weights alone in place of a run's own checkpoint: resume lost
             f"{out}: a training run's own checkpoint, which the average would replace; "
             "choose another file"

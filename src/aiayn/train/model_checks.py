@@ -63,20 +63,19 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
                 f"({origin} has {key}={config[key]!r}): a resumed run keeps its model"
             )
     saved = state.get("recipe") or {}
-    for key in ("max_tokens", "seed") if state.get("batch_in_epoch") else ():
-        if key in saved and getattr(recipe, key) != saved[key]:  # they make the epoch's plan
-            raise RecipeError(
-                f"recipe field {key}={getattr(recipe, key)!r} differs from the run being "
-                f"resumed ({origin} has {saved[key]!r}) in the middle of an epoch, whose "
-                "position indexes the batch plan they make: resume with the run's own, and "
-                "change it once an epoch has ended"
-            )
-    for key in RESUME_FIXED:
+    plan = ("max_tokens", "seed") if state.get("batch_in_epoch") else ()  # the epoch's plan
+    for key in (*plan, *RESUME_FIXED):
         value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
         if key in saved and value != saved[key]:
+            why = (
+                " in the middle of an epoch, whose position indexes the batch plan they "
+                "make: resume with the run's own, and change it once an epoch has ended"
+                if key in plan
+                else ": its optimizer state keeps the run's own"
+            )
             raise RecipeError(
                 f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
-                f"has {saved[key]!r}): its optimizer state keeps the run's own"
+                f"has {saved[key]!r}){why}"
             )
 
 

@@ -91,14 +91,14 @@ class RunDirectory:
 
     def __init__(self, out_dir: Path, world: World, log: Callable[[str], None]):
         self.out_dir, self.world, self.log = out_dir, world, log
-        self._held: int | None = None  # rank 0's descriptor of the locked directory
+        self._held: weakref.finalize | None = None  # closes rank 0's lock on the directory
         self.on_main(self._check_place)
-        self.on_main(self._hold)
 
     def _hold(self) -> None:
-        """Hold the run directory, once it exists, until :meth:`release` or this process
-        ends (an flock on the directory itself, so nothing is written): a second run into
-        it, new or resumed, is refused instead of interleaving checkpoints and metrics."""
+        """Hold the run directory, once it exists, until :meth:`release`, this object is
+        collected or the process ends (an flock on the directory itself, so nothing is
+        written; closing the descriptor lets it go): a second run into it, new or resumed,
+        is refused instead of interleaving checkpoints and metrics."""
         if self._held is not None or fcntl is None or not self.out_dir.is_dir():
             return
         fd = os.open(self.out_dir, os.O_RDONLY)
@@ -110,17 +110,18 @@ class RunDirectory:
                 f"{self.out_dir}: another run is using this run directory; let it finish, "
                 "or choose another directory"
             ) from None
-        self._held = fd
-        weakref.finalize(self, os.close, fd)
+        self._held = weakref.finalize(self, os.close, fd)
 
     def release(self) -> None:
         """Let another run use the directory (the run is over)."""
         if self._held is not None:
-            fcntl.flock(self._held, fcntl.LOCK_UN)
+            self._held()  # closes the descriptor, once
 
     def _check_place(self) -> None:
+        """Rank 0: the run directory is one (or does not exist yet), held if it exists."""
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise AiaynError(f"{self.out_dir}: not a directory (the run directory must be one)")
+        self._hold()
 
     def write(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0 (see :meth:`on_main`), once the run directory exists: made

@@ -171,5 +171,7 @@ def test_compiled_training_matches_eager(tmp_path, data, max_tokens, capsys):  #
     assert runs["compiled"] == pytest.approx(runs["eager"], abs=1e-4)
     shapes = {tuple(b.shape) for b in PreparedData(data).train.plan(max_tokens, 1, 0, 160)[:6]}
     assert len(shapes) >= 3  # batches of different sizes went through the compiled step
-    graphs = int(re.search(r"torch.compile: (\d+) graphs", capsys.readouterr().out).group(1))
+    out = capsys.readouterr().out
+    graphs = int(re.search(r"torch.compile: (\d+) graphs", out).group(1))
     assert 1 <= graphs <= 6, graphs
+    assert out.count("compiled step: the first batch of each length bucket compiles") == 1

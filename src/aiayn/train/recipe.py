@@ -22,8 +22,9 @@ from aiayn.train.update import PRECISIONS
 # sees, and the length of a position table that is computed rather than learned.
 FINE_TUNE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "max_len")
 # The fields a recipe may leave unset (null) for the device to decide (step_settings): on
-# CUDA bf16 autocast and a compiled step (1.56x eager on an H200, issue 43), with fused
-# AdamW; elsewhere fp32 and eager, since compiling loses on a CPU (BENCHMARKS.md).
+# CUDA bf16 autocast and a compiled step (1.46x-1.78x eager per update on an H200, issue
+# 43; each length bucket's first batch compiles for a minute or so), with fused AdamW;
+# elsewhere fp32 and eager, since compiling loses on a CPU (BENCHMARKS.md).
 DEVICE_DEFAULTS = ("precision", "compile")
 
 _AT_LEAST_0 = (lambda v: v >= 0, ">= 0")

@@ -146,6 +146,11 @@ class Trainer:
             f"device {self.device}"
             + (f", {self.world.size} processes" if self.world.size > 1 else "")
         )
+        if self.updater.compiled:  # else a GPU run would sit silent for minutes at its start
+            self.log(
+                "compiled step: the first batch of each length bucket compiles first (over "
+                "a minute each on a GPU); compile: false starts short runs at once"
+            )
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self) -> dict:

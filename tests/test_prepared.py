@@ -193,6 +193,7 @@ def test_every_streaming_error_names_the_file_and_line(tmp_path):
     cases = [
         (write(tmp_path / "short.de", b"eins\nzwei\n"), good, r"short\.de ends after line 2"),
         (good, write(tmp_path / "long.de", b"a\nb\nc\nd\n"), r"good\.en ends after line 3"),
+        (write(tmp_path / "none.de", b""), good, r"none\.de has 0 lines.*none\.de is empty"),
         (write(tmp_path / "bad.de.gz", b"a\nb\n\xff\n", gz=True), good, r"bad\.de\.gz, line 3"),
         (good, write(tmp_path / "cr.de", b"a\r\n\xc3\x28\nc\n"), r"cr\.de, line 2: invalid UTF"),
         (write(tmp_path / "cut.de.gz", gzip.compress(numbers)[:3000]), long, cut),
@@ -202,6 +203,22 @@ def test_every_streaming_error_names_the_file_and_line(tmp_path):
             prepare((src, tgt), valid, tmp_path / f"out{i}", 100, show_progress=False)
         assert not (tmp_path / f"out{i}").exists()
     assert not list(tmp_path.glob(".out*.tmp"))
+
+
+def test_prepare_fills_an_empty_folder_but_never_one_with_files(tmp_path):
+    """A folder made beforehand (``mkdir data``) is taken while it is empty; one holding
+    anything is refused, and what it holds is left as it was."""
+    text = write(tmp_path / "a.txt", "ein Haus\nzwei Bäume\n".encode())
+    empty, full = tmp_path / "empty", tmp_path / "full"
+    empty.mkdir()
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    prepare((text, text), (text, text), empty, 40, show_progress=False)
+    assert len(PreparedData(empty).train) == 2
+    with pytest.raises(CorpusError, match="full already exists"):
+        prepare((text, text), (text, text), full, 40, show_progress=False)
+    assert [p.name for p in full.iterdir()] == ["notes.txt"]
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_a_prepare_removes_its_own_leftovers_not_another_outputs_staging(tmp_path):

@@ -164,7 +164,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
         p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
-    p.add_argument("--out", required=True, help="new directory for the prepared data")
+    p.add_argument("--out", required=True, help="a new (or empty) directory for the prepared data")
     p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
     p.add_argument(
         "--spm-model",

@@ -209,8 +209,9 @@ def iter_line_pairs(src_path: str | Path, tgt_path: str | Path) -> Iterator[tupl
             n_src, n_tgt = (n, n + rest) if s is None else (n + rest, n)
             raise CorpusError(
                 f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}; "
-                f"{src_path if s is None else tgt_path} ends after line {n}: line i of one "
-                "must translate line i of the other"
+                f"{src_path if s is None else tgt_path} "
+                + (f"ends after line {n}" if n else "is empty")
+                + ": line i of one must translate line i of the other"
             )
         yield s, t
 

@@ -184,9 +184,9 @@ def prepare(
             f"prepare: vocab_size must be more than the {len(SPECIAL)} special tokens "
             f"({', '.join(SPECIAL)}), got {vocab_size}"
         )
-    if out.exists():
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
-    for stale in staged_leftovers(out):  # ``out`` does not exist: a killed prepare's
+    for stale in staged_leftovers(out):  # ``out`` is new or empty: a killed prepare's
         shutil.rmtree(stale, ignore_errors=True)
     try:
         with staged_folder(out) as tmp:

@@ -145,3 +145,17 @@ def test_the_batch_plan_cannot_change_in_the_middle_of_an_epoch(tmp_path, corpus
         err = fail(train_argv(corpus, out, "max_steps=4", change, resume=True), capsys)
         assert f"recipe field {change}" in err and "middle of an epoch" in err
     assert main(train_argv(corpus, out, "max_steps=4", resume=True)) == 0
+
+
+def test_the_data_settings_of_a_resumed_run_cannot_change(tmp_path, corpus, capsys):
+    """vocab_size, spm_model_type and max_len_words make the run's data and tokenizer,
+    which a resumed run keeps: another value was accepted and ignored without a word."""
+    out = tmp_path / "run"
+    assert main(train_argv(corpus, out, "max_steps=2", "vocab_size=300")) == 0
+    changes = {"vocab_size": "400", "spm_model_type": "unigram", "max_len_words": "7"}
+    for key, value in changes.items():
+        argv = train_argv(corpus, out, "max_steps=3", "vocab_size=300", f"{key}={value}")
+        err = fail([*argv, "--resume"], capsys)
+        assert f"recipe field {key}=" in err and "prepared with the run's own" in err
+    argv = train_argv(corpus, out, "max_steps=3", "vocab_size=300", resume=True)
+    assert main(argv) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import RecipeError
-from aiayn.train.recipe import FINE_TUNE_FIELDS, RESUME_FIXED, Recipe
+from aiayn.train.recipe import FINE_TUNE_FIELDS, PREPARED_FIXED, RESUME_FIXED, Recipe
 
 
 def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
@@ -49,9 +49,9 @@ def check_new_model(recipe: Recipe, init: dict | None = None) -> None:
 def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
     """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
     model field the recipe sets to other than the checkpoint's (a resumed run keeps its
-    model), one of :data:`RESUME_FIXED` other than the checkpoint's recipe had, or in the
-    middle of an epoch another ``max_tokens`` or ``seed`` (pairs would be skipped or
-    seen twice)."""
+    model), one of :data:`RESUME_FIXED` or :data:`PREPARED_FIXED` other than the
+    checkpoint's recipe had, or in the middle of an epoch another ``max_tokens`` or
+    ``seed`` (pairs would be skipped or seen twice)."""
     config = state["config"]
     for key in sorted(recipe.given_model_fields):
         value = recipe.model[key]
@@ -64,15 +64,18 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
             )
     saved = state.get("recipe") or {}
     plan = ("max_tokens", "seed") if state.get("batch_in_epoch") else ()  # the epoch's plan
-    for key in (*plan, *RESUME_FIXED):
+    for key in (*plan, *RESUME_FIXED, *PREPARED_FIXED):
         value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
         if key in saved and value != saved[key]:
-            why = (
-                " in the middle of an epoch, whose position indexes the batch plan they "
-                "make: resume with the run's own, and change it once an epoch has ended"
-                if key in plan
-                else ": its optimizer state keeps the run's own"
-            )
+            if key in plan:
+                why = (
+                    " in the middle of an epoch, whose position indexes the batch plan they "
+                    "make: resume with the run's own, and change it once an epoch has ended"
+                )
+            elif key in PREPARED_FIXED:
+                why = ": its data and tokenizer were prepared with the run's own"
+            else:
+                why = ": its optimizer state keeps the run's own"
             raise RecipeError(
                 f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
                 f"has {saved[key]!r}){why}"

@@ -65,6 +65,8 @@ CHOICES = {"spm_model_type": ("bpe", "unigram"), "schedule": SCHEDULES,
 # The fields a resumed run takes from its checkpoint whatever the recipe says: Adam's
 # settings, which loading the optimizer's state restores (the model is the checkpoint's too).
 RESUME_FIXED = ("adam_betas", "adam_eps", "weight_decay")
+# The fields that make a run's data and tokenizer, which a resumed run keeps as prepared.
+PREPARED_FIXED = ("vocab_size", "spm_model_type", "max_len_words")
 # A run's text files (its data, else named by data: a prepared directory, or dataset).
 TEXT_FIELDS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
 

@@ -11,10 +11,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
+from aiayn.config import TransformerConfig
 from aiayn.errors import AiaynError
+from aiayn.model.transformer import Transformer
+from aiayn.train.model_checks import check_fits, parameter_estimate
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
 from conftest import small_corpus
@@ -79,6 +83,43 @@ def test_a_recipe_that_trains_nothing_is_refused(tmp_path, corpus, capsys):
     err = fail(train_argv(corpus, tmp_path / "run", "model.max_len=3"), capsys)
     assert "pairs are longer than model.max_len=3 tokens: nothing to train on" in err
     assert not list((tmp_path / "run").glob("checkpoint_*.pt"))
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_anything_is_written(
+    tmp_path, corpus, capsys
+):
+    """n_layers=100000 (a typo's extra zeros) filled all 24 GiB of this machine for three
+    minutes until the kernel killed the process, after the run's data was written."""
+    out = tmp_path / "run"
+    err = fail(train_argv(corpus, out, "model.n_layers=100000"), capsys)
+    assert "model.n_layers=100000" in err and "100000+100000 layers" in err
+    assert "GiB of memory of cpu" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TransformerConfig.base(37000),
+        TransformerConfig.big(37000),
+        TransformerConfig(
+            500,
+            700,
+            d_model=64,
+            n_heads=4,
+            n_layers=2,
+            d_ff=128,
+            tie_output=False,
+            learned_positions=True,
+            norm_first=True,
+        ),
+    ],
+)
+def test_the_parameter_estimate_is_the_models_count(cfg):
+    n = Transformer(cfg).num_parameters()
+    assert parameter_estimate(cfg) == pytest.approx(n, rel=1e-3)
+    if cfg.d_model < 100:
+        check_fits(cfg, torch.device("cpu"))  # fits any machine: no refusal
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,10 @@ would otherwise ignore or contradict, refused before anything is written."""
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import RecipeError
@@ -29,21 +33,81 @@ def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> 
     return TransformerConfig.from_dict(data)
 
 
-def check_new_model(recipe: Recipe, init: dict | None = None) -> None:
+def check_new_model(
+    recipe: Recipe, init: dict | None = None, device: torch.device | None = None
+) -> None:
     """Refuse, before a new run writes anything, model fields that cannot make a model:
-    those of ``recipe.model`` (with stand-in vocabulary sizes: the tokenizer is made
-    later), or with ``init`` (the state of the model it starts from) what
-    :func:`fine_tune_config` refuses. ConfigError or RecipeError naming the field."""
+    those of ``recipe.model`` (with the recipe's ``vocab_size`` standing in for the
+    tokenizer's, made later), or with ``init`` (the state of the model it starts from) what
+    :func:`fine_tune_config` refuses; and a model too large to train in all the memory of
+    ``device`` (:func:`check_fits`). ConfigError or RecipeError naming the field."""
     if init is not None:
-        fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
+        cfg = fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
+    else:
+        vocab = recipe.vocab_size
+        stand_in = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=0, bos_id=1, eos_id=2)
+        if given := sorted(recipe.given_model_fields & stand_in.keys()):
+            raise RecipeError(
+                f"recipe field model.{given[0]}: the tokenizer sets it (vocab_size the size); "
+                "leave it out"
+            )
+        cfg = TransformerConfig.from_dict({**recipe.model, **stand_in})
+    if device is not None:
+        check_fits(cfg, device)
+
+
+# What training holds per parameter before any activation: fp32 weights, their gradients
+# and Adam's two moments, 4 bytes each.
+TRAINING_BYTES = 16
+
+
+def parameter_estimate(cfg: TransformerConfig) -> int:
+    """About how many parameters a Transformer of ``cfg`` has (Section 3: attention's four
+    projections, the FFN's two, a LayerNorm around each sub-layer, the embeddings and the
+    output projection; within a few per cent of :meth:`Transformer.num_parameters`),
+    counted without building one."""
+    d, f = cfg.d_model, cfg.d_ff
+    attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
+    encoder = cfg.encoder_layers * (attention + ffn + 2 * norm)
+    decoder = cfg.decoder_layers * (2 * attention + ffn + 3 * norm)
+    shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
+    embeddings = d * (cfg.src_vocab_size + (0 if shared else cfg.tgt_vocab_size))
+    projection = 0 if cfg.tie_output else d * cfg.tgt_vocab_size
+    positions = 2 * d * cfg.max_len if cfg.learned_positions else 0
+    return encoder + decoder + embeddings + projection + positions
+
+
+def device_memory(device: torch.device) -> int | None:
+    """All the memory of ``device`` in bytes (a GPU's, or the machine's for a CPU), or
+    None where it cannot be told."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[1])
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):  # no sysconf, no driver
+        return None
+    return None
+
+
+def check_fits(cfg: TransformerConfig, device: torch.device) -> None:
+    """RecipeError unless ``cfg``'s model, its gradients and Adam's moments fit in all the
+    memory of ``device``: a mistyped size (``n_layers=100000``) otherwise filled the
+    machine's memory for minutes before the process was killed."""
+    total = device_memory(device)
+    need = parameter_estimate(cfg) * TRAINING_BYTES
+    if total is None or need <= total:
         return
-    stand_in = dict(src_vocab_size=8, tgt_vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
-    if given := sorted(recipe.given_model_fields & stand_in.keys()):
-        raise RecipeError(
-            f"recipe field model.{given[0]}: the tokenizer sets it (vocab_size the size); "
-            "leave it out"
-        )
-    TransformerConfig.from_dict({**recipe.model, **stand_in})
+    sizes = ", ".join(
+        f"model.{k}={getattr(cfg, k)}" for k in ("d_model", "d_ff", "n_layers", "n_heads")
+    )
+    layers = f"{cfg.encoder_layers}+{cfg.decoder_layers} layers"
+    raise RecipeError(
+        f"the model ({sizes}; {layers}) has about {parameter_estimate(cfg) / 1e6:,.0f}M "
+        f"parameters: training needs about {need / 2**30:,.1f} GiB for its weights, "
+        f"gradients and Adam's moments alone, more than all the {total / 2**30:,.1f} GiB of "
+        f"memory of {device}"
+    )
 
 
 def check_resume(recipe: Recipe, state: dict, origin: str) -> None:

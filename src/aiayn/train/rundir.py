@@ -247,12 +247,13 @@ class RunDirectory:
             )
         return None
 
-    def new_run(self, r: Recipe) -> dict | None:
+    def new_run(self, r: Recipe, device: torch.device | None = None) -> dict | None:
         """For a new run: the state of the model it starts from (``init_from``; see
         :meth:`init_state`), or None; the recipe's model fields are checked either way
-        (:func:`check_new_model`), before anything is written."""
+        (:func:`check_new_model`, against the memory of ``device``), before anything is
+        written."""
         init = self.init_state(r) if r.init_from else None
-        check_new_model(r, init)
+        check_new_model(r, init, device)
         return init
 
     def init_state(self, r: Recipe) -> dict:

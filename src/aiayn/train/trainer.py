@@ -86,7 +86,7 @@ class Trainer:
         self.run = run = RunDirectory(self.out_dir, self.world, self.log)
         state = run.previous_state(resume, self.device, r)
         # A new run with init_from starts from that model: config, weights, tokenizer.
-        init = run.new_run(r) if state is None else None
+        init = run.new_run(r, self.device) if state is None else None
         known = state if state is not None else init
         tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
         self.data = run.prepared_data(r, state, tokenizer)

@@ -129,6 +129,8 @@ def test_the_parameter_estimate_is_the_models_count(cfg):
         ("lr_scale=1" + "0" * 400, "field 'lr_scale' is out of range"),
         ("model.pad_id=3", "model.pad_id: the tokenizer sets it"),
         ("model.src_vocab_size=abc", "model.src_vocab_size: the tokenizer sets it"),
+        ("model.d_model=-3", "recipe field model.d_model: must be a positive int, got -3"),
+        ("model.n_heads=3", "recipe field model.n_heads: d_model=32 is not divisible"),
     ],
 )
 def test_recipe_values_that_met_a_traceback_or_were_ignored(

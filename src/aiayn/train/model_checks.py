@@ -9,7 +9,7 @@ import torch
 
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import RecipeError
+from aiayn.errors import ConfigError, RecipeError
 from aiayn.train.recipe import FINE_TUNE_FIELDS, PREPARED_FIXED, RESUME_FIXED, Recipe
 
 
@@ -51,7 +51,11 @@ def check_new_model(
                 f"recipe field model.{given[0]}: the tokenizer sets it (vocab_size the size); "
                 "leave it out"
             )
-        cfg = TransformerConfig.from_dict({**recipe.model, **stand_in})
+        try:
+            cfg = TransformerConfig.from_dict({**recipe.model, **stand_in})
+        except ConfigError as e:  # named as the recipe names it: model.d_model, not the class
+            message = f"recipe field {e}".replace("TransformerConfig.", "model.", 1)
+            raise RecipeError(message) from None
     if device is not None:
         check_fits(cfg, device)
 

@@ -121,6 +121,9 @@ def test_average_refuses_last_0_and_no_checkpoints(sample_model_dir, tmp_path, c
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no checkpoint_epoch" in one_line_error(["average", "--model", str(empty)], capsys)
+    for missing in (tmp_path / "nope", tmp_path / "nope" / "run"):  # not "cannot write" --out
+        err = one_line_error(["average", "--model", str(missing)], capsys)
+        assert f"{missing}: no such model directory" in err
 
 
 def test_a_device_torch_parses_but_cannot_use_is_refused(monkeypatch):

@@ -128,6 +128,8 @@ def cmd_average(args: argparse.Namespace) -> int:
     from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
+    if not model_dir.is_dir():  # before --out's check, which would blame the output
+        raise AiaynError(f"{model_dir}: no such model directory")
     if args.last < 1:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
     out = Path(args.out) if args.out else model_dir / AVERAGED

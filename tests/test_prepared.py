@@ -221,6 +221,17 @@ def test_prepare_fills_an_empty_folder_but_never_one_with_files(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_vocabulary_smaller_than_asked_says_so(tmp_path):
+    """On a small text SentencePiece stops below vocab_size; the log said only the size."""
+    text = write(tmp_path / "a.txt", "ein Haus\nzwei Bäume\n".encode())
+    said: list[str] = []
+    prepare((text, text), (text, text), tmp_path / "d", 8000, log=said.append, show_progress=False)
+    line = next(x for x in said if x.startswith("tokenizer:"))
+    assert "vocab_size 8000 asked, the text holds no more" in line
+    tokenizer = PreparedData(tmp_path / "d").tokenizer
+    assert f"tokenizer: {tokenizer.vocab_size} joint tokens" in line
+
+
 def test_a_prepare_removes_its_own_leftovers_not_another_outputs_staging(tmp_path):
     text = write(tmp_path / "a.txt", "ein Haus\nzwei Bäume\n".encode())
     own, other = tmp_path / ".data.k1ll3d_x.tmp", tmp_path / ".data.v2.abcd1234.tmp"

@@ -258,7 +258,10 @@ def _prepare_into(
         del chosen
         trained = {"vocab_size": vocab_size, "model_type": model_type, "sample_pairs": sample}
         trained["seed"] = seed
-        log(f"tokenizer: {tokenizer.vocab_size} joint tokens ({time.perf_counter() - start:.0f} s)")
+        fewer = tokenizer.vocab_size < vocab_size  # SentencePiece's ceiling on a small text
+        asked = f"; vocab_size {vocab_size} asked, the text holds no more" if fewer else ""
+        took = time.perf_counter() - start
+        log(f"tokenizer: {tokenizer.vocab_size} joint tokens{asked} ({took:.0f} s)")
     spm_bytes = tokenizer.to_bytes()
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits: dict[str, dict[str, int]] = {}

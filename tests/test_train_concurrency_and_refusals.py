@@ -130,6 +130,7 @@ def test_the_parameter_estimate_is_the_models_count(cfg):
         ("model.pad_id=3", "model.pad_id: the tokenizer sets it"),
         ("model.src_vocab_size=abc", "model.src_vocab_size: the tokenizer sets it"),
         ("model.d_model=-3", "recipe field model.d_model: must be a positive int, got -3"),
+        ("vocab_size=2", "vocab_size must be more than the 4 special tokens"),
         ("model.n_heads=3", "recipe field model.n_heads: d_model=32 is not divisible"),
     ],
 )

@@ -44,7 +44,7 @@ def check_new_model(
     if init is not None:
         cfg = fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
     else:
-        vocab = recipe.vocab_size
+        vocab = max(recipe.vocab_size, 8)  # a too small one is prepare's to name
         stand_in = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=0, bos_id=1, eos_id=2)
         if given := sorted(recipe.given_model_fields & stand_in.keys()):
             raise RecipeError(

@@ -254,6 +254,23 @@ def test_max_len_has_an_upper_bound():
     assert tiny_config(max_len=MAX_POSITIONS).max_len == MAX_POSITIONS
 
 
+def test_a_decoder_needs_a_layer_an_encoder_does_not():
+    """Zero decoder layers made a model whose output ignores the source (cross-attention is
+    in the decoder's layers), and its continuous batch failed to join: "an empty
+    DecoderState". Refused at the config; an encoder of no layers still works."""
+    with pytest.raises(ConfigError, match=r"n_decoder_layers: must be >= 1 \(without a dec"):
+        tiny_config(n_decoder_layers=0)
+    with pytest.raises(ConfigError, match="n_encoder_layers: must be >= 0, got -1"):
+        tiny_config(n_encoder_layers=-1)
+    model = Transformer(tiny_config(n_encoder_layers=0)).eval()
+    engine = BeamEngine(model, DecodeOptions(beam=1, max_len_b=4))
+    engine.add(SRC[:1], ["a"])
+    engine.step()
+    engine.add(SRC[1:2], ["b"])  # joins the running batch
+    while len(engine):
+        engine.step()
+
+
 def test_inputs_on_another_device_than_the_model_are_named(tiny):
     # The meta device stands in for a GPU: the CPU model met it in torch's own error.
     away = SRC.to("meta")

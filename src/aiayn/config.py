@@ -118,10 +118,14 @@ class TransformerConfig:
                 f"needs one joint vocabulary, got src_vocab_size={self.src_vocab_size} "
                 f"and tgt_vocab_size={self.tgt_vocab_size}",
             )
-        for name in ("n_encoder_layers", "n_decoder_layers"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise bad(name, f"must be >= 0, got {value}")
+        if self.n_encoder_layers is not None and self.n_encoder_layers < 0:
+            raise bad("n_encoder_layers", f"must be >= 0, got {self.n_encoder_layers}")
+        if self.n_decoder_layers is not None and self.n_decoder_layers < 1:
+            raise bad(  # cross-attention, the output's only path to the source, is in them
+                "n_decoder_layers",
+                f"must be >= 1 (without a decoder layer no output depends on the source), "
+                f"got {self.n_decoder_layers}",
+            )
 
     @property
     def d_k(self) -> int:

@@ -292,3 +292,29 @@ def test_a_checkpoint_file_name_is_looked_up_in_the_model_directory(tmp_path, mo
     assert resolve_checkpoint(model_dir, name) == Path(name)  # a file here is what it names
     absolute = str(tmp_path / "nowhere.pt")
     assert resolve_checkpoint(model_dir, absolute) == Path(absolute)  # not found: load says so
+
+
+def test_auto_passes_over_an_average_made_before_training_went_on(
+    sample_model_dir, tmp_path, capsys
+):
+    """After `average` then a resumed run, `--checkpoint auto` kept decoding the old
+    average without a word: it now takes the best (or last) checkpoint and says why."""
+    from aiayn.checkpoint import AVERAGED, BEST, LAST, resolve_checkpoint, stale_average
+    from aiayn.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    state = load_checkpoint(sample_model_dir() / BEST)
+    for name, step in ((BEST, 40), (LAST, 50), (AVERAGED, 30)):
+        save_checkpoint({**state, "step": step}, run / name)
+    assert stale_average(run) == (30, 50)
+    assert resolve_checkpoint(run) == run / BEST
+    assert resolve_checkpoint(run, "averaged") == run / AVERAGED  # asked for by name: taken
+    assert main(["summary", "--model", str(run)]) == 0
+    assert f"{run}/{AVERAGED} (step 30) predates its {LAST} (step 50)" in capsys.readouterr().err
+    save_checkpoint({**state, "step": 50}, run / AVERAGED)  # averaged again: current
+    assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
+    assert main(["summary", "--model", str(run)]) == 0
+    assert "predates" not in capsys.readouterr().err
+    (run / LAST).unlink()  # an imported or averaged-only directory: nothing to compare
+    assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED

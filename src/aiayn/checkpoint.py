@@ -257,10 +257,28 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
     return Path(directory), which
 
 
+def stale_average(model_dir: str | Path) -> tuple[int, int] | None:
+    """``(its step, the last checkpoint's)`` when ``model_dir``'s averaged checkpoint was
+    made before training went on (its newest source is older than ``checkpoint_last.pt``):
+    ``auto`` then passes it over. None otherwise."""
+    steps = []
+    for path in (Path(model_dir) / AVERAGED, Path(model_dir) / LAST):
+        try:  # the step alone: memory-mapped, no tensor is read
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # missing or unreadable: nothing to pass over (a load names it)
+            return None
+        step = state.get("step") if isinstance(state, dict) else None
+        if not isinstance(step, int):
+            return None
+        steps.append(step)
+    return (steps[0], steps[1]) if steps[0] < steps[1] else None
+
+
 def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
     """The checkpoint file of a model directory: ``which`` is best, last, averaged, a file
-    path, or auto (averaged if present, else best, else last). A relative file path that
-    is not there but is in the model directory (``checkpoint_epoch003.pt``) is that one."""
+    path, or auto (averaged if present and not stale, see :func:`stale_average`; else best,
+    else last). A relative file path that is not there but is in the model directory
+    (``checkpoint_epoch003.pt``) is that one."""
     model_dir = Path(model_dir)
     if which not in CHECKPOINT_NAMES and which != "auto":
         path = Path(which)
@@ -270,6 +288,8 @@ def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: no such model directory")
     order = [which] if which != "auto" else ["averaged", "best", "last"]
+    if which == "auto" and stale_average(model_dir):
+        order.remove("averaged")
     for name in order:
         path = model_dir / CHECKPOINT_NAMES[name]
         if path.is_file():

@@ -4,6 +4,7 @@ every field of DecodeOptions), and what they make: the Translator and the option
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
@@ -26,10 +27,29 @@ def text_arg(value: str) -> str:
     return value
 
 
+def note_stale_averages(models: str | list[str], checkpoints: str | list[str] | None) -> None:
+    """Say on stderr where ``--checkpoint auto`` passes over an averaged checkpoint made
+    before training went on (:func:`aiayn.checkpoint.stale_average`)."""
+    from aiayn.checkpoint import AVERAGED, LAST, stale_average
+
+    names = [checkpoints] if isinstance(checkpoints, str) else checkpoints or ["auto"]
+    if any(name != "auto" for name in names):
+        return
+    for model_dir in [models] if isinstance(models, str) else models:
+        if steps := stale_average(model_dir):
+            print(
+                f"note: {model_dir}/{AVERAGED} (step {steps[0]}) predates its {LAST} (step "
+                f"{steps[1]}): training went on after it was averaged, so --checkpoint auto "
+                "takes the best or last checkpoint; run `aiayn average` again for a new one",
+                file=sys.stderr,
+            )
+
+
 def translator_for(args: argparse.Namespace, device: str | None = None) -> Translator:
     """The Translator of ``--model`` (several: an ensemble) and ``--checkpoint``."""
     from aiayn.translator import Translator
 
+    note_stale_averages(args.model, args.checkpoint)
     return Translator.from_dir(
         args.model,
         checkpoint=args.checkpoint if args.checkpoint else "auto",

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.cli.flags import add_decoding_flags, text_arg, translator_for
+from aiayn.cli.flags import add_decoding_flags, note_stale_averages, text_arg, translator_for
 from aiayn.config import TransformerConfig
 from aiayn.errors import AiaynError
 
@@ -28,6 +28,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         for flag in ("preset", "vocab"):
             if getattr(args, flag) is not None:
                 raise AiaynError(f"--{flag} sets up an untrained preset; it cannot go with --model")
+        note_stale_averages(args.model, args.checkpoint)
         path = resolve_checkpoint(args.model, args.checkpoint or "auto")
         model, _, generation = load_inference(path)
         print(summary(model, depth=args.depth))

@@ -203,3 +203,23 @@ def test_the_data_settings_of_a_resumed_run_cannot_change(tmp_path, corpus, caps
         assert f"recipe field {key}=" in err and "prepared with the run's own" in err
     argv = train_argv(corpus, out, "max_steps=3", "vocab_size=300", resume=True)
     assert main(argv) == 0
+
+
+def test_relative_paths_given_with_set_are_written_absolute(tmp_path, corpus, monkeypatch):
+    """recipe.yaml kept `--set train_tgt=FILE` as written, relative to the directory the
+    command ran in, while a recipe file's paths are relative to the file: read back from
+    the run directory it named another file, and `--config RUN/recipe.yaml --resume`
+    failed. The flags (--train-tgt) were always written absolute."""
+    work = tmp_path / "work"
+    work.mkdir()
+    name = Path(corpus["train.en"]).name
+    shutil.copy(corpus["train.en"], work / name)
+    monkeypatch.chdir(work)
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--no-progress", "--train-src", str(corpus["train.de"])]
+    argv += ["--valid-src", str(corpus["val.de"]), "--valid-tgt", str(corpus["val.en"])]
+    assert main([*argv, "--set", *TINY, "max_steps=2", f"train_tgt={name}"]) == 0
+    assert Recipe.from_yaml(out / "recipe.yaml").train_tgt == str(work / name)
+    monkeypatch.chdir(tmp_path)  # elsewhere: the run resumes from its own recipe
+    again = ["train", "--config", str(out / "recipe.yaml"), "--out", str(out), "--resume"]
+    assert main([*again, "--no-progress", "--set", "max_steps=3"]) == 0

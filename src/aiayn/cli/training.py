@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.train.recipe import TEXT_FIELDS, Recipe
     from aiayn.train.trainer import Trainer
 
-    overrides = [*_replaced_data(args), *(args.set or []), *_flag_overrides(args)]
+    overrides = [*_replaced_data(args), *_absolute_set(args.set), *_flag_overrides(args)]
     recipe = (
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
     )
@@ -105,6 +105,23 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
             flag = f"--{key.replace('_', '-')}"
             raise AiaynError(f"{flag} and --set {key}=... both set {key}: give one")
     return overrides
+
+
+def _absolute_set(items: list[str] | None) -> list[str]:
+    """The --set items, with a relative path in a path field made absolute, as the flags'
+    are: resolved against the current directory, where recipe.yaml (in the run directory,
+    its paths relative to itself) would read it elsewhere."""
+    from aiayn.train.recipe import TEXT_FIELDS
+
+    out = []
+    for item in items or []:
+        key, is_set, value = item.partition("=")
+        if is_set and value and key in ("data", *TEXT_FIELDS) and not Path(value).is_absolute():
+            item = f"{key}={Path(value).resolve()}"
+        elif is_set and value and key == "init_from":
+            item = f"{key}={_absolute_model_spec(value)}"
+        out.append(item)
+    return out
 
 
 def _absolute_model_spec(spec: str) -> str:

@@ -160,7 +160,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     if not paths:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
-        print(f"note: averaging the {len(paths)} checkpoints found (asked {args.last})")
+        print(f"note: averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
     save_checkpoint(average_checkpoints(paths), out)
     print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
     return 0

@@ -283,7 +283,12 @@ def _prepare_into(
         if split == "valid":  # also kept as text: the references of validation BLEU
             for side, lines in zip(("src", "tgt"), texts):
                 (tmp / f"valid.{side}.txt").write_text("".join(t + "\n" for t in lines), "utf-8")
-        log(f"{split}: {splits[split]}")
+        n = splits[split]
+        log(
+            f"{split}: {n['pairs']} pairs of {n['lines']} lines, {n['src_tokens']} + "
+            f"{n['tgt_tokens']} tokens ({n['dropped_empty']} empty, {n['dropped_long']} long "
+            "dropped)"
+        )
     names = ("train_src", "train_tgt", "valid_src", "valid_tgt")
     inputs = {
         name: {

@@ -223,3 +223,17 @@ def test_relative_paths_given_with_set_are_written_absolute(tmp_path, corpus, mo
     monkeypatch.chdir(tmp_path)  # elsewhere: the run resumes from its own recipe
     again = ["train", "--config", str(out / "recipe.yaml"), "--out", str(out), "--resume"]
     assert main([*again, "--no-progress", "--set", "max_steps=3"]) == 0
+
+
+def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, corpus, capsys):
+    """TensorBoard's writer failed with two tracebacks (one from its writer thread) where
+    metrics.jsonl's failures were one line naming the file."""
+    out = tmp_path / "run"
+    assert main(train_argv(corpus, out, "max_steps=2")) == 0
+    shutil.rmtree(out / "tensorboard")
+    (out / "tensorboard").write_text("a file where the folder goes")
+    err = fail(train_argv(corpus, out, "max_steps=3", resume=True), capsys)
+    assert f"{out / 'tensorboard'}: cannot write (" in err and "Traceback" not in err
+    (out / "tensorboard").unlink()
+    assert main(train_argv(corpus, out, "max_steps=3", resume=True)) == 0
+    assert [r["step"] for r in records(out, "train")] == [1, 2, 3]

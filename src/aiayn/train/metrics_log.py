@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -40,20 +41,31 @@ class MetricsLog:
             self._guard(lambda: self.file.truncate(keep))
         self.flushed_train = False
         self.tb = None
+        self.tb_dir = out_dir / "tensorboard"
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
-                purge = {"purge_step": step + 1} if keep is not None else {}
-                self.tb = SummaryWriter(str(out_dir / "tensorboard"), **purge)
             except ImportError:  # optional dependency
-                self.tb = None
+                return
+            purge = {"purge_step": step + 1} if keep is not None else {}
+            _quiet_tensorboard_threads()
+            self.tb = self._tb_guard(lambda: SummaryWriter(str(self.tb_dir), **purge))
 
     def _guard(self, work: Callable[[], T]) -> T:
         try:
             return work()
         except OSError as e:
             raise TrainingError(f"{self.path}: cannot write ({e.strerror or e})") from None
+
+    def _tb_guard(self, work: Callable[[], T]) -> T:
+        """``work()``; TrainingError naming the TensorBoard folder if it fails: its writer
+        thread's error (a full disk, a folder that cannot be written) comes back at the
+        next call, of any type."""
+        try:
+            return work()
+        except Exception as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise TrainingError(f"{self.tb_dir}: cannot write ({why})") from None
 
     def write(self, kind: str, step: int, **values: float | str) -> None:
         """One line of ``kind`` at ``step``; the numbers among ``values`` also go to
@@ -73,9 +85,13 @@ class MetricsLog:
             self._guard(self.file.flush)
             self.flushed_train = self.flushed_train or kind == "train"
         if self.tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self.tb.add_scalar(f"{kind}/{key}", value, step)
+            scalars = {k: v for k, v in values.items() if isinstance(v, (int, float))}
+            self._tb_guard(lambda: self._add_scalars(kind, step, scalars))
+
+    def _add_scalars(self, kind: str, step: int, scalars: dict[str, float]) -> None:
+        assert self.tb is not None
+        for key, value in scalars.items():
+            self.tb.add_scalar(f"{kind}/{key}", value, step)
 
     def size(self) -> int:
         """Put every line written so far on disk and return the log's size in bytes
@@ -91,4 +107,20 @@ class MetricsLog:
             return
         self._guard(self.file.close)  # flushes: a full disk fails here too
         if self.tb is not None:
-            self.tb.close()
+            self._tb_guard(self.tb.close)
+
+
+def _quiet_tensorboard_threads() -> None:
+    """Leave unprinted the traceback of TensorBoard's writer thread when a write fails (a
+    full disk): the same error comes back at the writer's next call in the training
+    thread, which names the folder in one line (:meth:`MetricsLog._tb_guard`)."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            previous(args)
+
+    hook.quiet_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook

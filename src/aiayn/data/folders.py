@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -45,6 +46,9 @@ def replaceable_folder(out: str | Path, model_dir: str | Path) -> Path:
 
 
 STAGED = ".tmp"  # the suffix of a folder being staged beside its output
+# Errors that only a write meets (a full disk or quota, a read-only file system, a file
+# too large), so they name the output whatever raised them.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 @contextmanager
@@ -74,8 +78,14 @@ def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
             tmp.rename(target)
         else:
             _swap(tmp, target)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        # Named as the output, not as the staging folder just deleted: a full disk is one
+        # line, whichever writer (ours, ctranslate2's) met it.
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            raise AiaynError(f"{out}: cannot write ({_why(target, e)})") from None
+        if isinstance(e, AiaynError) and str(tmp) in str(e):
+            e.args = (str(e).replace(str(tmp), str(out)),)
         raise
 
 

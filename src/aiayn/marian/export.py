@@ -138,7 +138,10 @@ def export_marian(
     from safetensors.torch import save_file
 
     with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        except Exception as e:  # safetensors' own error type, a full disk among its causes
+            raise ConversionError(f"{out_dir}: cannot write {WEIGHTS} ({e})") from None
         for name, text in texts.items():
             (tmp / name).write_text(text, encoding="utf-8")
         tokenizer.save(tmp)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
@@ -17,6 +20,38 @@ from aiayn.cli.common import stdout_named
 from aiayn.errors import AiaynError
 
 EXIT_USER_ERROR = 2
+# The commands a SIGTERM or SIGHUP unwinds as Ctrl-C does, so that their half-written
+# outputs (temp files, staging folders) are removed on the way out. `train` and `serve`
+# keep the default: a killed run is resumed (its leftovers swept then), and the server
+# drains its requests on SIGTERM itself.
+UNWOUND_ON_TERM = {"translate", "evaluate", "prepare", "average", "data", "export", "import"}
+
+
+class Terminated(BaseException):
+    """A SIGTERM or SIGHUP (its number the argument), raised where the command was."""
+
+
+@contextmanager
+def unwound_on_term(wanted: bool) -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise :class:`Terminated` (when ``wanted``,
+    and in the main thread: elsewhere signals cannot be caught); the handlers before are
+    put back after it."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    before = {}
+    names = ("SIGTERM", "SIGHUP") if wanted else ()
+    try:
+        for number in (getattr(signal, n) for n in names if hasattr(signal, n)):
+            before[number] = signal.signal(number, stop)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def package_version() -> str:
@@ -43,13 +78,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        with stdout_named():
+        with stdout_named(), unwound_on_term(args.command in UNWOUND_ON_TERM):
             code = args.func(args)
         shutdown(synchronize=True)  # every rank is done: leave together
         return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print("terminated", file=sys.stderr)
+        return 128 + e.args[0]
     except BrokenPipeError:  # `aiayn translate ... | head`: the reader left, not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
         return 0

@@ -1,0 +1,59 @@
+"""SIGTERM and SIGHUP unwind the commands that write an output whole, as Ctrl-C does: the
+temp file or staging folder of a half-written output is removed, the earlier output is
+kept, and the command says "terminated" (exit 128 + the signal). Before, such a kill
+left the temp file beside the output (translate -o over 10,000 lines, average, export,
+import), and no later run removed it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from aiayn.checkpoint import BEST
+from aiayn.cli import main
+
+# Kills itself once the checkpoint is written to its temp file, before the rename.
+CHILD = """
+import os, signal, sys, time
+import aiayn.checkpoint as c
+real = c.torch.save
+def save(obj, f):
+    real(obj, f)
+    os.kill(os.getpid(), signal.{name})
+    time.sleep(60)
+c.torch.save = save
+from aiayn.cli import main
+sys.exit(main(["average", "--model", {run!r}, "--out", {out!r}]))
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_kill_mid_save_leaves_the_old_output_and_no_temp_file(sample_model_dir, tmp_path, name):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(sample_model_dir() / BEST, run / "checkpoint_epoch001.pt")
+    out = tmp_path / "avg.pt"
+    out.write_bytes(b"an earlier output")
+    code = CHILD.format(name=name, run=str(run), out=str(out))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 128 + getattr(signal, name), proc.stderr
+    assert proc.stderr.strip() == "terminated"
+    assert out.read_bytes() == b"an earlier output"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "run"]
+
+
+def test_the_handlers_are_put_back_after_a_command(sample_model_dir, tmp_path, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(sample_model_dir() / BEST, run / "checkpoint_epoch001.pt")
+    assert main(["average", "--model", str(run), "--out", str(tmp_path / "a.pt")]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -4,12 +4,15 @@ below its default really bounds the batches."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -197,6 +200,33 @@ def test_serve_says_where_it_listens_once_it_accepts_connections(sample_model_di
         response = httpx.post(f"{found[1]}/translate", json={"src": [PAIRS[0][0]]}, timeout=60)
         assert response.status_code == 200 and response.json()["translations"][0]
         assert sum("listening on" in line for line in lines) == 1
+        assert h2c_offer(int(found[2])).startswith(b"HTTP/1.1 200 ")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def h2c_offer(port: int) -> bytes:
+    """All the server answers to a POST that offers an HTTP/2 upgrade, as Java's HttpClient
+    and `curl --http2` do, its body sent after the headers. The offer may be ignored (RFC
+    9110, 7.8); httptools dropped the body instead (a 400 "not valid JSON"), and then read
+    it as a second request (a second 400 nobody asked for)."""
+    body = json.dumps({"src": [PAIRS[0][0]]}).encode()
+    head = (
+        "POST /translate HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(head.encode())
+        time.sleep(0.2)  # the body in a write of its own
+        conn.sendall(body)
+        answer = b""
+        conn.settimeout(5)  # for the answer and anything after it: none should come
+        try:
+            while chunk := conn.recv(65536):
+                answer += chunk
+        except TimeoutError:  # keep-alive: the server waits for the next request
+            pass
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    return answer

@@ -75,8 +75,11 @@ def serve(
         # (unused-ignore: uvicorn is not pinned, and a release may fix the annotation)
         timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type, unused-ignore]
         access_log=False,  # /metrics counts requests; a line per request costs throughput
-        # uvicorn parses HTTP with httptools (C) when it is installed, as the serve extra
-        # makes sure: less CPU beside the model on the event loop.
+        # h11, not httptools: httptools drops the body of a request that offers an upgrade
+        # (`Upgrade: h2c`, which Java's HttpClient and `curl --http2` send; uvicorn#2722),
+        # where h11 ignores the offer, as a server may. Both served the load benchmark at
+        # the same rate (BENCHMARKS.md, Serving).
+        http="h11",
     )
     announce = ""
     if sock is None:  # bind here so a taken port is one clear error, not a traceback

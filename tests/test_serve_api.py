@@ -449,7 +449,9 @@ def test_cors_lets_the_named_origins_call_from_a_browser(translator, client):
         other = post(c, body, origin="http://elsewhere.example", **{"x-api-key": "s3cret"})
         assert "access-control-allow-origin" not in other.headers
         bad = c.options("/translate", headers={**preflight, "origin": "http://elsewhere.example"})
-        assert bad.status_code == 400
+        assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
+        counted = c.get("/metrics", headers={"x-api-key": "s3cret"}).text  # preflights count
+        assert 'aiayn_requests_total{path="/translate",status="400"} 1' in counted
     plain = post(client, b'{"src": ["Ein Hund."], "beam": 1}', origin=page)
     assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
     for origin in ("localhost:3000", "http://x.org/page", "ftp://x.org", "http://"):

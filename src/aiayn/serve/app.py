@@ -250,7 +250,6 @@ def create_app(
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(422, str(exc.errors()[0].get("msg", "invalid request")))
 
-    app.add_middleware(RequestCounter, metrics=metrics)
     if cfg.cors_origins:  # answers browsers' preflight requests before any route
         app.add_middleware(
             CORSMiddleware,
@@ -259,6 +258,7 @@ def create_app(
             allow_headers=["authorization", "content-type", "x-api-key"],
             max_age=600,
         )
+    app.add_middleware(RequestCounter, metrics=metrics)  # outside CORS: preflights count
     app.add_middleware(HeadAsGet)  # outermost: everything inside sees HEAD as GET
 
     @app.post(

@@ -221,6 +221,19 @@ def test_a_body_not_declared_json_is_415(client, kind):
     assert r.status_code == 200
 
 
+def test_a_compressed_body_is_415_not_a_utf8_error(client):
+    import gzip
+
+    body = gzip.compress(b'{"src": ["Ein Hund."], "beam": 1}')
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    r = client.post("/translate", content=body, headers=headers)
+    assert r.status_code == 415, r.text  # was 400 "the body is not UTF-8 (byte 1)"
+    assert "must be sent uncompressed, not as gzip" in r.json()["error"]["message"]
+    plain = {**headers, "content-encoding": "identity"}
+    r = client.post("/translate", content=b'{"src": ["Ein Hund."], "beam": 1}', headers=plain)
+    assert r.status_code == 200
+
+
 # -- bad defaults ------------------------------------------------------------------------
 def test_settings_without_a_length_take_aiayns_rule(parts, sample_model_dir, tmp_path, capsys):
     options = DecodeOptions.from_generation({"num_beams": 4})

@@ -93,6 +93,9 @@ def check_json(request: Request) -> None:
     kind = given.split(";", 1)[0].strip().lower()
     if kind != "application/json":
         raise ApiError(415, f"the body must be application/json, not {given[:80] or 'undeclared'}")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":  # gzip read as text was "not UTF-8 (byte 1)"
+        raise ApiError(415, f"the body must be sent uncompressed, not as {encoding[:40]}")
 
 
 def check_key(request: Request, key: str | None) -> None:

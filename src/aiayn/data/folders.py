@@ -52,7 +52,7 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 @contextmanager
-def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
+def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Iterator[Path]:
     """Yield a new empty folder ``.{name}.*.tmp`` beside ``out`` (beside a link's target),
     renamed to ``out`` when the block ends, with a new folder's permissions. An exception
     in the block removes it and leaves ``out`` as it was.
@@ -60,7 +60,8 @@ def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
     An existing ``out`` is replaced when ``replace`` (the caller checked that it may go;
     it is moved aside until the new one is in place); otherwise it must be an empty folder.
     Raises AiaynError naming ``out`` when it is the current directory (see
-    :func:`output_folder`) or no folder can be created where it goes.
+    :func:`output_folder`) or no folder can be created where it goes, and for an error
+    only a write meets (a full disk) inside the block: "``out``: cannot write ``what``".
     """
     target = output_folder(out)
     try:
@@ -83,7 +84,8 @@ def staged_folder(out: str | Path, replace: bool = False) -> Iterator[Path]:
         # Named as the output, not as the staging folder just deleted: a full disk is one
         # line, whichever writer (ours, ctranslate2's) met it.
         if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
-            raise AiaynError(f"{out}: cannot write ({_why(target, e)})") from None
+            named = f"{out}: cannot write {what}".rstrip()
+            raise AiaynError(f"{named} ({_why(target, e)})") from None
         if isinstance(e, AiaynError) and str(tmp) in str(e):
             e.args = (str(e).replace(str(tmp), str(out)),)
         raise

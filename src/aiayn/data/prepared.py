@@ -189,7 +189,7 @@ def prepare(
     for stale in staged_leftovers(out):  # ``out`` is new or empty: a killed prepare's
         shutil.rmtree(stale, ignore_errors=True)
     try:
-        with staged_folder(out) as tmp:
+        with staged_folder(out, what="the prepared data") as tmp:
             if tokenizer is None and spm_model is not None:
                 tokenizer = Tokenizer.load(spm_model)
             manifest = _prepare_into(

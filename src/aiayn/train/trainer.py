@@ -282,8 +282,9 @@ class Trainer:
             self._metrics = None
             self.run.release()
         self.log(
-            f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} epochs, "
-            f"{self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
+            f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} full epochs"
+            + (f" and {self.batch_in_epoch} batches of the next" if self.batch_in_epoch else "")
+            + f", {self.elapsed / 60:.1f} min; best valid BLEU {self.best_bleu:.2f}"
             + (f"; {self.skipped} updates skipped (non-finite)" if self.skipped else "")
             + self.updater.compile_note()
         )

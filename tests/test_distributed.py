@@ -396,3 +396,28 @@ def test_a_stray_rank_leaves_the_output_file_alone(tmp_path, monkeypatch, capsys
     err = one_line_error(["translate", "--model", model, str(source), "-o", str(output)], capsys)
     assert "RANK='3'" in err
     assert output.read_text() == "keep me\n"
+
+
+def test_a_rank_whose_peers_never_join_is_one_line(tmp_path):
+    """RANK/WORLD_SIZE/MASTER_* set by hand and no other process started: after the
+    collective timeout, torch's DistStoreError ("1/2 clients joined") was a traceback."""
+    import socket
+
+    from sample_data import write_sample
+
+    files = write_sample(tmp_path / "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
+    env.update(OMP_NUM_THREADS="1", WORLD_SIZE="2", RANK="0", LOCAL_RANK="0")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    argv = [sys.executable, "-m", "aiayn", "train", "--out", str(tmp_path / "run")]
+    for flag, name in (("--train-src", "train.de"), ("--train-tgt", "train.en"),
+                       ("--valid-src", "val.de"), ("--valid-tgt", "val.en")):  # fmt: skip
+        argv += [flag, str(files[name])]
+    argv += ["--no-progress", "--set", "collective_timeout_minutes=0.05"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "waited past the collective timeout" in done.stderr

@@ -180,13 +180,14 @@ def init_from_env(
         if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
         timeout = timedelta(minutes=timeout_minutes)
-        store = _attempt_store(world, timeout)
-        if store is None:
-            dist.init_process_group(backend=backend, timeout=timeout)
-        else:
-            dist.init_process_group(
-                backend, store=store, rank=world.rank, world_size=world.size, timeout=timeout
-            )
+        with collective_failures():  # the others never joined: one line, not DistStoreError's
+            store = _attempt_store(world, timeout)
+            if store is None:
+                dist.init_process_group(backend=backend, timeout=timeout)
+            else:
+                dist.init_process_group(
+                    backend, store=store, rank=world.rank, world_size=world.size, timeout=timeout
+                )
         # A process that exits with the group still alive can abort in gloo's teardown
         # ("terminate called without an active exception"): its worker threads are then
         # destroyed during interpreter finalization. Leaving at exit, while Python is still

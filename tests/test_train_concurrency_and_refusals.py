@@ -18,7 +18,7 @@ from aiayn.cli import main
 from aiayn.config import TransformerConfig
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
-from aiayn.train.model_checks import check_fits, parameter_estimate
+from aiayn.train.model_checks import check_fits, check_same_recipe, parameter_estimate
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
 from conftest import small_corpus
@@ -239,3 +239,39 @@ def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, corpu
     (out / "tensorboard").unlink()
     assert main(train_argv(corpus, out, "max_steps=3", resume=True)) == 0
     assert [r["step"] for r in records(out, "train")] == [1, 2, 3]
+
+
+class TwoRanks:
+    """Rank 0's view of a job of two processes, rank 1 running ``other`` (a recipe's
+    fields as check_same_recipe gathers them)."""
+
+    size = 2
+
+    def __init__(self, other: Recipe):
+        self.other = other
+
+    def gather(self, items: list) -> list:
+        fields = self.other.to_dict()
+        model = fields.pop("model")
+        return [items[0], {**fields, **{f"model.{k}": v for k, v in model.items()}}]
+
+    def broadcast(self, obj: object) -> object:
+        return obj
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("max_tokens=1000", "recipe field max_tokens: rank 1 has 1000 where rank 0 has 4096"),
+        ("model.d_model=64", "recipe field model.d_model: rank 1 has 64 where rank 0 has 512"),
+        ("lr_scale=2", "recipe field lr_scale: rank 1 has 2.0 where rank 0 has 1.0"),
+    ],
+)
+def test_every_process_of_a_job_runs_one_recipe(override, message):
+    """A rank started with another max_tokens hung until the collective timeout, another
+    d_model died in DDP with a traceback, another lr_scale trained on without a word (a
+    torchrun job whose ranks were given different --set; checked there by hand too)."""
+    with pytest.raises(AiaynError, match=message):
+        check_same_recipe(Recipe(), TwoRanks(Recipe().override([override])))
+    where = Recipe().override(["train_src=/elsewhere/train.de", "threads=1"])
+    check_same_recipe(Recipe(), TwoRanks(where))  # each machine's own paths and threads

@@ -9,8 +9,15 @@ import torch
 
 from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.distributed import World
 from aiayn.errors import ConfigError, RecipeError
-from aiayn.train.recipe import FINE_TUNE_FIELDS, PREPARED_FIXED, RESUME_FIXED, Recipe
+from aiayn.train.recipe import (
+    FINE_TUNE_FIELDS,
+    PREPARED_FIXED,
+    RESUME_FIXED,
+    TEXT_FIELDS,
+    Recipe,
+)
 
 
 def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
@@ -165,3 +172,34 @@ def run_config(
     sizes = dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size)
     ids = dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id)
     return TransformerConfig.from_dict({**recipe.model, **sizes, **ids})
+
+
+# Recipe fields that may differ between the processes of one job: where each machine finds
+# its files (rank 0 prepares the data the others read) and what each uses to run.
+PER_PROCESS = ("data", "dataset", *TEXT_FIELDS, "init_from", "threads", "device")
+
+
+def check_same_recipe(recipe: Recipe, world: World) -> None:
+    """RecipeError on every rank unless every process of the job runs rank 0's recipe
+    (the fields of :data:`PER_PROCESS` aside): a rank with another ``max_tokens`` hung
+    until the collective timeout, another ``model.d_model`` died in DDP with a traceback,
+    another ``lr_scale`` trained a model no recipe describes, without a word."""
+    if world.size == 1:
+        return
+    fields = {k: v for k, v in recipe.to_dict().items() if k not in PER_PROCESS}
+    model = fields.pop("model")
+    mine = {**fields, **{f"model.{k}": v for k, v in model.items()}}
+    found = world.gather([mine])
+    differs = None
+    for rank, theirs in enumerate(found or []):
+        keys = sorted(k for k in mine if theirs.get(k) != mine[k])
+        if keys:
+            differs = (rank, keys[0], theirs.get(keys[0]), mine[keys[0]])
+            break
+    differs = world.broadcast(differs)
+    if differs is not None:
+        rank, key, theirs, ours = differs
+        raise RecipeError(
+            f"recipe field {key}: rank {rank} has {theirs!r} where rank 0 has {ours!r}; every "
+            "process of a job must run one recipe"
+        )

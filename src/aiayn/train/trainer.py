@@ -35,7 +35,7 @@ from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.metrics_log import MetricsLog
-from aiayn.train.model_checks import run_config
+from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
 from aiayn.train.rundir import RunDirectory
@@ -83,6 +83,7 @@ class Trainer:
         self.world = world or init_from_env(device.type, r.collective_timeout_minutes)
         self.device = torch.device(self.world.device(str(device)))
         self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
+        check_same_recipe(r, self.world)  # before any rank writes or waits on another
         self.run = run = RunDirectory(self.out_dir, self.world, self.log)
         state = run.previous_state(resume, self.device, r)
         # A new run with init_from starts from that model: config, weights, tokenizer.

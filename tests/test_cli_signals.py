@@ -11,11 +11,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from aiayn.checkpoint import BEST
-from aiayn.cli import main
+from aiayn.cli import main, unwound_on_term
 
 # Kills itself once the checkpoint is written to its temp file, before the rename.
 CHILD = """
@@ -27,7 +28,7 @@ def save(obj, f):
     os.kill(os.getpid(), signal.{name})
     time.sleep(60)
 c.torch.save = save
-from aiayn.cli import main
+from aiayn.cli import main, unwound_on_term
 sys.exit(main(["average", "--model", {run!r}, "--out", {out!r}]))
 """
 
@@ -51,9 +52,32 @@ def test_a_kill_mid_save_leaves_the_old_output_and_no_temp_file(sample_model_dir
 
 
 def test_the_handlers_are_put_back_after_a_command(sample_model_dir, tmp_path, capsys):
-    before = signal.getsignal(signal.SIGTERM)
+    before = [signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGHUP)]
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(sample_model_dir() / BEST, run / "checkpoint_epoch001.pt")
     assert main(["average", "--model", str(run), "--out", str(tmp_path / "a.pt")]) == 0
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert [signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGHUP)] == before
+
+
+def test_a_forked_worker_dies_of_the_signal_and_nohup_still_holds():
+    """prepare's pool forks workers, which inherited the handler: the pool's terminate()
+    then raised Terminated inside them (a traceback, once a hang). And a SIGHUP that
+    `nohup` set to be ignored was caught again, stopping a run the user had protected."""
+    with unwound_on_term(True):
+        pid = os.fork()
+        if pid == 0:  # the child: SIGTERM must end it, not raise here
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with unwound_on_term(True):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)

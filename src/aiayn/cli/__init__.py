@@ -37,14 +37,21 @@ def unwound_on_term(wanted: bool) -> Iterator[None]:
     and in the main thread: elsewhere signals cannot be caught); the handlers before are
     put back after it."""
 
+    owner = os.getpid()
+
     def stop(signum: int, frame: object) -> None:
+        if os.getpid() != owner:  # a forked worker (prepare's pool): die as it would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise Terminated(signum)
 
     before = {}
     names = ("SIGTERM", "SIGHUP") if wanted else ()
     try:
         for number in (getattr(signal, n) for n in names if hasattr(signal, n)):
-            before[number] = signal.signal(number, stop)
+            if signal.getsignal(number) is signal.SIG_DFL:  # not one `nohup` ignores
+                before[number] = signal.signal(number, stop)
     except ValueError:  # not the main thread
         pass
     try:

@@ -305,16 +305,25 @@ def test_auto_passes_over_an_average_made_before_training_went_on(
     run = tmp_path / "run"
     run.mkdir()
     state = load_checkpoint(sample_model_dir() / BEST)
-    for name, step in ((BEST, 40), (LAST, 50), (AVERAGED, 30)):
+    for name, step in ((BEST, 40), (LAST, 50)):
         save_checkpoint({**state, "step": step}, run / name)
+    # Made when training was at step 30, of checkpoints up to step 20.
+    save_checkpoint({**state, "step": 20, "run_step": 30}, run / AVERAGED)
     assert stale_average(run) == (30, 50)
     assert resolve_checkpoint(run) == run / BEST
     assert resolve_checkpoint(run, "averaged") == run / AVERAGED  # asked for by name: taken
     assert main(["summary", "--model", str(run)]) == 0
-    assert f"{run}/{AVERAGED} (step 30) predates its {LAST} (step 50)" in capsys.readouterr().err
-    save_checkpoint({**state, "step": 50}, run / AVERAGED)  # averaged again: current
+    assert f"{run}/{AVERAGED} was made at step 30, before its {LAST} (step 50)" in (
+        capsys.readouterr().err
+    )
+    # Averaged again once training stopped at step 50, of the newest epoch checkpoint (at
+    # step 40, since a killed run saves checkpoint_last.pt after it): current.
+    save_checkpoint({**state, "step": 40, "run_step": 50}, run / AVERAGED)
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
     assert main(["summary", "--model", str(run)]) == 0
     assert "predates" not in capsys.readouterr().err
+    save_checkpoint({**state, "step": 45}, run / "checkpoint_epoch001.pt")
+    assert main(["average", "--model", str(run), "--last", "1"]) == 0  # records run_step 50
+    assert load_checkpoint(run / AVERAGED)["run_step"] == 50 and stale_average(run) is None
     (run / LAST).unlink()  # an imported or averaged-only directory: nothing to compare
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED

@@ -18,6 +18,7 @@ from aiayn.cli import main
 from aiayn.config import TransformerConfig
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
+from aiayn.train import model_checks
 from aiayn.train.model_checks import check_fits, check_same_recipe, parameter_estimate
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
@@ -86,14 +87,16 @@ def test_a_recipe_that_trains_nothing_is_refused(tmp_path, corpus, capsys):
 
 
 def test_a_model_too_large_for_the_machine_is_refused_before_anything_is_written(
-    tmp_path, corpus, capsys
+    tmp_path, corpus, capsys, monkeypatch
 ):
     """n_layers=100000 (a typo's extra zeros) filled all 24 GiB of this machine for three
-    minutes until the kernel killed the process, after the run's data was written."""
+    minutes until the kernel killed the process, after the run's data was written. The
+    machine's memory is fixed at 24 GiB here, so that a larger one refuses too."""
+    monkeypatch.setattr(model_checks, "device_memory", lambda device: 24 * 2**30)
     out = tmp_path / "run"
-    err = fail(train_argv(corpus, out, "model.n_layers=100000"), capsys)
+    err = fail(train_argv(corpus, out, "model.n_layers=100000", "device=cpu"), capsys)
     assert "model.n_layers=100000" in err and "100000+100000 layers" in err
-    assert "GiB of memory of cpu" in err and len(err.strip().splitlines()) == 1
+    assert "the 24.0 GiB of memory of cpu" in err and len(err.strip().splitlines()) == 1
     assert not out.exists() or not any(out.iterdir())
 
 

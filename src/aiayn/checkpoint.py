@@ -257,28 +257,31 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
     return Path(directory), which
 
 
+def saved_step(path: Path, key: str = "step") -> int | None:
+    """A checkpoint's int entry ``key``, its tensors memory-mapped, not read; None where
+    the file or the entry is missing or unreadable (a load names the file)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    step = state.get(key) if isinstance(state, dict) else None
+    return step if isinstance(step, int) else None
+
+
 def stale_average(model_dir: str | Path) -> tuple[int, int] | None:
-    """``(its step, the last checkpoint's)`` when ``model_dir``'s averaged checkpoint was
-    made before training went on (its newest source is older than ``checkpoint_last.pt``):
-    ``auto`` then passes it over. None otherwise."""
-    steps = []
-    for path in (Path(model_dir) / AVERAGED, Path(model_dir) / LAST):
-        try:  # the step alone: memory-mapped, no tensor is read
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # missing or unreadable: nothing to pass over (a load names it)
-            return None
-        step = state.get("step") if isinstance(state, dict) else None
-        if not isinstance(step, int):
-            return None
-        steps.append(step)
-    return (steps[0], steps[1]) if steps[0] < steps[1] else None
+    """``(the step training had reached when it was averaged, the last checkpoint's)`` if
+    the average was made before training went on (``aiayn average`` records ``run_step``)."""
+    made_at = saved_step(Path(model_dir) / AVERAGED, "run_step")
+    last = saved_step(Path(model_dir) / LAST)
+    if made_at is None or last is None or made_at >= last:
+        return None
+    return made_at, last
 
 
 def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
     """The checkpoint file of a model directory: ``which`` is best, last, averaged, a file
-    path, or auto (averaged if present and not stale, see :func:`stale_average`; else best,
-    else last). A relative file path that is not there but is in the model directory
-    (``checkpoint_epoch003.pt``) is that one."""
+    path (relative: in the model directory, where it is only there), or auto (averaged
+    unless :func:`stale_average`, else best, else last)."""
     model_dir = Path(model_dir)
     if which not in CHECKPOINT_NAMES and which != "auto":
         path = Path(which)

@@ -38,9 +38,9 @@ def note_stale_averages(models: str | list[str], checkpoints: str | list[str] | 
     for model_dir in [models] if isinstance(models, str) else models:
         if steps := stale_average(model_dir):
             print(
-                f"note: {model_dir}/{AVERAGED} (step {steps[0]}) predates its {LAST} (step "
-                f"{steps[1]}): training went on after it was averaged, so --checkpoint auto "
-                "takes the best or last checkpoint; run `aiayn average` again for a new one",
+                f"note: {model_dir}/{AVERAGED} was made at step {steps[0]}, before its {LAST} "
+                f"(step {steps[1]}): training went on after it was averaged, so --checkpoint "
+                "auto takes the best or last checkpoint; run `aiayn average` again for a new one",
                 file=sys.stderr,
             )
 

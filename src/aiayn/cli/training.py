@@ -141,6 +141,7 @@ def cmd_average(args: argparse.Namespace) -> int:
         check_target,
         epoch_checkpoints,
         save_checkpoint,
+        saved_step,
     )
     from aiayn.train.averaging import average_checkpoints
 
@@ -161,7 +162,10 @@ def cmd_average(args: argparse.Namespace) -> int:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
         print(f"note: averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
-    save_checkpoint(average_checkpoints(paths), out)
+    state = average_checkpoints(paths)
+    if (run_step := saved_step(model_dir / LAST)) is not None:  # see stale_average
+        state["run_step"] = run_step
+    save_checkpoint(state, out)
     print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
     return 0
 

@@ -30,9 +30,12 @@ def test_a_write_error_in_a_staged_folder_names_the_output(tmp_path):
         full()
     with pytest.raises(CheckpointError, match=rf"^{out}/x\.pt: cannot"), staged_folder(out) as tmp:
         raise CheckpointError(f"{tmp}/x.pt: cannot write (No space left on device)")
-    # A read that failed is not blamed on the output.
+    # A read that failed is not blamed on the output, nor a full disk elsewhere.
     with pytest.raises(FileNotFoundError), staged_folder(out):
         (tmp_path / "missing").read_text()
+    elsewhere = OSError(errno.ENOSPC, "No space left on device", "/dev/shm/sem.mp-1")
+    with pytest.raises(OSError, match=r"/dev/shm/sem\.mp-1"), staged_folder(out):
+        raise elsewhere
     assert not out.exists() and not list(tmp_path.iterdir())
 
 

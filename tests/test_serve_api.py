@@ -452,6 +452,8 @@ def test_cors_lets_the_named_origins_call_from_a_browser(translator, client):
         assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
         counted = c.get("/metrics", headers={"x-api-key": "s3cret"}).text  # preflights count
         assert 'aiayn_requests_total{path="/translate",status="400"} 1' in counted
+        # ... but the latency of POST /translate holds the two POSTs alone
+        assert "aiayn_request_duration_seconds_count 2" in counted, counted
     plain = post(client, b'{"src": ["Ein Hund."], "beam": 1}', origin=page)
     assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
     for origin in ("localhost:3000", "http://x.org/page", "ftp://x.org", "http://"):

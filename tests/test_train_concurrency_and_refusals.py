@@ -278,3 +278,17 @@ def test_every_process_of_a_job_runs_one_recipe(override, message):
         check_same_recipe(Recipe(), TwoRanks(Recipe().override([override])))
     where = Recipe().override(["train_src=/elsewhere/train.de", "threads=1"])
     check_same_recipe(Recipe(), TwoRanks(where))  # each machine's own paths and threads
+
+
+def test_a_run_of_a_prepared_directory_ignores_the_data_settings_on_resume(tmp_path, corpus):
+    """vocab_size and the like make no data in a run of a prepared directory (`--data`):
+    resuming with another value is no contradiction there, and is not refused."""
+    from aiayn.data.prepared import prepare
+
+    data = tmp_path / "data"
+    valid = (corpus["val.de"], corpus["val.en"])
+    prepare((corpus["train.de"], corpus["train.en"]), valid, data, 300, show_progress=False)
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--data", str(data), "--no-progress", "--set", *TINY]
+    assert main([*argv, "max_steps=2"]) == 0
+    assert main([*argv, "max_steps=3", "vocab_size=123", "--resume"]) == 0

@@ -83,7 +83,9 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
         shutil.rmtree(tmp, ignore_errors=True)
         # Named as the output, not as the staging folder just deleted: a full disk is one
         # line, whichever writer (ours, ctranslate2's) met it.
-        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+        where = os.fsdecode(e.filename) if isinstance(e, OSError) and e.filename else None
+        ours = where is None or where.startswith((str(tmp), str(target)))  # not /dev/shm's
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS and ours:
             named = f"{out}: cannot write {what}".rstrip()
             raise AiaynError(f"{named} ({_why(target, e)})") from None
         if isinstance(e, AiaynError) and str(tmp) in str(e):

@@ -139,7 +139,9 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
             )
     saved = state.get("recipe") or {}
     plan = ("max_tokens", "seed") if state.get("batch_in_epoch") else ()  # the epoch's plan
-    for key in (*plan, *RESUME_FIXED, *PREPARED_FIXED):
+    # A run of a prepared directory or a model's tokenizer never used PREPARED_FIXED.
+    prepared = () if saved.get("data") or saved.get("init_from") else PREPARED_FIXED
+    for key in (*plan, *RESUME_FIXED, *prepared):
         value = list(recipe.adam_betas) if key == "adam_betas" else getattr(recipe, key)
         if key in saved and value != saved[key]:
             if key in plan:

@@ -187,9 +187,11 @@ def test_the_batch_plan_cannot_change_in_the_middle_of_an_epoch(tmp_path, corpus
     without a word. Refused there; the run's own values resume."""
     out = tmp_path / "run"
     assert main(train_argv(corpus, out, "max_steps=3")) == 0
-    assert load_checkpoint(out / "checkpoint_last.pt")["batch_in_epoch"] > 0  # mid-epoch
+    last = load_checkpoint(out / "checkpoint_last.pt")
+    assert last["batch_in_epoch"] > 0  # mid-epoch
     said = capsys.readouterr().out  # the stop line counted the epoch in progress as none
-    assert "stopped (max_steps) after 3 updates, 0 full epochs and 3 batches of the next" in said
+    where = f"{last['epoch']} full epochs and {last['batch_in_epoch']} batches of the next"
+    assert f"stopped (max_steps) after 3 updates, {where}" in said
     for change in ("max_tokens=700", "seed=5"):
         err = fail(train_argv(corpus, out, "max_steps=4", change, resume=True), capsys)
         assert f"recipe field {change}" in err and "middle of an epoch" in err

@@ -19,7 +19,12 @@ from aiayn.config import TransformerConfig
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 from aiayn.train import model_checks
-from aiayn.train.model_checks import check_fits, check_same_recipe, parameter_estimate
+from aiayn.train.model_checks import (
+    check_fits,
+    check_same_recipe,
+    job_fields,
+    parameter_estimate,
+)
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
 from conftest import small_corpus
@@ -247,8 +252,7 @@ def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, corpu
 
 
 class TwoRanks:
-    """Rank 0's view of a job of two processes, rank 1 running ``other`` (a recipe's
-    fields as check_same_recipe gathers them)."""
+    """Rank 0's view of a job of two processes, rank 1 running ``other``."""
 
     size = 2
 
@@ -256,9 +260,7 @@ class TwoRanks:
         self.other = other
 
     def gather(self, items: list) -> list:
-        fields = self.other.to_dict()
-        model = fields.pop("model")
-        return [items[0], {**fields, **{f"model.{k}": v for k, v in model.items()}}]
+        return [items[0], job_fields(self.other)]
 
     def broadcast(self, obj: object) -> object:
         return obj

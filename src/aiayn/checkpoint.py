@@ -272,10 +272,10 @@ def stale_average(model_dir: str | Path) -> tuple[int, int] | None:
     """``(the step training had reached when it was averaged, the last checkpoint's)`` if
     the average was made before training went on (``aiayn average`` records ``run_step``)."""
     made_at = saved_step(Path(model_dir) / AVERAGED, "run_step")
-    last = saved_step(Path(model_dir) / LAST)
-    if made_at is None or last is None or made_at >= last:
+    if made_at is None:  # no average, or one made before aiayn recorded run_step
         return None
-    return made_at, last
+    last = saved_step(Path(model_dir) / LAST)
+    return (made_at, last) if last is not None and made_at < last else None
 
 
 def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:

@@ -105,8 +105,8 @@ def check_fits(cfg: TransformerConfig, device: torch.device) -> None:
     """RecipeError unless ``cfg``'s model, its gradients and Adam's moments fit in all the
     memory of ``device``: a mistyped size (``n_layers=100000``) otherwise filled the
     machine's memory for minutes before the process was killed."""
-    total = device_memory(device)
-    need = parameter_estimate(cfg) * TRAINING_BYTES
+    total, parameters = device_memory(device), parameter_estimate(cfg)
+    need = parameters * TRAINING_BYTES
     if total is None or need <= total:
         return
     sizes = ", ".join(
@@ -114,7 +114,7 @@ def check_fits(cfg: TransformerConfig, device: torch.device) -> None:
     )
     layers = f"{cfg.encoder_layers}+{cfg.decoder_layers} layers"
     raise RecipeError(
-        f"the model ({sizes}; {layers}) has about {parameter_estimate(cfg) / 1e6:,.0f}M "
+        f"the model ({sizes}; {layers}) has about {parameters / 1e6:,.0f}M "
         f"parameters: training needs about {need / 2**30:,.1f} GiB for its weights, "
         f"gradients and Adam's moments alone, more than all the {total / 2**30:,.1f} GiB of "
         f"memory of {device}"
@@ -181,6 +181,14 @@ def run_config(
 PER_PROCESS = ("data", "dataset", *TEXT_FIELDS, "init_from", "threads", "device")
 
 
+def job_fields(recipe: Recipe) -> dict[str, object]:
+    """The fields every process of a job must share, by name (``model.d_model``): the
+    recipe's but :data:`PER_PROCESS`."""
+    fields = {k: v for k, v in recipe.to_dict().items() if k not in PER_PROCESS}
+    model = fields.pop("model")
+    return {**fields, **{f"model.{k}": v for k, v in model.items()}}
+
+
 def check_same_recipe(recipe: Recipe, world: World) -> None:
     """RecipeError on every rank unless every process of the job runs rank 0's recipe
     (the fields of :data:`PER_PROCESS` aside): a rank with another ``max_tokens`` hung
@@ -188,9 +196,7 @@ def check_same_recipe(recipe: Recipe, world: World) -> None:
     another ``lr_scale`` trained a model no recipe describes, without a word."""
     if world.size == 1:
         return
-    fields = {k: v for k, v in recipe.to_dict().items() if k not in PER_PROCESS}
-    model = fields.pop("model")
-    mine = {**fields, **{f"model.{k}": v for k, v in model.items()}}
+    mine = job_fields(recipe)
     found = world.gather([mine])
     differs = None
     for rank, theirs in enumerate(found or []):

@@ -160,6 +160,16 @@ def test_bad_input_is_a_json_4xx_and_the_server_goes_on(client, body, status, me
     assert client.post("/translate", json={"src": ["Ein Hund."]}).status_code == 200
 
 
+def test_a_body_with_a_byte_order_mark_is_read_as_without(client):
+    """RFC 8259 lets a parser ignore a leading BOM; Windows PowerShell 5 sends one."""
+    plain = post(client, b'{"src": ["Ein Hund."]}')
+    r = post(client, b'\xef\xbb\xbf{"src": ["Ein Hund."]}')
+    assert r.status_code == 200, r.text
+    assert r.json()["translations"] == plain.json()["translations"]
+    bad = post(client, b'\xef\xbb\xbf{"src": ["\xff"]}')  # the offset counts the BOM
+    assert bad.status_code == 400 and "not UTF-8 (byte 13)" in bad.json()["error"]["message"]
+
+
 def test_a_sentence_over_the_length_limit(client, translator):
     limit = translator.max_source_tokens
     long = " ".join(["Hund"] * (limit + 5))

@@ -7,6 +7,7 @@ Every error is a JSON body ``{"error": {"status": N, "message": "..."}}`` with a
 
 from __future__ import annotations
 
+import codecs
 import hmac
 import json
 import math
@@ -208,11 +209,13 @@ def _no_constants(name: str) -> None:
 def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
     """Decode, parse and range-check a body: 400 for bytes that are not UTF-8 JSON (or
     nest too deeply to parse), 422 for JSON of the wrong shape, settings out of range or
-    text that is not valid Unicode (a lone surrogate, escaped)."""
+    text that is not valid Unicode (a lone surrogate, escaped). A leading byte order mark
+    is ignored, as RFC 8259 (8.1) allows: some clients (Windows PowerShell 5) send one."""
+    bom = len(codecs.BOM_UTF8) if body.startswith(codecs.BOM_UTF8) else 0
     try:
-        text = body.decode("utf-8")
+        text = body[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ApiError(400, f"the body is not UTF-8 (byte {e.start})") from None
+        raise ApiError(400, f"the body is not UTF-8 (byte {bom + e.start})") from None
     try:
         data = json.loads(text, parse_constant=_no_constants)
     except ValueError as e:

@@ -2,7 +2,8 @@
 temp file or staging folder of a half-written output is removed, the earlier output is
 kept, and the command says "terminated" (exit 128 + the signal). Before, such a kill
 left the temp file beside the output (translate -o over 10,000 lines, average, export,
-import), and no later run removed it."""
+import), and no later run removed it. A Ctrl-C while the command still loads (torch takes
+about a second) says "interrupted" too, as it does later, instead of a traceback."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import aiayn
 from aiayn.checkpoint import BEST
 from aiayn.cli import main, unwound_on_term
 
@@ -81,3 +84,36 @@ def test_a_forked_worker_dies_of_the_signal_and_nohup_still_holds():
             assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_ctrl_c_while_torch_loads_says_interrupted(tmp_path):
+    """The `aiayn` script runs ``from aiayn.cli import main; sys.exit(main())``, and both
+    aiayn and aiayn.cli imported torch at their top (about a second): a Ctrl-C then printed
+    a traceback from inside torch's import. A torch whose import raises KeyboardInterrupt
+    stands in for the Ctrl-C, with no race."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise KeyboardInterrupt\n")
+    source = Path(aiayn.__file__).parents[1]  # this aiayn, installed or not
+    path = [str(tmp_path), str(source), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    script = "import sys; from aiayn.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "translate", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", "")
+
+
+def test_the_package_names_load_on_first_use():
+    """aiayn.Transformer and aiayn.TransformerConfig are imported when first asked for."""
+    from aiayn import Transformer, TransformerConfig, config
+    from aiayn.model import transformer
+
+    assert (Transformer, TransformerConfig) == (transformer.Transformer, config.TransformerConfig)
+    assert (aiayn.Transformer, aiayn.TransformerConfig) == (Transformer, TransformerConfig)
+    assert {"Transformer", "TransformerConfig", "__version__"} <= set(dir(aiayn))
+    with pytest.raises(AttributeError, match="no attribute 'Transformers'"):
+        aiayn.Transformers  # noqa: B018

@@ -3,6 +3,10 @@
 Errors the user can fix (bad files, bad recipes, bad checkpoints: every
 :class:`~aiayn.errors.AiaynError`) print one line naming the file or field and exit with
 status 2. Any other exception is a bug and keeps its traceback.
+
+This module imports nothing heavy: the subcommands (and torch, about a second) are imported
+inside :func:`main`, so that a Ctrl-C while they load says "interrupted" as it does later,
+not a traceback from deep inside torch's import.
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 
-from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
-from aiayn.cli.common import stdout_named
+from aiayn.cli.common import stdout_named  # light, as aiayn.errors: no torch
 from aiayn.errors import AiaynError
 
 EXIT_USER_ERROR = 2
@@ -70,6 +73,8 @@ def package_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from aiayn.cli import converting, datasets, decoding, inspecting, serving, training
+
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The original Transformer: train, translate, score, inspect."
     )
@@ -81,7 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aiayn.distributed import shutdown
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # also while the imports load, before any command ran
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Terminated as e:
+        print("terminated", file=sys.stderr)
+        return 128 + e.args[0]
+
+
+def run(argv: list[str] | None) -> int:
+    """:func:`main` but for Ctrl-C and the signals, which it turns into one line."""
+    from aiayn.distributed import shutdown  # imports torch
 
     args = build_parser().parse_args(argv)
     try:
@@ -89,12 +106,6 @@ def main(argv: list[str] | None = None) -> int:
             code = args.func(args)
         shutdown(synchronize=True)  # every rank is done: leave together
         return code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Terminated as e:
-        print("terminated", file=sys.stderr)
-        return 128 + e.args[0]
     except BrokenPipeError:  # `aiayn translate ... | head`: the reader left, not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
         return 0

@@ -21,9 +21,8 @@ the checkout's src/ on the path itself); it says plainly which module is missing
 
 A part that has not begun after ``--budget-s`` seconds (270) is skipped, and named in the
 JSON under ``skipped_out_of_time``; a part once begun runs to its end. On an H200 the step
-part took about 200 s and the compiled train loop more than 230 s (its compilations), so
-give each part a call of its own on a lent device (``--parts step``, then ``--parts
-train,decode``).
+part took about 200 s (each compiled model compiles for a minute or two), so give each
+part a call of its own on a lent device (``--parts step``, then ``--parts train,decode``).
 
 The device's defaults apply where the recipe leaves them unset: on CUDA bf16 autocast,
 fused AdamW; ``--tiny`` shrinks every model and batch and compiles with dynamo's "eager"

@@ -160,7 +160,7 @@ def test_unknown_precision_is_refused():
 def test_compiled_training_matches_eager(tmp_path, data, max_tokens, capsys):  # noqa: F811
     """`compile: true` trains through torch.compile (inductor on the CPU): six updates over
     batches of several shapes give the eager losses to 1e-4, with a bounded number of
-    compiled graphs (lengths padded to buckets, the row count dynamic)."""
+    compiled graphs (lengths padded to buckets, the row count and length dynamic)."""
     runs = {}
     for name, compile in (("eager", "false"), ("compiled", "true")):
         out = tmp_path / name
@@ -173,5 +173,5 @@ def test_compiled_training_matches_eager(tmp_path, data, max_tokens, capsys):  #
     assert len(shapes) >= 3  # batches of different sizes went through the compiled step
     out = capsys.readouterr().out
     graphs = int(re.search(r"torch.compile: (\d+) graphs", out).group(1))
-    assert 1 <= graphs <= 6, graphs
-    assert out.count("compiled step: the first batch of each length bucket compiles") == 1
+    assert graphs == 1, graphs  # whatever the lengths (tests/test_compile.py)
+    assert out.count("compiled step: the first batch compiles it first") == 1

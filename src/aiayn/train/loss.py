@@ -64,22 +64,22 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
         target: Tensor,  # [R, C]
         epsilon: float,
         pad_id: int,
-        bounds: tuple[int, ...],  # chunk starts along C, then C
+        bounds: tuple[int, ...],  # chunk starts along the R*C positions, then R*C
         dtype: torch.dtype,
         need_grad: bool,
     ) -> tuple[Tensor, Tensor]:
-        R, _, d = hidden.shape
-        V = weight.size(0)
+        d, V = hidden.size(-1), weight.size(0)
+        positions, targets = hidden.reshape(-1, d), target.reshape(-1, 1)  # [R*C, d], [R*C, 1]
         w = weight.to(dtype)
         b = bias.to(dtype) if bias is not None else None
         loss_sum = hidden.new_zeros((), dtype=torch.float32)
         nll_sum = hidden.new_zeros((), dtype=torch.float32)
-        grad_h = torch.zeros_like(hidden) if need_grad else None
+        grad_h = torch.zeros_like(positions) if need_grad else None
         grad_w = torch.zeros(V, d, dtype=torch.float32, device=weight.device) if need_grad else None
         grad_b = torch.zeros(V, dtype=torch.float32, device=weight.device)
         for start, end in itertools.pairwise(bounds):
-            h = hidden[:, start:end].reshape(-1, d).to(dtype)  # [n, d]
-            y = target[:, start:end].reshape(-1, 1)  # [n, 1]
+            h = positions[start:end].to(dtype)  # [n, d]
+            y = targets[start:end]  # [n, 1]
             keep = (y != pad_id).to(torch.float32)  # [n, 1]
             z = (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()  # [n, V]
             lse = torch.logsumexp(z, dim=-1, keepdim=True)  # [n, 1]
@@ -91,13 +91,15 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
                 continue
             g = (z - lse).exp_().sub_(epsilon / V)  # softmax - eps/V, in place of z
             g = g.scatter_add(1, y, torch.full_like(keep, epsilon - 1.0)).mul_(keep).to(dtype)
-            grad_h[:, start:end] = (g @ w).view(R, end - start, d).to(hidden.dtype)
+            grad_h[start:end] = (g @ w).to(hidden.dtype)
             grad_w += (g.t() @ h).float()
             if b is not None:
                 grad_b += g.float().sum(dim=0)
         ctx.mark_non_differentiable(nll_sum)
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.save_for_backward(
+            grad_h.view_as(hidden) if grad_h is not None else None, grad_w, grad_b
+        )
         return loss_sum, nll_sum
 
     @staticmethod
@@ -127,16 +129,17 @@ def projected_label_smoothed_loss(
     hidden ``[R, C, d]``, weight ``[V, d]``, bias ``[V]`` or None, target ``[R, C]``.
 
     The same sums and gradients as :func:`label_smoothed_cross_entropy` on the full logits
-    (to float tolerance; tested). The positions are cut along C into ``chunks`` pieces
-    (default: as many as keep each piece's logits within :data:`CHUNK_LOGITS`, which reads
-    R: a compiled caller whose R changes from batch to batch passes its own count, so
-    that the cuts depend on C alone). Under autocast the products run in its dtype."""
+    (to float tolerance; tested). The R*C positions are cut into ``chunks`` pieces
+    (default: as many as keep each piece's logits within :data:`CHUNK_LOGITS`, a count
+    that reads the shape: a compiled caller passes its own, so that one graph serves every
+    shape; R >= 2 and C >= 8 then keep every piece above one position, a size torch.compile
+    would specialise). Under autocast the products run in its dtype."""
     R, C, _ = hidden.shape
-    V = weight.size(0)
+    N, V = R * C, weight.size(0)
     if chunks is None:
-        chunks = max(1, -(-R * C * V // CHUNK_LOGITS))
-    chunks = max(1, min(chunks, C))
-    bounds = tuple(C * k // chunks for k in range(chunks + 1))
+        chunks = max(1, -(-N * V // CHUNK_LOGITS))
+    chunks = max(1, min(chunks, N))
+    bounds = tuple(N * k // chunks for k in range(chunks + 1))
     device = hidden.device.type
     enabled = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if enabled else weight.dtype

@@ -23,7 +23,7 @@ from aiayn.train.update import PRECISIONS
 FINE_TUNE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "max_len")
 # The fields a recipe may leave unset (null) for the device to decide (step_settings): on
 # CUDA bf16 autocast and a compiled step (1.46x-1.78x eager per update on an H200, issue
-# 43; each length bucket's first batch compiles for a minute or so), with fused AdamW;
+# 43; its first batch compiles it, for a minute or two), with fused AdamW;
 # elsewhere fp32 and eager, since compiling loses on a CPU (BENCHMARKS.md).
 DEVICE_DEFAULTS = ("precision", "compile")
 

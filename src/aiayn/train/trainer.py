@@ -149,8 +149,8 @@ class Trainer:
         )
         if self.updater.compiled:  # else a GPU run would sit silent for minutes at its start
             self.log(
-                "compiled step: the first batch of each length bucket compiles first (over "
-                "a minute each on a GPU); compile: false starts short runs at once"
+                "compiled step: the first batch compiles it first (a minute or two on a "
+                "GPU); compile: false starts short runs at once"
             )
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -40,8 +40,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # What torch.compile lowers the step with. Tests and the CPU smoke check of
 # benchmarks/gpu_check.py set "eager" (dynamo's graphs, run as they are: no C++ compiler).
 COMPILE_BACKEND = "inductor"
-# The fused loss of a compiled step cuts T into this many pieces (of B x T/8 positions):
-# a count that depends on T alone, which is static, where the row count varies.
+# The fused loss of a compiled step cuts its B x T positions into this many pieces: a
+# count fixed whatever the shape, which is dynamic.
 COMPILE_LOSS_CHUNKS = 8
 
 
@@ -53,7 +53,7 @@ class TrainingLoss(nn.Module):
     the ``[positions x V]`` logits are formed a chunk at a time, never whole. Eager steps
     keep only the real positions first, to save the pads' share of the projection;
     ``static_shapes=True`` (for torch.compile) projects every position and masks the pads
-    instead, cut into :data:`COMPILE_LOSS_CHUNKS` pieces along T: selecting positions gives
+    instead, cut into :data:`COMPILE_LOSS_CHUNKS` pieces: selecting positions gives
     data-dependent shapes, which break a compiled graph. Both give the same sums."""
 
     def __init__(self, model: Transformer, epsilon: float, static_shapes: bool = False):
@@ -119,9 +119,9 @@ class Updater:
 
     ``compile=True`` runs the step through ``torch.compile`` (before the DDP wrap, as
     recommended). A batch is then padded to one of a few lengths, both sides alike
-    (:meth:`Batch.padded_to_bucket`), and its row count is marked dynamic: the step
-    compiles one graph per length bucket an epoch meets, whatever the rows, each static in
-    its lengths."""
+    (:meth:`Batch.padded_to_bucket`), and its row count and length are marked dynamic: the
+    step compiles one graph whatever the batches, not one per length bucket (a minute or
+    more each on a GPU)."""
 
     def __init__(
         self,
@@ -147,8 +147,9 @@ class Updater:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         step: nn.Module = TrainingLoss(model, label_smoothing, static_shapes=compile)
         if compile:  # an OptimizedModule, a Module (typed as a mere callable)
-            # One graph per length bucket a run meets: up to 15 on long corpora, beyond
-            # dynamo's default limit of 8, past which it would run the rest eagerly.
+            # Should a length be specialised after all (a shape guard), one graph per
+            # bucket: up to 15, beyond dynamo's default limit of 8, past which it would
+            # run the rest eagerly.
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, len(BUCKETS) + 2)
             step = cast(nn.Module, torch.compile(step, dynamic=False, backend=COMPILE_BACKEND))
@@ -174,9 +175,10 @@ class Updater:
         if self.compiled:
             batch = batch.padded_to_bucket(self.model.cfg.max_len)
         batch = batch.to(self.device)
-        if self.compiled:  # one graph for any row count: dynamic=False leaves only this
+        if self.compiled:  # one graph for any rows and length: dynamic=False leaves these
             for ids in (batch.src, batch.tgt_in, batch.tgt_out):
                 torch._dynamo.maybe_mark_dynamic(ids, 0)
+                torch._dynamo.maybe_mark_dynamic(ids, 1)
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
             sums = self.step_module(batch.src, batch.tgt_in, batch.tgt_out)  # [2]
         self.scaler.scale(sums[0] * scale).backward()

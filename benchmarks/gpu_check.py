@@ -21,8 +21,10 @@ the checkout's src/ on the path itself); it says plainly which module is missing
 
 A part that has not begun after ``--budget-s`` seconds (270) is skipped, and named in the
 JSON under ``skipped_out_of_time``; a part once begun runs to its end. On an H200 the step
-part took about 200 s (each compiled model compiles for a minute or two), so give each
-part a call of its own on a lent device (``--parts step``, then ``--parts train,decode``).
+part took about 200 s when each length compiled a graph of its own (84 s base, 71 s big);
+one graph for all lengths compiles about 1.8x longer (115 s base), so it may now take
+300 s or more: give each part a call of its own on a lent device (``--parts step``, then
+``--parts train,decode``), with ``--budget-s`` to match.
 
 The device's defaults apply where the recipe leaves them unset: on CUDA bf16 autocast,
 fused AdamW; ``--tiny`` shrinks every model and batch and compiles with dynamo's "eager"

@@ -8,7 +8,8 @@ otherwise), prepared with the Multi30k recipe's vocabulary (8000 joint BPE) into
 model is the recipe's (d_model 256, 3+3 layers, 7.6M parameters, dropout 0.1). The batches
 are the first ones of epoch 1's plan (max_tokens 3300). Each system makes the same updates:
 ours through :class:`aiayn.train.update.Updater` (the trainer's step; compiled: inductor,
-lengths padded to aiayn.data.batching.BUCKETS, row count dynamic), torch.nn.Transformer
+lengths padded to aiayn.data.batching.BUCKETS, row count and length dynamic),
+torch.nn.Transformer
 through the speed benchmark's peer (same embeddings, positions, masks, loss, Adam).
 Writes WORK/results.json.
 """

@@ -91,8 +91,8 @@ def test_the_training_step_compiles_whole(
     """Updates (forward, backward, AdamW) of the compiled step: no graph break, with label
     smoothing or without, pre- or post-LN, fp32 or bf16 autocast, on one process or under
     DistributedDataParallel on gloo (a world of one, in this process). On one process:
-    one graph, which batches of other row counts and lengths reuse (DDP's optimizer may
-    cut the graph at gradient buckets: splits, not breaks)."""
+    one graph (DDP's optimizer may cut it at gradient buckets: splits, not breaks), which
+    batches of other row counts and lengths reuse."""
     if ddp:
         store = dist.FileStore(str(tmp_path / "store"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -103,14 +103,17 @@ def test_the_training_step_compiles_whole(
             updater.step_module = nn.parallel.DistributedDataParallel(
                 updater.step_module, forward_sync_buffers=False
             )
-        for rows, length in ((5, 11), (3, 30)):  # two lengths: buckets 12 and 32
+        counts = []
+        for rows, length in ((5, 11), (3, 30)):  # the second brings bucket 32 to bucket 12
             # two micro-batches: under DDP no_sync, then the all-reduce
             group = [batch_of(40, rows, length, seed=rows), batch_of(40, rows + 2, 10)]
             result = updater.update(group)
             assert math.isfinite(result.loss) and not result.skipped
+            counts.append(graphs()[0])
         n, breaks = graphs()
         assert breaks == {}
         assert n >= 1 if ddp else n == 1
+        assert counts[1] == counts[0], counts  # another length and row count: no new graph
     finally:
         if ddp:
             dist.destroy_process_group()

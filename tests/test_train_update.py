@@ -159,7 +159,7 @@ def test_unknown_precision_is_refused():
 @pytest.mark.slow
 def test_compiled_training_matches_eager(tmp_path, data, max_tokens, capsys):  # noqa: F811
     """`compile: true` trains through torch.compile (inductor on the CPU): six updates over
-    batches of several shapes give the eager losses to 1e-4, with a bounded number of
+    batches of several shapes give the eager losses to 1e-4, with one
     compiled graphs (lengths padded to buckets, the row count and length dynamic)."""
     runs = {}
     for name, compile in (("eager", "false"), ("compiled", "true")):

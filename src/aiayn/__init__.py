@@ -8,6 +8,7 @@ package before its ``main()`` can turn a Ctrl-C in that second into one line.
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 __all__ = ["Transformer", "TransformerConfig"]
@@ -21,11 +22,15 @@ if TYPE_CHECKING:  # mypy sees the names as imported, and still flags any other 
 else:
 
     def __getattr__(name: str) -> object:
-        if name not in _LAZY:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value  # the next look-up finds it without coming here
-        return value
+        if name in _LAZY:
+            value = getattr(import_module(_LAZY[name]), name)
+            globals()[name] = value  # the next look-up finds it without coming here
+            return value
+        # A subpackage (`import aiayn; aiayn.decode.greedy`), as the eager imports made
+        # `aiayn.config` and `aiayn.model` before.
+        if not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
+            return import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
         return sorted({*globals(), *_LAZY})

@@ -17,7 +17,6 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib.metadata import PackageNotFoundError, version
 
 from aiayn.cli.common import stdout_named  # light, as aiayn.errors: no torch
 from aiayn.errors import AiaynError
@@ -66,6 +65,8 @@ def unwound_on_term(wanted: bool) -> Iterator[None]:
 
 def package_version() -> str:
     """The installed package's version (pyproject.toml reads it from aiayn.__version__)."""
+    from importlib.metadata import PackageNotFoundError, version  # ~30 ms: when asked
+
     try:
         return version("aiayn")
     except PackageNotFoundError:  # run from a source tree that was never installed

@@ -64,9 +64,9 @@ class Batch:
     def padded_to_bucket(self, max_len: int, buckets: Sequence[int] = BUCKETS) -> Batch:
         """The same batch with source and target both padded to one length, the smallest
         of ``buckets`` that holds the longer side (at most ``max_len``), and to at least
-        two rows: a compiled step whose row count is dynamic then meets one shape per
-        bucket (torch.compile specialises a dimension of size 1). Every sum over the real
-        target tokens stays as it was."""
+        two rows (torch.compile specialises a dimension of size 1, and the compiled step
+        marks rows and length dynamic, for one graph whatever the batch). Every sum over the
+        real target tokens stays as it was."""
         length = bucket_length(max(self.src.size(1), self.tgt_in.size(1)), max_len, buckets)
         batch = self.padded_to(length, length)
         if batch.src.size(0) >= 2:

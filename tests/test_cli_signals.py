@@ -117,6 +117,7 @@ def test_the_package_names_load_on_first_use():
     assert {"Transformer", "TransformerConfig", "__version__"} <= set(dir(aiayn))
     with pytest.raises(AttributeError, match="no attribute 'Transformers'"):
         aiayn.Transformers  # noqa: B018
+    assert not hasattr(aiayn, "no.such") and not hasattr(aiayn, "_private")
     # In a fresh process, as a user script: subpackages are reached from the package alone.
     code = (
         "import aiayn; print(aiayn.config.TransformerConfig.__name__, aiayn.decode.greedy.__name__)"

@@ -28,7 +28,7 @@ else:
             return value
         # A subpackage (`import aiayn; aiayn.decode.greedy`), as the eager imports made
         # `aiayn.config` and `aiayn.model` before.
-        if not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
+        if name.isidentifier() and not name.startswith("_") and find_spec(f"{__name__}.{name}"):
             return import_module(f"{__name__}.{name}")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

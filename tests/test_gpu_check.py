@@ -33,6 +33,8 @@ def test_the_cpu_smoke_run_gives_every_figure(tmp_path):
     assert all(r["target_tokens_per_s"] > 0 and r["gflop_per_step"] > 0 for r in report["step"])
     assert [r["system"] for r in report["train"]] == ["aiayn train, eager", "aiayn train, compiled"]
     assert all(r["updates"] == 4 and r["tokens_per_s"] > 0 for r in report["train"])
+    assert [r["graphs"] for r in report["train"]] == [0, 1]  # one graph for every length
+    assert all(r["first_update_s"] >= 0 for r in report["train"])
     assert [r["decode"] for r in report["decode"]] == ["greedy", "beam 4"]
     assert all(r["sentences_per_s"] > 0 for r in report["decode"])
     assert report["device"] == "cpu" and report["step"][0]["mfu"] is None  # no known peak

@@ -31,7 +31,7 @@ def save(obj, f):
     os.kill(os.getpid(), signal.{name})
     time.sleep(60)
 c.torch.save = save
-from aiayn.cli import main, unwound_on_term
+from aiayn.cli import main
 sys.exit(main(["average", "--model", {run!r}, "--out", {out!r}]))
 """
 

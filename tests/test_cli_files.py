@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -52,6 +53,35 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(sample_model_dir,
         err = one_line_error(argv, capsys)
         assert f"is the same file as {named}" in err and "give another output file" in err
         assert out.read_text(encoding="utf-8") == before
+
+
+def test_an_output_that_is_a_file_of_the_model_is_refused(sample_model_dir, tmp_path, capsys):
+    """-o over the checkpoint that decodes (or the tokenizer, the recipe) replaced the model
+    with translations; now refused before any work, by any path or link. Other files in
+    the model directory (earlier outputs) may be written."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(sample_model_dir(), model_dir)
+    f = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
+    (tmp_path / "link.pt").symlink_to(model_dir / "checkpoint_best.pt")
+    model = ["--model", str(model_dir), "--quiet"]
+    evaluate = ["evaluate", *model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
+    translate = ["translate", *model, str(f["in_de"])]
+    spm = next(p for p in model_dir.iterdir() if p.suffix in (".model", ".spm"))
+    before = {p: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    for argv in (translate, evaluate):
+        for out in (model_dir / "checkpoint_best.pt", tmp_path / "link.pt", spm):
+            err = one_line_error([*argv, "-o", str(out)], capsys)
+            assert f"is a file of the model directory {model_dir}" in err, err
+            assert "give another output file" in err
+    copy = tmp_path / "copy.pt"
+    shutil.copy(model_dir / "checkpoint_best.pt", copy)
+    err = one_line_error([*translate, "--checkpoint", str(copy), "-o", str(copy)], capsys)
+    assert f"is the same file as --checkpoint {copy}" in err
+    assert {p: p.read_bytes() for p in model_dir.iterdir() if p.is_file()} == before
+    earlier = model_dir / "test.hyp"  # an earlier output beside the model: written again
+    earlier.write_text("old\n", encoding="utf-8")
+    assert main([*translate, "-o", str(earlier)]) == 0
+    assert earlier.read_text(encoding="utf-8") not in ("", "old\n")
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, capsys):

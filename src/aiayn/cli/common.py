@@ -87,6 +87,38 @@ def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None
             )
 
 
+# What makes up a model directory (docs/run-directory.md): checkpoints, the recipe, the
+# metrics, and the tokenizer's files (spm.model; an imported model's *.spm and *.json).
+MODEL_SUFFIXES = (".pt", ".spm", ".model", ".json")
+MODEL_NAMES = ("recipe.yaml", "metrics.jsonl")
+
+
+def check_output_spares_models(
+    output: str | None, models: list[str], checkpoints: list[str] | None
+) -> None:
+    """AiaynError, before any work, when the ``output`` file is a checkpoint given by path
+    or one of the files of a model directory (``models``): writing it would destroy the
+    model that decodes. Any other file in a model directory may be written."""
+    from aiayn.checkpoint import CHECKPOINT_NAMES, resolve_checkpoint
+
+    if not output or not os.path.isfile(output):
+        return
+    paths = [c for c in checkpoints or [] if c not in CHECKPOINT_NAMES and c != "auto"]
+    for path in {str(resolve_checkpoint(m, c)) for m in models for c in paths}:
+        check_output_file(output, {"--checkpoint": path})
+    real = os.path.realpath(output)  # a link is judged by the file it writes
+    name, folder = os.path.basename(real), os.path.dirname(real)
+    if not (name.endswith(MODEL_SUFFIXES) or name in MODEL_NAMES):
+        return
+    for model in models:
+        if os.path.isdir(model) and os.path.samefile(folder, model):
+            raise AiaynError(
+                f"-o {output} is a file of the model directory {model} (its checkpoints, "
+                "recipe, metrics and tokenizer files): writing it would destroy the model; "
+                "give another output file"
+            )
+
+
 def write_text(path: str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`output_stream`)."""
     with output_stream(path) as write:

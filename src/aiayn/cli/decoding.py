@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
     check_output_file,
+    check_output_spares_models,
     named,
     output_stream,
     read_input,
@@ -36,6 +37,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     }
     refuse_two_stdins(inputs, args.device)
     check_output_file(args.output, inputs)
+    check_output_spares_models(args.output, args.model, args.checkpoint)
     lines: Iterable[str]
     if typing_at_a_terminal(args):  # each line translated as it is typed
         lines, prefixes, references, chunk = typed_lines(), None, None, 1
@@ -201,6 +203,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     }
     refuse_two_stdins(inputs, args.device)
     check_output_file(args.output, inputs)
+    check_output_spares_models(args.output, args.model, args.checkpoint)
     # The references as sacreBLEU reads them (a BOM kept), so the scores equal its own.
     src, refs = read_input(args.src), [read_input(r, keep_bom=True) for r in args.ref]
     src_name = named(args.src)

@@ -116,6 +116,20 @@ def test_attention_cli(sample_model_dir, tmp_path, capsys):
         assert main([*args[:-2], *flags]) == 2
         out, err = capsys.readouterr()
         assert message in err and "translation:" not in out
+    # Negative layers count from the last, as the refusal says; an SVG is one picture;
+    # an existing file that is no picture is refused before any work (it met "File exists"
+    # after the whole heatmap was printed).
+    assert main([*args[:-2], "--layer", "-3"]) == 2
+    assert "(1..2, or -2..-1 from the last)" in capsys.readouterr().err
+    assert main([*args[:-2], "--layer", "-2", "--out", str(tmp_path / "g.svg")]) == 0
+    assert "<svg" in (tmp_path / "g.svg").read_text(encoding="utf-8")[:400]
+    assert f"wrote {tmp_path / 'g.svg'}" in capsys.readouterr().out
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n", encoding="utf-8")
+    assert main([*args[:-2], "--out", str(notes)]) == 2
+    out, err = capsys.readouterr()
+    assert f"--out {notes}: a file; give a picture" in err and "translation:" not in out
+    assert notes.read_text(encoding="utf-8") == "keep me\n"
 
 
 def _metrics_file(run, truncated_tail: bool = True):

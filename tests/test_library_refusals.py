@@ -182,6 +182,43 @@ def test_prefixes_of_ids_in_any_integer_form_still_work(tiny):
     assert torch.equal(greedy(tiny, SRC, prefix=[]), greedy(tiny, SRC))  # none given
 
 
+def test_a_tensor_of_prefixes_is_a_prefix_per_row(tiny):
+    """A [B, P] tensor met `prefix or []`: "Boolean value of a Tensor ... is ambiguous",
+    and a 1 x 1 tensor holding 0 was taken for no prefix at all."""
+    want = greedy(tiny, SRC, prefix=[[5, 6], [7, 8]])
+    assert torch.equal(greedy(tiny, SRC, prefix=torch.tensor([[5, 6], [7, 8]])), want)
+    with pytest.raises(DecodeError, match="EOS, PAD and BOS cannot be forced"):
+        greedy(tiny, SRC[:1], prefix=torch.tensor([[tiny.cfg.pad_id]]))
+    with pytest.raises(DecodeError, match="per sentence, a sequence of token ids"):
+        greedy(tiny, SRC, prefix=torch.tensor([[5.0], [6.0]]))
+
+
+def test_the_meta_device_holds_nothing_to_decode(tiny):
+    """A src or a model on the meta device met torch's "Cannot copy out of meta tensor"
+    inside the search."""
+    for decode in (
+        lambda m, src: greedy(m, src, max_new_tokens=4),
+        lambda m, src: beam_search(m, src, beam_size=2),
+    ):
+        with pytest.raises(DecodeError, match="src is on the meta device, which holds no ids"):
+            decode(tiny, SRC.to("meta"))
+        with torch.device("meta"):
+            ghost = Transformer(tiny_config())
+        with pytest.raises(DecodeError, match="model 1 is on the meta device"):
+            decode(ghost, SRC)
+
+
+def test_memory_of_ids_is_not_an_encoder_output(tiny):
+    with pytest.raises(ModelInputError, match="memory must be the encoder output \\(floats\\)"):
+        tiny.decode(SRC[:, :1], torch.zeros(2, 4, tiny.cfg.d_model, dtype=torch.long), SRC)
+
+
+def test_prefixes_and_a_prefix_for_every_line_are_not_both_taken(translator):
+    """The prefix for every line was dropped silently when prefixes were given too."""
+    with pytest.raises(AiaynError, match="give prefixes, one per line, or a prefix for every"):
+        translator.translate(["Ein Hund."], prefixes=[""], prefix="Two", beam=1)
+
+
 def test_what_is_not_a_model_is_named(tiny):
     for models, message in (
         (None, "no model to decode with"),

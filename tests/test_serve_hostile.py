@@ -201,7 +201,7 @@ def test_sampling_false_overrides_a_model_that_samples(parts):
             assert r.json()["translations"] == [t[0] for t in greedy]
         body = {"src": GERMAN[:1], "sampling": False, "top_k": 3}
         r = c.post("/translate", json=body)  # a sampling setting with sampling off
-        assert r.status_code == 422 and "only apply with sampling" in r.text
+        assert r.status_code == 422 and "with sampling, which is off" in r.text
         r = c.post("/translate", json={"src": GERMAN[:1], "scores": False, "attention": False})
         assert r.status_code == 200 and set(r.json()) == {"translations"}
 

@@ -159,6 +159,8 @@ class Translator:
             _check_texts(prefixes, "prefixes")
         if prefixes is not None and len(prefixes) != len(lines):
             raise AiaynError(f"{len(prefixes)} prefixes for {len(lines)} input lines")
+        if prefixes is not None and options.prefix:
+            raise AiaynError("give prefixes, one per line, or a prefix for every line, not both")
         ids = [self.encode(line) for line in lines]
         if prefixes is None:
             forced = [prefix_ids(self.tokenizer, options.prefix)] * len(lines)

@@ -272,7 +272,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--alignment-layer",
         type=int,
-        help=f"decoder layer for --alignment, from 1; -1 the last (default {DEFAULT_LAYER})",
+        help=f"decoder layer for --alignment, from 1; negative: from the last "
+        f"(default {DEFAULT_LAYER})",
     )
     p.add_argument("--prefix", type=text_arg, help="text every output starts with (forced)")
     p.add_argument("--prefix-file", help="one forced prefix per input line")

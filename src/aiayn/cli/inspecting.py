@@ -14,6 +14,10 @@ from aiayn.errors import AiaynError
 if TYPE_CHECKING:
     from aiayn.model.transformer import Transformer
 
+# What `attention --out` writes as one picture (matplotlib's formats); any other path is a
+# folder for every kind and layer.
+PICTURES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
 
 def cmd_summary(args: argparse.Namespace) -> int:
     from aiayn.inspect import summary
@@ -69,6 +73,11 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
     from aiayn.inspect.maps import attention
 
+    picture = (args.out or "").lower().endswith(PICTURES)  # else a folder of PNGs
+    if args.out and not picture and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise AiaynError(
+            f"--out {args.out}: a file; give a picture ({', '.join(PICTURES)}) or a folder"
+        )
     translator = translator_for(args)
     amap = attention(translator, args.sentence, beam=args.beam, alpha=args.alpha)
     pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
@@ -79,7 +88,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     print(text)
     if not args.out:
         return 0
-    if args.out.lower().endswith(".png"):  # one picture: a head, or the grid of a layer
+    if picture:  # one picture: a head, or the grid of a layer
         kind = args.kind or "cross"
         print(f"wrote {plot_attention(amap, args.out, kind, layer, args.head)}")
     else:  # a folder: every layer (or the chosen one) of every kind (or the chosen one)
@@ -123,11 +132,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         choices=["encoder", "decoder_self", "cross"],
         help="default: cross (a folder: every kind)",
     )
-    p.add_argument("--layer", type=int, help="layer, from 1; -1 is the last (default)")
+    p.add_argument("--layer", type=int, help="layer, from 1; negative: from the last (default -1)")
     p.add_argument(
         "--head", type=int, default=0, help="one head, from 1 (default: the mean; a PNG: all)"
     )
-    p.add_argument("--out", help="a .png file, or a folder for every kind and layer")
+    p.add_argument(
+        "--out", help="a picture (.png, .svg, .pdf, .jpg), or a folder for every kind and layer"
+    )
     p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("plot", help="draw loss, BLEU, learning rate and tokens/s of a run")

@@ -36,7 +36,9 @@ def layer_index(layer: int, n: int, what: str = "decoder layers") -> int:
     """The 0-based index of ``layer`` (from 1; negative: from the last) of ``n`` ``what``."""
     index = layer - 1 if layer > 0 else n + layer
     if not 0 <= index < n or layer == 0:
-        raise DecodeError(f"layer {layer}: the model has {n} {what} (1..{n}, or -1 for the last)")
+        raise DecodeError(
+            f"layer {layer}: the model has {n} {what} (1..{n}, or -{n}..-1 from the last)"
+        )
     return index
 
 

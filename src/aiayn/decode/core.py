@@ -36,6 +36,8 @@ def as_list(models: Models) -> list[Transformer]:
     for i, model in enumerate(found, start=1):
         if not isinstance(model, Transformer):
             raise DecodeError(f"model {i} is a {type(model).__name__}, not a Transformer")
+        if next(model.parameters()).is_meta:
+            raise DecodeError(f"model {i} is on the meta device, which holds no weights")
     first = found[0].cfg
     for i, other in enumerate(found[1:], start=2):
         for name in ("tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
@@ -69,6 +71,8 @@ def check_src(src: object) -> None:
     if not isinstance(src, Tensor) or src.dim() != 2:
         got = f"a {src.dim()}-D tensor" if isinstance(src, Tensor) else type(src).__name__
         raise DecodeError(f"src must be a [batch, length] tensor of token ids, got {got}")
+    if src.is_meta:
+        raise DecodeError("src is on the meta device, which holds no ids")
 
 
 def length_limits(
@@ -121,7 +125,7 @@ def forced_ids(
     CTranslate2's ``target_prefix``; [] where none), each checked against the target
     vocabulary and the model's positions."""
     try:  # index(): integers only, not a float or a character to truncate or parse
-        forced = [[operator.index(i) for i in p] for p in prefix or []]
+        forced = [[operator.index(i) for i in p] for p in ([] if prefix is None else prefix)]
     except TypeError:
         raise DecodeError("prefix: per sentence, a sequence of token ids (integers)") from None
     if forced and len(forced) != rows:

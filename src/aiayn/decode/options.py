@@ -116,7 +116,8 @@ class DecodeOptions:
                 if getattr(self, name) != neutral
             ]
             if changed:
-                raise DecodeError(f"{', '.join(changed)} only apply with sampling, which is off")
+                verb = "applies" if len(changed) == 1 else "apply"
+                raise DecodeError(f"{', '.join(changed)} only {verb} with sampling, which is off")
 
     @property
     def greedy(self) -> bool:

@@ -54,6 +54,8 @@ def check_memory(memory: object, d_model: int) -> None:
         raise ModelInputError(
             f"memory must be the encoder output [batch, src_len, d_model={d_model}], got {got}"
         )
+    if not memory.is_floating_point():
+        raise ModelInputError(f"memory must be the encoder output (floats), got {memory.dtype}")
 
 
 def check_group(group: object) -> None:

@@ -78,6 +78,15 @@ def test_recipe_values_at_their_edges_and_overrides(tmp_path):
         Recipe().override(["update_freq=0"])
     with pytest.raises(RecipeError, match="'adam_betas' must be two numbers"):
         Recipe().override(["adam_betas=abc"])
+    # model={...} goes onto the recipe's model, as model.KEY=VALUE does: it replaced the
+    # file's model with the base model (d_model 512, 6 layers) plus the fields given.
+    path.write_text("model: {d_model: 32, n_heads: 2, n_layers: 1}\n")
+    recipe = Recipe.from_yaml(path, ["model={dropout: 0.3, d_ff: 64}", "model.n_heads=4"])
+    wanted = {"d_model": 32, "n_heads": 4, "n_layers": 1, "dropout": 0.3, "d_ff": 64}
+    assert {k: recipe.model[k] for k in wanted} == wanted
+    assert recipe.given_model_fields >= {"d_model", "n_heads", "n_layers", "dropout", "d_ff"}
+    with pytest.raises(RecipeError, match="'model' must be a mapping"):
+        Recipe().override(["model=3"])
     binary = tmp_path / "model.pt"
     binary.write_bytes(b"PK\x03\x04\xff\xfe\x00binary")
     with pytest.raises(RecipeError, match=r"model\.pt: not UTF-8 text"):

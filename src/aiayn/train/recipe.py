@@ -205,8 +205,13 @@ class Recipe:
             except yaml.YAMLError:
                 raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
             if key.startswith("model."):
-                self.model = {**self.model, key[len("model.") :]: value}
-                self.given_model_fields.add(key[len("model.") :])
+                value = {key[len("model.") :]: value}
+            if key.startswith("model.") or (key == "model" and isinstance(value, dict)):
+                # Onto the recipe's model, as model.KEY=VALUE each: the class default (the
+                # base model) would drop the fields the recipe file set.
+                _check_names(value, f"override {item!r}: model")
+                self.model = {**self.model, **value}
+                self.given_model_fields.update(value)
             else:
                 if key not in {f.name for f in fields(self)} - {"given_model_fields"}:
                     raise RecipeError(f"override {item!r}: unknown field {key!r}")

@@ -176,11 +176,17 @@ def test_a_missing_model_is_named(source, tmp_path, capsys):
     assert "no checkpoint_last.pt found" in capsys.readouterr().err
 
 
-def test_resume_continues_exactly(source, tmp_path):
+def test_resume_continues_exactly(source, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(args(source, straight, "max_steps=4")) == 0
     assert main(args(source, resumed, "max_steps=2")) == 0
-    assert main([*args(source, resumed, "max_steps=4"), "--resume"]) == 0
+    # Resumed with another model to start from, the run went on from its own weights and
+    # ignored it: refused, as is a run from scratch resumed with one.
+    other = [*args(source, resumed, "max_steps=4"), "--resume"]
+    other[2] = str(straight)
+    assert main(other) == 2
+    assert f"init_from={straight} differs from the run being resumed" in capsys.readouterr().err
+    assert main([*args(source, resumed, "max_steps=4"), "--resume"]) == 0  # its own: resumed
     a, b = load_checkpoint(straight / LAST), load_checkpoint(resumed / LAST)
     assert a["step"] == b["step"] == 4
     for name, tensor in a["model"].items():

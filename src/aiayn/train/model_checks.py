@@ -124,9 +124,9 @@ def check_fits(cfg: TransformerConfig, device: torch.device) -> None:
 def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
     """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
     model field the recipe sets to other than the checkpoint's (a resumed run keeps its
-    model), one of :data:`RESUME_FIXED` or :data:`PREPARED_FIXED` other than the
-    checkpoint's recipe had, or in the middle of an epoch another ``max_tokens`` or
-    ``seed`` (pairs would be skipped or seen twice)."""
+    model), another model to start from (``init_from``), one of :data:`RESUME_FIXED` or
+    :data:`PREPARED_FIXED` other than the checkpoint's recipe had, or in the middle of an
+    epoch another ``max_tokens`` or ``seed`` (pairs would be skipped or seen twice)."""
     config = state["config"]
     for key in sorted(recipe.given_model_fields):
         value = recipe.model[key]
@@ -138,6 +138,14 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
                 f"({origin} has {key}={config[key]!r}): a resumed run keeps its model"
             )
     saved = state.get("recipe") or {}
+    started = saved.get("init_from") or ""
+    if recipe.init_from and recipe.init_from != started:  # it would be ignored
+        was = f"started from {started}" if started else "started from scratch"
+        raise RecipeError(
+            f"recipe field init_from={recipe.init_from} differs from the run being resumed "
+            f"({origin} {was}): a resumed run goes on from its own weights; train into a new "
+            "directory to start from that model"
+        )
     plan = ("max_tokens", "seed") if state.get("batch_in_epoch") else ()  # the epoch's plan
     # A run of a prepared directory or a model's tokenizer never used PREPARED_FIXED.
     prepared = () if saved.get("data") or saved.get("init_from") else PREPARED_FIXED

@@ -189,6 +189,9 @@ def test_curves_keep_the_losses_logged_as_nan(tmp_path):
 def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert main(["plot", "--run", str(tmp_path / "none")]) == 2
     assert "no such metrics file" in capsys.readouterr().err
+    (tmp_path / "odd" / "metrics.jsonl").mkdir(parents=True)  # was "no such metrics file"
+    assert main(["plot", "--run", str(tmp_path / "odd")]) == 2
+    assert "metrics.jsonl: a folder, not a metrics file" in capsys.readouterr().err
     run = tmp_path / "bad"
     _metrics_file(run, truncated_tail=False)
     text = (run / "metrics.jsonl").read_text().splitlines()
@@ -222,6 +225,7 @@ def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, 
     model = str(sample_model_dir())
     cases = [
         (["--depth", "0"], "--depth must be at least 1, got 0"),
+        (["--vocab", "0"], "--vocab must be at least 1, got 0"),  # was TransformerConfig's
         (["--model", model, "--preset", "big"], "--preset sets up an untrained preset"),
         (["--model", model, "--vocab", "1000"], "--vocab sets up an untrained preset"),
         (["--checkpoint", "best"], "--checkpoint needs --model"),

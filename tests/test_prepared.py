@@ -262,10 +262,12 @@ def test_settings_out_of_range_and_an_output_that_cannot_be_made_are_one_line(tm
     argv = ["prepare", "--train-src", str(text), "--train-tgt", str(text), "--no-progress"]
     argv += ["--valid-src", str(text), "--valid-tgt", str(text)]
     cases = [
-        (["--vocab-size", "0"], "vocab_size must be more than the 4 special tokens"),
-        (["--vocab-size", "4"], "vocab_size must be more than the 4 special tokens"),
+        (["--vocab-size", "0"], "--vocab-size must be at least 5, got 0"),
+        (["--vocab-size", "4"], "--vocab-size must be at least 5, got 4"),
         (["--vocab-size", "6"], "vocab_size 6 is too small: the characters of the training"),
-        (["--max-len-words", "-1"], "max_len_words must be >= 0 (0: no limit), got -1"),
+        (["--max-len-words", "-1"], "--max-len-words must be at least 0, got -1"),
+        (["--spm-sample", "0"], "--spm-sample must be at least 1, got 0"),  # was "sample"
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
         (["--out", str(text / "out")], f"{text / 'out'}: cannot create"),  # under a file
     ]
     for flags, message in cases:

@@ -87,6 +87,15 @@ def test_recipe_values_at_their_edges_and_overrides(tmp_path):
     assert recipe.given_model_fields >= {"d_model", "n_heads", "n_layers", "dropout", "d_ff"}
     with pytest.raises(RecipeError, match="'model' must be a mapping"):
         Recipe().override(["model=3"])
+    # An unknown model field names the recipe file (it was "recipe field TransformerConfig:
+    # unknown field(s) foo", from the model's check, which knows no file).
+    path.write_text("model: {foo: 1, d_model: 32}\n")
+    with pytest.raises(RecipeError, match=f"^{path}: model: unknown field\\(s\\): foo$"):
+        Recipe.from_yaml(path)
+    with pytest.raises(RecipeError, match=r"^override 'model={bar: 1}': model: unknown field"):
+        Recipe().override(["model={bar: 1}"])
+    with pytest.raises(RecipeError, match=f"^{tmp_path}: a folder, not a recipe file$"):
+        Recipe.from_yaml(tmp_path)  # was "no such recipe file"
     binary = tmp_path / "model.pt"
     binary.write_bytes(b"PK\x03\x04\xff\xfe\x00binary")
     with pytest.raises(RecipeError, match=r"model\.pt: not UTF-8 text"):

@@ -42,6 +42,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.checkpoint is not None:
         raise AiaynError("--checkpoint needs --model (a preset has no checkpoints)")
     vocab = 37000 if args.vocab is None else args.vocab
+    if vocab < 1:
+        raise AiaynError(f"--vocab must be at least 1, got {vocab}")
     print(summary(_preset_model(args.preset or "base", vocab), depth=args.depth))
     return 0
 

@@ -25,8 +25,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from aiayn.data.prepared import prepare
+    from aiayn.data.prepared import SPECIAL, prepare
 
+    # Named as flags here: the library names its parameters (sample, max_len_words).
+    for flag, value, low in (
+        ("--workers", args.workers, 1),
+        ("--spm-sample", args.spm_sample, 1),
+        ("--max-len-words", args.max_len_words, 0),
+        ("--vocab-size", args.vocab_size, len(SPECIAL) + 1),
+    ):
+        if value < low and not (flag == "--vocab-size" and args.spm_model):
+            raise AiaynError(f"{flag} must be at least {low}, got {value}")
     manifest = prepare(
         (args.train_src, args.train_tgt),
         (args.valid_src, args.valid_tgt),

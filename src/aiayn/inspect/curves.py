@@ -37,7 +37,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
-        raise AiaynError(f"{path}: no such metrics file (written by training)")
+        what = "a folder, not a metrics file" if path.is_dir() else "no such metrics file"
+        raise AiaynError(f"{path}: {what} (written by training)")
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     records = []
     for number, line in enumerate(lines, 1):

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import yaml
 
+from aiayn.config import TransformerConfig
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
 from aiayn.metrics.bleu import TOKENIZERS
@@ -153,7 +154,8 @@ class Recipe:
         empty, not YAML, gives a key twice, or has a field of the wrong type or range."""
         path = Path(path)
         if not path.is_file():
-            raise RecipeError(f"{path}: no such recipe file")
+            what = "a folder, not a recipe file" if path.is_dir() else "no such recipe file"
+            raise RecipeError(f"{path}: {what}")
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
@@ -209,7 +211,7 @@ class Recipe:
             if key.startswith("model.") or (key == "model" and isinstance(value, dict)):
                 # Onto the recipe's model, as model.KEY=VALUE each: the class default (the
                 # base model) would drop the fields the recipe file set.
-                _check_names(value, f"override {item!r}: model")
+                _check_model_names(value, f"override {item!r}: model")
                 self.model = {**self.model, **value}
                 self.given_model_fields.update(value)
             else:
@@ -246,7 +248,7 @@ class Recipe:
         if key == "model":
             if not isinstance(value, dict):
                 raise RecipeError(f"{source}: 'model' must be a mapping")
-            _check_names(value, f"{source}: model")
+            _check_model_names(value, f"{source}: model")
             self.given_model_fields.update(value)
             value = {**default, **value}
         elif key == "adam_betas":
@@ -331,6 +333,14 @@ def _check_names(data: dict, source: str) -> None:
     for key in data:
         if not isinstance(key, str):
             raise RecipeError(f"{source}: field names are text, got {key!r}")
+
+
+def _check_model_names(data: dict, source: str) -> None:
+    """RecipeError naming ``source`` unless every key of ``data`` is a model field (the
+    model's own check comes later, where no file is known to name)."""
+    _check_names(data, source)
+    if unknown := sorted(set(data) - {f.name for f in fields(TransformerConfig)}):
+        raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
 
 
 def _adam_betas(value: Any, source: str) -> tuple[float, float]:

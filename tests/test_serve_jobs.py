@@ -290,6 +290,42 @@ def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):
     assert all(c[0][: len(p)] == p for c, p in zip(finished[forced.id], prefix))
 
 
+def test_an_ensemble_serves_within_its_fewest_positions(translator):
+    """The server checked prefixes against the first member's positions while the engine
+    decodes within the fewest: a prefix that fits the first member only was a 500 for its
+    request and for every request admitted beside it. Now a 422 when parsed; and a job the
+    model rejects in the running batch fails alone."""
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve import ServeConfig, create_app
+
+    cfg = translator.model.cfg
+    short = Transformer(dataclasses.replace(cfg, max_len=cfg.max_len // 2)).eval()
+    short.load_state_dict(translator.model.state_dict())  # the position table is computed
+    ensemble = Translator([translator.model, short], translator.tokenizer)
+    assert ensemble.max_len == cfg.max_len // 2
+    assert f"within the model's {cfg.max_len // 2} positions" in ensemble.length_rule
+    ids = [translator.encode(de) for de, _ in PAIRS[:2]]
+    outcomes = Outcomes()
+    innocent, bad = outcomes.job(ids[:1], beam=2), outcomes.job(ids[1:], beam=2)
+    bad.prefix = [[translator.tokenizer.encode_target("A")[0]] * (cfg.max_len // 2)]
+    batch = RunningBatch(ensemble)
+    left = batch.admit([innocent, bad])
+    assert [gone.job for gone in left] == [bad] and "leave no room for EOS" in str(left[0].error)
+    assert batch.jobs == [innocent]
+    while len(batch):
+        for gone in batch.step():
+            assert gone.job is innocent and gone.error is None
+    words = " ".join(["A"] * (cfg.max_len // 2))
+    with TestClient(create_app(ensemble, ServeConfig(worker="thread"))) as c:
+        r = c.post("/translate", json={"src": [PAIRS[0][0]], "beam": 2, "prefix": words})
+        assert r.status_code == 422 and "prefix" in r.text, r.text
+        info = c.get("/info").json()["model"]
+        assert f"within the model's {cfg.max_len // 2} positions" in info["length_rule"]
+        r = c.post("/translate", json={"src": [PAIRS[0][0]], "beam": 2})
+        assert r.status_code == 200, r.text
+
+
 def test_serve_takes_several_models_as_an_ensemble(sample_model_dir):
     """`aiayn serve --model A --model B` loads an ensemble, as `aiayn translate` does."""
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")

@@ -95,12 +95,17 @@ class Translator:
     @property
     def length_rule(self) -> str:
         """How long an output may get by default, and where that rule comes from."""
-        return length_rule(self.defaults, self.model.cfg.max_len, self.generation)
+        return length_rule(self.defaults, self.max_len, self.generation)
+
+    @property
+    def max_len(self) -> int:
+        """The positions every source and output must fit in: an ensemble's fewest."""
+        return min(m.cfg.max_len for m in self.models)
 
     @property
     def max_source_tokens(self) -> int:
-        """The longest source the model takes whole: its positions (an ensemble's fewest)."""
-        return min(m.cfg.max_len for m in self.models)
+        """The longest source the model takes whole: its positions (:attr:`max_len`)."""
+        return self.max_len
 
     def encode(self, line: str) -> list[int]:
         """Source ids of ``line`` (as the tokenizer makes them, EOS last for Marian models),

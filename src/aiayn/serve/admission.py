@@ -99,7 +99,9 @@ def encode_request(
     def encode(text: str) -> list[int]:
         return prefix_ids(info.tokenizer, text, name="")  # request_prefixes names it
 
-    return src, request_prefixes(req, encode, info.cfg.max_len - 1, info.special_ids)
+    # A prefix leaves room for EOS within the positions, an ensemble's fewest (as a source).
+    positions = info.max_source_tokens
+    return src, request_prefixes(req, encode, positions - 1, info.special_ids)
 
 
 def attention_weights(

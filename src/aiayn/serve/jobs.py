@@ -212,7 +212,7 @@ class CacheBudget:
         ``translator`` decodes with by default (the server's requests set no other)."""
         if max_tokens < 1:
             raise AiaynError(f"the decoder-cache budget must be >= 1 position, got {max_tokens}")
-        rule, cap = translator.defaults, translator.model.cfg.max_len
+        rule, cap = translator.defaults, translator.max_len
         if rule.max_new_tokens is not None:
             cap = min(cap, rule.max_new_tokens)
         return cls(max_tokens, cap, rule.max_len_a, rule.max_len_b)

@@ -76,24 +76,33 @@ class RunningBatch:
         left: list[Left] = []
         # One add (one copy of the batch's cache) per length penalty among them.
         for alpha in dict.fromkeys(job.settings.alpha for job in jobs):
-            group = [job for job in jobs if job.settings.alpha == alpha]
-            tags = [(job, i) for job in group for i, src in enumerate(job.src) if src]
-            prefix = [job.prefix[i] if job.prefix else [] for job, i in tags]
-            try:
-                if tags:  # a sentence's index in its request seeds its samples
-                    src = pad([job.src[i] for job, i in tags], self.translator.model.cfg.pad_id)
-                    lines = [i for _, i in tags]
-                    self._search.add(src, tags, prefix=prefix, alpha=alpha, lines=lines)
-            except Exception as e:
-                left += [Left(job, error=e) for job in group]
-                continue
-            for job in group:
-                outputs: Outputs = [[] for _ in job.src]  # a blank line gets no candidates
-                if job.rows:
-                    self._jobs[job] = _Running(outputs, job.rows)
-                else:
-                    left.append(Left(job, outputs))
+            left += self._add([job for job in jobs if job.settings.alpha == alpha], alpha)
         self._drop_search_if_empty()
+        return left
+
+    def _add(self, group: list[Job], alpha: float) -> list[Left]:
+        """Add the sentences of ``group`` (of one length penalty) to the search; returns
+        the jobs that leave at once. If the model rejects the group, each job is tried
+        alone: only those it rejects fail, not the jobs that came with them."""
+        assert self._search is not None  # made by admit
+        tags = [(job, i) for job in group for i, src in enumerate(job.src) if src]
+        prefix = [job.prefix[i] if job.prefix else [] for job, i in tags]
+        try:
+            if tags:  # a sentence's index in its request seeds its samples
+                src = pad([job.src[i] for job, i in tags], self.translator.model.cfg.pad_id)
+                lines = [i for _, i in tags]
+                self._search.add(src, tags, prefix=prefix, alpha=alpha, lines=lines)
+        except Exception as e:
+            if len(group) == 1:
+                return [Left(group[0], error=e)]
+            return [gone for job in group for gone in self._add([job], alpha)]
+        left: list[Left] = []
+        for job in group:
+            outputs: Outputs = [[] for _ in job.src]  # a blank line gets no candidates
+            if job.rows:
+                self._jobs[job] = _Running(outputs, job.rows)
+            else:
+                left.append(Left(job, outputs))
         return left
 
     def step(self) -> list[Left]:

@@ -252,3 +252,37 @@ def test_serve_cli_keeps_no_model_in_the_server_process(sample_model_dir, monkey
     monkeypatch.setattr(uvicorn.Server, "run", run)
     assert main(["serve", "--model", str(sample_model_dir()), "--port", "0"]) == 0
     assert held == [False], "the server process still holds the model"
+
+
+def test_a_second_ctrl_c_quits_at_once_and_takes_the_worker_along(sample_model_dir):
+    """uvicorn offers a second Ctrl-C to force quit while a request is in flight; that
+    skips the app's shutdown, and the server then waited forever at exit for its worker
+    process (which ignores the SIGTERM multiprocessing sends it). Now it exits (130) at
+    once and the worker process is gone too."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "aiayn", "serve", "--model", str(sample_model_dir())]
+    proc = subprocess.Popen(
+        [*cmd, "--port", "0", "--threads", "1"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "listening on" in line:
+                base = line.split("listening on ")[1].strip()
+                break
+        wait_ready(base, timeout=60)
+        worker = httpx.get(f"{base}/info").json()["worker"]["pid"]
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as client:  # a body still coming
+            head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            client.sendall(head + b'Content-Length: 30\r\n\r\n{"src"')
+            proc.send_signal(signal.SIGINT)
+            wait_for(lambda: "Waiting for connections" in proc.stderr.readline(), "draining", 30)
+            proc.send_signal(signal.SIGINT)  # force quit
+            assert proc.wait(timeout=30) == 130
+        stat = Path(f"/proc/{worker}/stat")  # gone, or a zombie for init to reap
+        wait_for(lambda: not stat.exists() or stat.read_text().split()[2] == "Z", "no worker", 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

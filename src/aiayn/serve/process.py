@@ -25,6 +25,7 @@ False, with the reason in ``failure``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import multiprocessing as mp
 import pickle
@@ -215,6 +216,15 @@ class ProcessWorker:
         self._translator_bytes = b""
         self._pipe = _Pipe(ours)
         self._reader.start()
+        # A forced quit (a second Ctrl-C) skips the app's shutdown and so stop(); then
+        # multiprocessing's own exit hook sends the child a SIGTERM, which it ignores, and
+        # waits for it forever. This hook, registered later, runs first: the child goes.
+        atexit.register(self._kill_at_exit)
+
+    def _kill_at_exit(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
 
     @property
     def alive(self) -> bool:
@@ -300,6 +310,7 @@ class ProcessWorker:
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
+        atexit.unregister(self._kill_at_exit)
 
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:

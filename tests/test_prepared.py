@@ -317,6 +317,48 @@ def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsy
         PreparedData(damaged)
 
 
+def test_a_damaged_manifest_or_validation_text_names_its_file(tmp_path, prepared, capsys):
+    """A manifest with a field missing or of another type was a KeyError or numpy's
+    TypeError; a valid.tgt.txt one line short was found only at the first validation
+    ("BLEU needs one reference per hypothesis", naming no file). Now each is one line
+    naming the file (and the field), when the data is read."""
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    splits, inputs = manifest["splits"], manifest["inputs"]
+    cases = [
+        ({"format": manifest["format"]}, "field 'dtype' is missing"),
+        ({**manifest, "dtype": "float7"}, "field 'dtype' must be 'uint16' or 'uint32', got"),
+        ({**manifest, "vocab_size": "400"}, "field 'vocab_size' must be a whole number > 0"),
+        ({**manifest, "splits": []}, "field 'splits' must be an object, got []"),
+        ({**manifest, "splits": {"train": splits["train"]}}, "field 'splits.valid' is missing"),
+        ({**manifest, "splits": {**splits, "valid": {**splits["valid"], "pairs": -1}}},
+         "field 'splits.valid.pairs' must be a whole number >= 0, got -1"),
+        ({**manifest, "inputs": {**inputs, "train_src": {**inputs["train_src"], "bytes": None}}},
+         "field 'inputs.train_src.bytes' must be a whole number >= 0, got None"),
+        ({**manifest, "spm_model": "../spm.model"}, "field 'spm_model' must be a file name"),
+        ({**manifest, "max_len_words": 1.5}, "field 'max_len_words' must be a whole number"),
+    ]  # fmt: skip
+    damaged = tmp_path / "damaged"
+    shutil.copytree(prepared, damaged)
+    path = damaged / "manifest.json"
+    for text, message in cases:
+        path.write_text(json.dumps(text))
+        with pytest.raises(CorpusError) as raised:
+            PreparedData(damaged)
+        assert str(raised.value).startswith(f"{path}: {message}"), str(raised.value)
+    path.write_text(json.dumps(manifest))
+    n = splits["valid"]["pairs"]
+    reference = damaged / "valid.tgt.txt"
+    reference.write_text("".join(line + "\n" for line in reference.read_text().splitlines()[1:]))
+    message = f"{reference}: {n - 1} lines, the manifest says {n} validation pairs"
+    with pytest.raises(CorpusError, match=f"^{re.escape(message)}"):
+        PreparedData(damaged)
+    train = ["train", "--data", str(damaged), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main([*train, "--set", *TINY, "max_steps=1"]) == 2  # before any update
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
 def test_prepared_path_resumes_exactly_and_equals_the_raw_text_path(tmp_path, corpus, prepared):
     """20 updates from raw text = 12 + 8 (resumed) from the prepared directory."""
     raw, split = tmp_path / "raw", tmp_path / "split"

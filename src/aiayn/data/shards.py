@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,6 +38,11 @@ FORMAT = "aiayn-prepared-1"
 MANIFEST = "manifest.json"
 SPM_MODEL = "spm.model"
 SIDES = ("src", "tgt")
+TOKEN_DTYPES = ("uint16", "uint32")
+INPUTS = ("train_src", "train_tgt", "valid_src", "valid_tgt")  # the text files, in the manifest
+COUNTS = ("pairs", "src_tokens", "tgt_tokens", "lines", "dropped_empty", "dropped_long")
+WHAT = {"train": "training", "valid": "validation"}
+DAMAGED = "the prepared data is damaged, prepare it again"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -213,7 +219,7 @@ class PreparedData:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory)
+        self.manifest = read_manifest(self.directory)  # its fields checked
         self.dtype = np.dtype(self.manifest["dtype"])
         model = self.directory / self.manifest.get("spm_model", SPM_MODEL)
         self.tokenizer = Tokenizer.load(model)
@@ -231,6 +237,25 @@ class PreparedData:
             raise
         except (OSError, ValueError) as e:
             raise CorpusError(f"{self.directory}: prepared data is incomplete ({e})") from None
+        self._check_counts()
+
+    def _check_counts(self) -> None:
+        """CorpusError naming the file whose pairs or lines are not the manifest's count:
+        a validation text a line short would pair every hypothesis after the gap with the
+        wrong reference (it was found only at the first validation, naming no file)."""
+        splits = self.manifest["splits"]
+        found = [
+            ("train", "train.src.idx.npy", len(self.train), "pairs"),
+            ("valid", "valid.src.idx.npy", len(self.valid), "pairs"),
+            ("valid", "valid.src.txt", len(self.valid_src), "lines"),
+            ("valid", "valid.tgt.txt", len(self.valid_tgt), "lines"),
+        ]
+        for split, name, n, what in found:
+            if n != splits[split]["pairs"]:
+                raise CorpusError(
+                    f"{self.directory / name}: {n} {what}, the manifest says "
+                    f"{splits[split]['pairs']} {WHAT[split]} pairs; {DAMAGED}"
+                )
 
     def summary(self, split: str) -> str:
         s = self.manifest["splits"][split]
@@ -242,6 +267,8 @@ class PreparedData:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
+    """``directory``'s manifest, of :data:`FORMAT`, with the fields readers use present and
+    of their types; CorpusError naming the file (and field) otherwise."""
     path = directory / MANIFEST
     if not path.is_file():
         raise CorpusError(f"{directory}: not a prepared data directory (no {MANIFEST})")
@@ -252,7 +279,67 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise CorpusError(f"{path}: format {found!r}, this version of aiayn reads {FORMAT!r}")
+    _check_fields(manifest, path)
     return manifest
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# What a manifest field that readers use must hold: the test, and its words for a message.
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "dtype": (lambda v: v in TOKEN_DTYPES, " or ".join(map(repr, TOKEN_DTYPES))),
+    "count": (_count, "a whole number >= 0"),
+    "positive": (lambda v: _count(v) and v > 0, "a whole number > 0"),
+    "limit": (lambda v: v is None or _count(v), "a whole number >= 0 or null"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "name": (  # a file beside the manifest, not a path out of the directory
+        lambda v: isinstance(v, str) and v not in ("", ".", "..") and Path(v).name == v,
+        "a file name",
+    ),
+}
+_FIELDS = [
+    ("dtype", "dtype"),
+    ("vocab_size", "positive"),
+    ("spm_sha256", "text"),
+    ("max_len_words", "limit"),
+    *((f"splits.{split}.{key}", "count") for split in ("train", "valid") for key in COUNTS),
+    *((f"inputs.{name}.{key}", kind) for name in INPUTS
+      for key, kind in (("path", "text"), ("sha256", "text"), ("bytes", "count"))),
+]  # fmt: skip
+
+
+def _check_fields(manifest: dict[str, Any], path: Path) -> None:
+    """CorpusError naming ``path`` and the field when a field that readers of the data use
+    is missing or holds another type: a damaged or hand-edited manifest is refused when
+    it is read, not met later as a KeyError or numpy's TypeError."""
+    optional = [("spm_model", "name")] if "spm_model" in manifest else []  # spm.model if not
+    for name, kind in _FIELDS + optional:
+        value: Any = manifest
+        keys = name.split(".")
+        for n, key in enumerate(keys):
+            if not isinstance(value, dict):
+                got = _shown(value)
+                where = ".".join(keys[:n])
+                raise CorpusError(
+                    f"{path}: field {where!r} must be an object, got {got}; {DAMAGED}"
+                )
+            if key not in value:
+                missing = ".".join(keys[: n + 1])
+                raise CorpusError(f"{path}: field {missing!r} is missing; {DAMAGED}")
+            value = value[key]
+        ok, want = _KINDS[kind]
+        if not ok(value):
+            raise CorpusError(
+                f"{path}: field {name!r} must be {want}, got {_shown(value)}; {DAMAGED}"
+            )
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    """``value``'s repr, cut to ``most`` characters (a message stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def check_tokenizer(manifest: dict, directory: Path, spm_bytes: bytes, what: str) -> None:

@@ -25,7 +25,7 @@ from aiayn.cli import main
 from aiayn.data import ParallelDataset, read_parallel, token_batches
 from aiayn.data.prepared import prepare, sample_pairs
 from aiayn.data.shards import PreparedData, PreparedSplit, SplitWriter, token_dtype
-from aiayn.errors import CorpusError, RecipeError
+from aiayn.errors import AiaynError, CorpusError, RecipeError
 from aiayn.metrics import corpus_bleu
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
@@ -242,6 +242,42 @@ def test_a_prepare_removes_its_own_leftovers_not_another_outputs_staging(tmp_pat
     assert own.is_dir() and other.is_dir()
     prepare((text, text), (text, text), tmp_path / "data", 40, show_progress=False)
     assert not own.exists() and other.is_dir()  # another output's, maybe in use
+
+
+def test_a_second_prepare_into_the_same_output_is_refused_while_the_first_runs(
+    tmp_path, monkeypatch
+):
+    """A second prepare into an output that a first is writing deleted the first's staging
+    folder as a killed prepare's leftover; the first then failed with "cannot write the
+    prepared data (No such file or directory)". Now the second is refused and the first
+    goes on; the lock file and staging folder a killed prepare left are taken over."""
+    import aiayn.data.prepared as prepared_module
+
+    text = write(tmp_path / "a.txt", "ein Haus\nzwei Bäume\n".encode())
+    out = tmp_path / "data"
+    (tmp_path / ".data.lock").write_text("")  # as a killed prepare left them
+    (tmp_path / ".data.k1ll3d_x.tmp").mkdir()
+    first_stages = prepared_module._prepare_into
+    refused: list[str] = []
+    stages: list[Path] = []
+
+    def second_prepare_meanwhile(tmp: Path, *args: object) -> dict:
+        stages.append(tmp)
+        if len(stages) > 1:  # the second prepare, had it not been refused
+            return first_stages(tmp, *args)
+        with pytest.raises(AiaynError) as raised:
+            prepare((text, text), (text, text), out, 40, show_progress=False)
+        refused.append(str(raised.value))
+        assert tmp.is_dir()  # the first one's staging folder is still there
+        return first_stages(tmp, *args)
+
+    monkeypatch.setattr(prepared_module, "_prepare_into", second_prepare_meanwhile)
+    prepare((text, text), (text, text), out, 40, show_progress=False)
+    assert refused == [
+        f"another prepare is writing {out}; let it finish, or prepare into another directory"
+    ]
+    assert len(PreparedData(out).train) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "data"]
 
 
 def test_dropped_pairs_are_counted_and_the_sample_is_seeded(tmp_path):

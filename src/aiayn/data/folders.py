@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+try:  # POSIX: an output being written is held with an advisory lock (flock)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
 from aiayn.errors import AiaynError
 
 # What `aiayn train` writes into a model directory besides its checkpoints.
@@ -46,6 +51,7 @@ def replaceable_folder(out: str | Path, model_dir: str | Path) -> Path:
 
 
 STAGED = ".tmp"  # the suffix of a folder being staged beside its output
+LOCKED = ".lock"  # the suffix of an output's lock file, beside it (see held_output)
 # Errors that only a write meets (a full disk or quota, a read-only file system, a file
 # too large), so they name the output whatever raised them.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
@@ -93,9 +99,61 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
         raise
 
 
+@contextmanager
+def held_output(out: str | Path, busy: str) -> Iterator[None]:
+    """Hold ``out`` for the block, so that no other process writing it runs at the same
+    time: an flock on ``.{name}.lock`` beside it (beside a link's target), made if missing
+    and removed when the block ends, however it ends. AiaynError(``busy``) at once when
+    another process holds it; one a killed holder left is taken (its lock died with it).
+    AiaynError naming ``out`` when no folder can be made where it goes (see
+    :func:`staged_folder`). Where the file system offers no flock, or the lock file cannot
+    be made, the block runs unheld (writing the output then names the real problem)."""
+    target = output_folder(out)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AiaynError(f"{out}: cannot create ({_why(target, e)})") from None
+    lock = target.parent / f".{target.name}{LOCKED}"
+    fd = _take(lock, busy) if fcntl is not None else None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            lock.unlink(missing_ok=True)  # before closing: no one else holds this file now
+            os.close(fd)
+
+
+def _take(lock: Path, busy: str) -> int | None:
+    """An open descriptor holding the flock on the file ``lock`` (None where there can be
+    none); AiaynError(``busy``) when another process holds it."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AiaynError(busy) from None
+        except OSError:  # a file system without flock (ENOLCK, EOPNOTSUPP)
+            os.close(fd)
+            return None
+        # Its holder removes the file before letting go (above); if that happened between
+        # our open and our flock, ours is a lock on a file no one else will open: again.
+        try:
+            named, held = os.stat(lock), os.fstat(fd)
+            if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
 def staged_leftovers(out: str | Path) -> list[Path]:
     """The folders :func:`staged_folder` made for ``out`` that are still there: left by a
-    process that was killed, or in use by one running. Only ``out``'s own names
+    process that was killed, or in use by one running (unless the caller holds ``out``:
+    :func:`held_output`, which every writer that stages it takes). Only ``out``'s own names
     (``.{name}.`` and mkdtemp's 8 characters), not those of another output whose name
     starts with this one (``data.v2`` beside ``data``)."""
     out = Path(out)

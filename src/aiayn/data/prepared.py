@@ -4,7 +4,8 @@ The text is streamed (constant memory), validated as it goes, the joint Sentence
 model is trained on a seeded sample of a fixed number of pairs (or given), and the pairs
 are encoded in worker processes, in order, straight into the token files. Everything is
 written into a temporary directory beside the output and renamed at the end: a prepare
-that is killed leaves no half-valid dataset, and the next run removes its leftovers.
+that is killed leaves no half-valid dataset, and the next run removes its leftovers. A
+prepare holds its output while it writes it: a second one into it is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
-from aiayn.data.folders import staged_folder, staged_leftovers
+from aiayn.data.folders import held_output, staged_folder, staged_leftovers
 from aiayn.data.shards import (
     FORMAT,
     MANIFEST,
@@ -171,7 +172,8 @@ def prepare(
     directory: :meth:`Tokenizer.load`), or a joint one of ``vocab_size`` trained on
     ``sample`` pairs drawn with ``seed``.
     Raises CorpusError (file and line) for unusable text, and when ``out`` exists;
-    AiaynError naming ``out`` when its files cannot be written (a full disk).
+    AiaynError naming ``out`` when its files cannot be written (a full disk), and when
+    another prepare is writing it (the second is refused; the first goes on).
     """
     out = Path(out)
     for name, value in (("workers", workers), ("sample", sample), ("chunk_pairs", chunk_pairs)):
@@ -184,22 +186,32 @@ def prepare(
             f"prepare: vocab_size must be more than the {len(SPECIAL)} special tokens "
             f"({', '.join(SPECIAL)}), got {vocab_size}"
         )
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
-    for stale in staged_leftovers(out):  # ``out`` is new or empty: a killed prepare's
-        shutil.rmtree(stale, ignore_errors=True)
-    try:
-        with staged_folder(out, what="the prepared data") as tmp:
-            if tokenizer is None and spm_model is not None:
-                tokenizer = Tokenizer.load(spm_model)
-            manifest = _prepare_into(
-                tmp, train, valid, vocab_size, tokenizer, spm_model, model_type, max_len_words,
-                workers, sample, seed, chunk_pairs, log, show_progress,
-            )  # fmt: skip
-    except OSError as e:  # writing the files (a full disk); the text's own are CorpusErrors
-        raise AiaynError(f"{out}: cannot write the prepared data ({e.strerror or e})") from None
+    _check_new(out)  # before anything is written
+    busy = f"another prepare is writing {out}; let it finish, or prepare into another directory"
+    with held_output(out, busy):
+        _check_new(out)  # again: a prepare that held it until now may have written it
+        # No other prepare is writing ``out`` while we hold it: these are a killed one's.
+        for stale in staged_leftovers(out):
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            with staged_folder(out, what="the prepared data") as tmp:
+                if tokenizer is None and spm_model is not None:
+                    tokenizer = Tokenizer.load(spm_model)
+                manifest = _prepare_into(
+                    tmp, train, valid, vocab_size, tokenizer, spm_model, model_type,
+                    max_len_words, workers, sample, seed, chunk_pairs, log, show_progress,
+                )  # fmt: skip
+        except OSError as e:  # writing the files (a full disk); the text's are CorpusErrors
+            why = e.strerror or e
+            raise AiaynError(f"{out}: cannot write the prepared data ({why})") from None
     log(f"prepared {out}")
     return manifest
+
+
+def _check_new(out: Path) -> None:
+    """CorpusError unless ``out`` is missing or an empty folder (nothing in it is lost)."""
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise CorpusError(f"{out} already exists; remove it or prepare into a new directory")
 
 
 def _train_tokenizer(

@@ -80,7 +80,8 @@ def test_a_full_disk_while_preparing_or_starting_a_run_is_one_line(
     tmp_path, text, monkeypatch, capsys
 ):
     """A write that fails for want of space (token files, the run's tokenizer or recipe)
-    is one line naming the folder, not an OSError traceback; no half-prepared data stays."""
+    is one line naming the folder, not an OSError traceback; no half-prepared data stays,
+    and a new run into what the stopped one left takes it."""
     import aiayn.data.shards as shards
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.train.recipe import Recipe
@@ -99,13 +100,16 @@ def test_a_full_disk_while_preparing_or_starting_a_run_is_one_line(
         assert list(tmp_path.iterdir()) == []  # no folder, no .prepared.*.tmp
         err = one_line_error(train_text(text, tmp_path / "run", "max_steps=1"), capsys)
         assert f"{tmp_path / 'run' / 'data'}: cannot write the prepared data" in err
-    for owner in (Tokenizer, Recipe):  # spm.model, then recipe.yaml
+    for owner in (Recipe, Tokenizer):  # recipe.yaml, then spm.model
         with monkeypatch.context() as patch:
             patch.setattr(owner, "save", full)
             run = tmp_path / owner.__name__
             err = one_line_error(train_text(text, run, "max_steps=1"), capsys)
             assert f"{run}: cannot write " in err and "No space left on device" in err
             assert not list(run.glob("checkpoint*"))
+        # What the stopped run left (its data/, perhaps its recipe) is a run to replace.
+        assert main(train_text(text, run, "max_steps=1")) == 0
+        assert (run / "checkpoint_last.pt").is_file()
 
 
 def test_a_resume_naming_other_text_is_refused(tmp_path, text, capsys):

@@ -5,6 +5,7 @@ finished run resumed, and weights that do not fit."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -175,13 +176,92 @@ def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(tmp_path, sampl
         assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     err = one_line_error([*argv, "max_steps=2", "--resume"], capsys)
     assert "nothing to resume" in err
-    # A run that saved no checkpoint is replaced, and its log with it (not appended to).
+    # A run that saved no checkpoint (killed before its first) is replaced, and its log
+    # with it (not appended to).
     failed = tmp_path / "failed"
-    failed.mkdir()
+    assert main([*_tiny_train(sample_prepared, failed), "max_steps=2"]) == 0
+    for checkpoint in failed.glob("checkpoint*.pt"):
+        checkpoint.unlink()
     (failed / "metrics.jsonl").write_text('{"kind": "train", "step": 7, "loss": 9.0}\n')
     assert main([*_tiny_train(sample_prepared, failed), "max_steps=2"]) == 0
     steps = [json.loads(line)["step"] for line in (failed / "metrics.jsonl").open()]
     assert steps and 7 not in steps
+
+
+def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, sample_prepared, capsys):
+    """Any folder without checkpoints was taken for a failed run to replace: an --out that
+    is prepared data (a slip for --data) had its spm.model written over and checkpoints
+    added among its files; a project's own metrics.jsonl was replaced and its tensorboard/
+    deleted. Now a folder is taken only when empty or holding what a run leaves (its
+    recipe.yaml among it); else one line names it and what it holds, and nothing in it
+    changes. An empty folder is still taken."""
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {
+            str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+        }
+
+    prepared = tmp_path / "prepared"
+    shutil.copytree(sample_prepared, prepared)
+    project = tmp_path / "project"
+    (project / "tensorboard" / "other").mkdir(parents=True)
+    (project / "tensorboard" / "other" / "events.out").write_text("mine")
+    (project / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    logs_only = tmp_path / "logs_only"  # a run's log, but no recipe.yaml beside it
+    logs_only.mkdir()
+    (logs_only / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    own_recipe = tmp_path / "own_recipe"  # the user's recipe, which a run writes over
+    own_recipe.mkdir()
+    (own_recipe / "recipe.yaml").write_text("max_steps: 2\n")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    (notes / "metrics.jsonl").write_text("mine\n")
+    cases = [
+        (prepared, f"{prepared}: holds prepared data (manifest.json), not a training run"),
+        (project, f"{project}: holds files that are not a training run's (tensorboard/other)"),
+        (logs_only, f"{logs_only}: holds metrics.jsonl but no recipe.yaml"),
+        (own_recipe, f"{own_recipe / 'recipe.yaml'}: not the recipe.yaml of a training run"),
+        (notes, f"{notes}: holds files that are not a training run's (metrics.jsonl, notes.txt)"),
+    ]
+    for folder, message in cases:
+        before = files(folder)
+        for resume in ([], ["--resume", "auto"]):
+            err = one_line_error(
+                [*_tiny_train(sample_prepared, folder), "max_steps=1", *resume], capsys
+            )
+            assert message in err, err
+            assert files(folder) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*_tiny_train(sample_prepared, empty), "max_steps=1"]) == 0
+    assert (empty / "checkpoint_last.pt").is_file()
+
+
+def test_prepared_data_a_run_did_not_make_is_not_replaced(tmp_path, sample_prepared, capsys):
+    """A new run from raw text prepares it into RUN/data/, replacing the data/ of a run
+    that stopped before its first checkpoint; a data/ prepared from other text, with no
+    run's recipe.yaml beside it (``prepare --out RUN/data`` by hand), is refused and kept.
+    From the same files it is what a run that stopped early left, and is prepared again."""
+    text = sample_prepared.parent / "text"
+    files = [str(text / f"{split}.{lang}") for split in ("train", "val") for lang in ("de", "en")]
+    flags = ("--train-src", "--train-tgt", "--valid-src", "--valid-tgt")
+    argv = ["train", *(x for pair in zip(flags, files) for x in pair), "--no-progress"]
+    argv += ["--set", *TINY_RUN, "vocab_size=120", "max_steps=1"]
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(sample_prepared, run / "data")
+    manifest = run / "data" / "manifest.json"
+    other = json.loads(manifest.read_text())
+    other["inputs"]["train_src"]["path"] = str(tmp_path / "other.de")
+    manifest.write_text(json.dumps(other))
+    err = one_line_error([*argv, "--out", str(run)], capsys)
+    assert f"{run / 'data'}: prepared data of other text ({tmp_path / 'other.de'})" in err
+    assert json.loads(manifest.read_text()) == other and [p.name for p in run.iterdir()] == ["data"]
+    shutil.rmtree(run / "data")
+    shutil.copytree(sample_prepared, run / "data")  # prepared from the same files
+    assert main([*argv, "--out", str(run)]) == 0
+    assert (run / "checkpoint_last.pt").is_file()
 
 
 def test_init_from_or_resume_with_weights_that_do_not_fit_names_the_file(

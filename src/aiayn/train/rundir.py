@@ -41,11 +41,12 @@ from aiayn.config import TransformerConfig
 from aiayn.data import Tokenizer
 from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
-from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer, read_manifest, sha256_file
+from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.distributed import World
-from aiayn.errors import AiaynError, CheckpointError, CorpusError, RecipeError
+from aiayn.errors import AiaynError, CheckpointError, CorpusError
 from aiayn.train.model_checks import check_new_model, check_resume
 from aiayn.train.recipe import TEXT_FIELDS, Recipe
+from aiayn.train.runfolder import check_new_run_folder, check_replaced_data, same_text
 
 T = TypeVar("T")
 
@@ -58,32 +59,6 @@ def portable(error: BaseException) -> BaseException:
         return error
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
-
-
-def same_text(r: Recipe, directory: Path) -> None:
-    """RecipeError when a text file ``r`` names is not the one ``directory`` (a resumed
-    run's data) was prepared from: the run would go on with its own data and leave the
-    named file unread. A file at another path with the same size and sha256 (a moved
-    corpus) is the same; at its path, one of another size was edited since (its size
-    only is compared there: hashing a large corpus at every resume would be slow)."""
-    inputs = read_manifest(directory)["inputs"]
-    for field in TEXT_FIELDS:
-        given, was = Path(getattr(r, field)).resolve(), inputs[field]
-        same_size = given.is_file() and given.stat().st_size == was["bytes"]
-        there = str(given) == was["path"]
-        if same_size and (there or sha256_file(given) == was["sha256"]):
-            continue
-        if there:
-            what = f"was changed since the run being resumed was prepared from it (in {directory})"
-        else:
-            what = (
-                "is not the file the run being resumed was prepared from "
-                f"({was['path']}, in {directory})"
-            )
-        raise RecipeError(
-            f"recipe field {field}={getattr(r, field)} {what}: a resumed run goes on with its "
-            "own data; give the same files, or train into a new directory"
-        )
 
 
 class RunDirectory:
@@ -245,6 +220,7 @@ class RunDirectory:
                 f"{', ...' if len(kept) > 3 else ''}) but no {LAST} to resume from; train "
                 "into another directory, or move them away first"
             )
+        check_new_run_folder(self.out_dir)  # nothing but what such a run leaves
         return None
 
     def new_run(self, r: Recipe, device: torch.device | None = None) -> dict | None:
@@ -292,7 +268,8 @@ class RunDirectory:
             def make() -> None:
                 if state is not None and (directory / MANIFEST).is_file():
                     return same_text(r, directory)  # resuming: the run's own prepared data
-                if (directory / MANIFEST).is_file():  # ours, from a run that never saved
+                if (directory / MANIFEST).is_file():  # from a run that never saved, if ours
+                    check_replaced_data(r, self.out_dir, directory)
                     shutil.rmtree(directory)
                 prepare(
                     (r.train_src, r.train_tgt), (r.valid_src, r.valid_tgt), directory,
@@ -360,17 +337,19 @@ class RunDirectory:
             r.model = {k: v for k, v in cfg.to_dict().items() if k not in skip}
 
         def save() -> None:
-            what = "the tokenizer's files"
+            # The recipe first: a folder a run left, however far it got, is known for one
+            # by its recipe.yaml (see check_new_run_folder).
+            what = "recipe.yaml"
             try:  # a full disk: one line naming the file, not an OSError from pathlib
-                tokenizer.save(self.out_dir)
-                what = "recipe.yaml"
                 r.save(self.out_dir / "recipe.yaml")
+                what = "the tokenizer's files"
+                tokenizer.save(self.out_dir)
             except OSError as e:
                 raise AiaynError(
                     f"{self.out_dir}: cannot write {what} ({e.strerror or e})"
                 ) from None
-            # The logs of the run being replaced (one that saved no checkpoint, see
-            # _resume_path) would mix with this run's, which appends to them.
+            # The logs of the run being replaced (one that saved no checkpoint: checked by
+            # _resume_path to hold nothing else) would mix with this run's, which appends.
             (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
             shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
 

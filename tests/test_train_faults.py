@@ -112,6 +112,21 @@ def test_a_full_disk_while_preparing_or_starting_a_run_is_one_line(
         assert (run / "checkpoint_last.pt").is_file()
 
 
+def test_raw_text_is_prepared_with_its_progress_and_log(tmp_path, text, capsys):
+    """`train` on raw text prepared it in silence (minutes on millions of pairs): now it
+    says so and logs prepare's lines, and shows its progress unless --no-progress."""
+    quiet = train_text(text, tmp_path / "quiet", "max_steps=1")
+    assert "--no-progress" in quiet
+    shown = [a for a in train_text(text, tmp_path / "shown", "max_steps=1") if a != "--no-progress"]
+    for argv, run in ((shown, tmp_path / "shown"), (quiet, tmp_path / "quiet")):
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert f"preparing the text into {run / 'data'}" in out
+        assert f"prepared {run / 'data'}" in out and "tokenizer: " in out
+        steps = [line.split(":")[0] for line in err.splitlines() if " pairs" in line]
+        assert steps == (["sample", "train", "valid"] if argv is shown else []), err
+
+
 def test_a_resume_naming_other_text_is_refused(tmp_path, text, capsys):
     """--resume with text files other than those the run's data/ was prepared from used
     to go on with the old data and leave them unread; now refused in one line. The same

@@ -74,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
     resumes: dict[str | None, bool | str] = {None: False, "yes": True, "auto": "auto"}
     resume = resumes[args.resume]
-    trainer = Trainer(recipe, args.out, resume=resume)
+    trainer = Trainer(recipe, args.out, resume=resume, progress=not args.no_progress)
     trainer.train(progress=not args.no_progress)
     return 0
 

@@ -249,12 +249,17 @@ class RunDirectory:
         return self.on_main(read)
 
     def prepared_data(
-        self, r: Recipe, state: dict | None, tokenizer: Tokenizer | None = None
+        self,
+        r: Recipe,
+        state: dict | None,
+        tokenizer: Tokenizer | None = None,
+        progress: bool = True,
     ) -> PreparedData:
         """The recipe's prepared directory, or the raw text prepared into the run's
         ``data/`` (kept for --resume, made again for a new run; by rank 0 while the other
-        ranks wait), encoded with ``tokenizer`` when given (that of the model a run starts
-        from), else with a joint tokenizer trained on it."""
+        ranks wait, logging its steps, and showing its progress when ``progress``),
+        encoded with ``tokenizer`` when given (that of the model a run starts from), else
+        with a joint tokenizer trained on it."""
         if r.data:
             directory = Path(r.data)
         else:
@@ -271,10 +276,12 @@ class RunDirectory:
                 if (directory / MANIFEST).is_file():  # from a run that never saved, if ours
                     check_replaced_data(r, self.out_dir, directory)
                     shutil.rmtree(directory)
+                # A large corpus takes minutes: say what is being done, and show how far.
+                self.log(f"preparing the text into {directory}")
                 prepare(
                     (r.train_src, r.train_tgt), (r.valid_src, r.valid_tgt), directory,
                     vocab_size=r.vocab_size, model_type=r.spm_model_type,
-                    max_len_words=r.max_len_words, log=lambda _: None, show_progress=False,
+                    max_len_words=r.max_len_words, log=self.log, show_progress=progress,
                     tokenizer=tokenizer,
                 )  # fmt: skip
 

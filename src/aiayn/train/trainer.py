@@ -66,7 +66,8 @@ class Trainer:
     restarted job (torchrun's ``--max-restarts``) picks up where it stopped.
 
     ``world`` is this process's place in a torch.distributed job; by default the one that
-    torchrun's environment describes (a world of one outside torchrun)."""
+    torchrun's environment describes (a world of one outside torchrun). ``progress``: show
+    the progress of preparing raw text (on rank 0; :meth:`train` takes its own)."""
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class Trainer:
         resume: bool | str = False,
         log: Callable[[str], None] = print,
         world: World | None = None,
+        progress: bool = True,
     ):
         r = self.recipe = recipe.check()  # before anything is written
         if r.threads > 0:
@@ -90,7 +92,7 @@ class Trainer:
         init = run.new_run(r, self.device) if state is None else None
         known = state if state is not None else init
         tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
-        self.data = run.prepared_data(r, state, tokenizer)
+        self.data = run.prepared_data(r, state, tokenizer, progress)
         self.tokenizer = run.tokenizer(self.data, state, init)
         self.cfg = run_config(self.recipe, self.tokenizer, state, init)
         run.save_new_run(r, state, self.cfg, self.tokenizer)

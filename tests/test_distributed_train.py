@@ -273,11 +273,12 @@ def test_resume_auto_starts_or_resumes(tmp_path, data, max_tokens):
 
 
 def test_an_error_on_rank_0_during_set_up_ends_every_rank_at_once(tmp_path, data, max_tokens):
-    """Rank 0 cannot write the run's recipe (a folder is in the way, as a full disk would
-    be): every rank exits with rank 0's one-line message within seconds, none waits for
-    the collective timeout."""
+    """Rank 0 refuses the run directory (a folder where the recipe goes, which is not a
+    run's; it was found when writing the recipe, as a full disk would be): every rank
+    exits with rank 0's one-line message within seconds, none waits for the collective
+    timeout."""
     out = tmp_path / "run"
-    (out / "recipe.yaml").mkdir(parents=True)  # so writing the recipe there fails
+    (out / "recipe.yaml").mkdir(parents=True)  # a run would write its recipe there
     logs = tmp_path / "logs"
     args = train_args(data, out, max_tokens, "collective_timeout_minutes=10")
     command = torchrun_command(
@@ -296,7 +297,8 @@ def test_an_error_on_rank_0_during_set_up_ends_every_rank_at_once(tmp_path, data
     assert len(errs) == 2, errs
     for err in errs:  # both ranks: rank 0's error, with its message
         text = err.read_text()
-        assert f"{out}: cannot write recipe.yaml (Is a directory)" in text, text[-2000:]
+        message = f"{out}: holds files that are not a training run's (recipe.yaml)"
+        assert message in text, text[-2000:]
 
 
 VALIDATE = """\

@@ -29,8 +29,8 @@ from aiayn.errors import AiaynError, RecipeError
 from aiayn.train.recipe import TEXT_FIELDS, Recipe
 
 RECIPE, METRICS, TENSORBOARD, DATA = "recipe.yaml", "metrics.jsonl", "tensorboard", "data"
-# What a run writes besides its checkpoints and data: True for a folder. Any but the
-# recipe is a run's only beside a recipe.yaml that a run wrote.
+# What a run writes besides its recipe, checkpoints and data (True: a folder). These are a
+# run's only beside a recipe.yaml that a run wrote, which it writes before any of them.
 LOGS = {METRICS: False, TENSORBOARD: True, "plots": True}  # plots: `aiayn plot`'s
 TOKENIZER_FILES = (SPM_FILE, SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG)
 MOVE_AWAY = "train into a new or empty directory, or move them away first"

@@ -20,20 +20,13 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import (
-    BEST,
-    LAST,
-    epoch_checkpoint_name,
-    load_weights,
-    resolve_device,
-    save_checkpoint,
-    step_checkpoint_name,
-)
+from aiayn.checkpoint import LAST, load_weights, resolve_device, save_checkpoint
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World, init_from_env
 from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
+from aiayn.train.duties import Duties
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
@@ -217,17 +210,6 @@ class Trainer:
             write()
         return path
 
-    def _save_kept(self, name: str) -> None:
-        """Save an epoch or timed checkpoint; only the last ``keep_last`` stay on disk."""
-        self.save(name)
-        # A time-limited run saves its partial epoch; finishing that epoch after --resume
-        # rewrites the same file, which must not count twice (or be pruned as "old").
-        if name in self.epoch_checkpoints:
-            self.epoch_checkpoints.remove(name)
-        self.epoch_checkpoints.append(name)
-        while len(self.epoch_checkpoints) > self.recipe.keep_last:
-            (self.out_dir / self.epoch_checkpoints.pop(0)).unlink(missing_ok=True)
-
     # -- validation -----------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         """Loss and perplexity on the validation set, and BLEU of its translations (the
@@ -244,20 +226,6 @@ class Trainer:
         (by this process alone)."""
         return translate_texts(self.model, self.tokenizer, self.valid_src, self.recipe.valid_beam)
 
-    def _validate_and_keep_best(self, metrics: MetricsLog) -> None:
-        """Every rank validates its share; rank 0 logs, and saves the best."""
-        v = self.validate()
-        metrics.write("valid", self.step, epoch=self.epoch + 1, seconds=round(self.elapsed, 2), **v)
-        # A model whose validation loss is not finite is broken, whatever its BLEU says.
-        improved = math.isfinite(v["loss"]) and v["bleu"] > self.best_bleu
-        self.log(
-            f"valid epoch {self.epoch + 1} step {self.step}: loss {v['loss']:.3f} "
-            f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
-        )
-        if improved:
-            self.best_bleu = v["bleu"]
-            self.save(BEST)
-
     # -- the loop -------------------------------------------------------------------------
     def train(self, progress: bool = True) -> TrainResult:
         """Train until the recipe's max_epochs, max_steps or time limit; validation and an
@@ -271,15 +239,16 @@ class Trainer:
         metrics = opened[0] if opened else MetricsLog(self.out_dir, enabled=False)
         self._metrics = metrics
         self._start = time.perf_counter() - self.elapsed
-        period = self.recipe.save_every_minutes * 60  # the next multiple of it, after a resume
-        self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period if period else 0
+        # Not kept on self: it refers to the trainer, and that cycle would hold the lock on
+        # the run directory (let go with the trainer) until the garbage collector runs.
+        duties = Duties(self)
         stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
         if stopped_by != "max_epochs":  # a finished run, resumed: not one update more
             self.log(f"nothing to do: the run already reached its {stopped_by}")
         self.model.train()
         try:
             while self.epoch < self.recipe.max_epochs and stopped_by == "max_epochs":
-                stopped_by = self._run_epoch(metrics, progress)
+                stopped_by = self._run_epoch(metrics, duties, progress)
         finally:
             metrics.close()
             self._metrics = None
@@ -295,7 +264,7 @@ class Trainer:
             self.step, self.epoch, self.best_bleu, self.elapsed, stopped_by, self.skipped
         )
 
-    def _run_epoch(self, metrics: MetricsLog, progress: bool) -> str:
+    def _run_epoch(self, metrics: MetricsLog, duties: Duties, progress: bool) -> str:
         """The rest of the current epoch (from ``batch_in_epoch``, after a resume); returns
         why it stopped: "max_epochs" when the epoch ran out, else "max_steps"/"time_limit"."""
         r = self.recipe
@@ -337,32 +306,12 @@ class Trainer:
                 tick, tick_tokens = now, 0
                 bar.set_postfix(loss=f"{result.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
                 metrics.write("speed", self.step, tokens_per_s=rate)
-            stopped_by = self._save_validate_or_stop(metrics)
+            stopped_by = duties.after_update(metrics)
             if stopped_by != "max_epochs":
                 break
         bar.close()
-        epoch_done = self.batch_in_epoch >= len(batches)
-        if epoch_done or stopped_by != "max_epochs":
-            if not r.valid_every_steps or stopped_by != "max_epochs":
-                self._validate_and_keep_best(metrics)
-            self._save_kept(epoch_checkpoint_name(self.epoch + 1))
-        if epoch_done:
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-        self.save(LAST)
+        duties.end(metrics, stopped_by, epoch_done=self.batch_in_epoch >= len(batches))
         return stopped_by
-
-    def _save_validate_or_stop(self, metrics: MetricsLog) -> str:
-        """The recipe's per-update duties; "max_steps"/"time_limit" when training must stop."""
-        r = self.recipe
-        if r.save_every_steps and self.step % r.save_every_steps == 0:
-            self.save(LAST)
-        period = r.save_every_minutes * 60
-        if period and self.elapsed >= self._timed_save_at:
-            self._timed_save_at = (math.floor(self.elapsed / period) + 1) * period
-            self._save_kept(step_checkpoint_name(self.step))
-        if r.valid_every_steps and self.step % r.valid_every_steps == 0:
-            self._validate_and_keep_best(metrics)
-        return budget_spent(r, self.step, self.elapsed) or "max_epochs"
 
     def _time_used(self) -> float:
         """The fraction of the time limit spent (for the schedules that decay to 0)."""

@@ -1,0 +1,85 @@
+"""What a training run does besides its updates, and when: its checkpoints, its
+validations and its stop (:class:`Duties`, for :class:`~aiayn.train.trainer.Trainer`).
+
+After each update, in this order: checkpoint_last.pt every ``save_every_steps``
+updates, a timed checkpoint when one is due (``save_every_minutes``), a validation every
+``valid_every_steps``. At the end of an epoch, and at a stop (the ``max_steps`` or time
+limit reached): a validation (at every epoch's end when ``valid_every_steps`` is 0, and
+at a stop), the epoch's checkpoint, and checkpoint_last.pt once more.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from aiayn.checkpoint import BEST, LAST, epoch_checkpoint_name, step_checkpoint_name
+from aiayn.train.metrics_log import MetricsLog
+from aiayn.train.schedule import budget_spent
+
+if TYPE_CHECKING:
+    from aiayn.train.trainer import Trainer
+
+
+class Duties:
+    """The saves, validations and stop of ``trainer``'s run, from the position it starts
+    at (a new run's, or a resumed one's)."""
+
+    def __init__(self, trainer: Trainer):
+        self.t = trainer
+        period = trainer.recipe.save_every_minutes * 60  # its next multiple, after a resume
+        self.timed_save_at = (math.floor(trainer.elapsed / period) + 1) * period if period else 0
+
+    def keep(self, name: str) -> None:
+        """Save an epoch or timed checkpoint; only the last ``keep_last`` stay on disk."""
+        t = self.t
+        t.save(name)
+        # A time-limited run saves its partial epoch; finishing that epoch after --resume
+        # rewrites the same file, which must not count twice (or be pruned as "old").
+        if name in t.epoch_checkpoints:
+            t.epoch_checkpoints.remove(name)
+        t.epoch_checkpoints.append(name)
+        while len(t.epoch_checkpoints) > t.recipe.keep_last:
+            (t.out_dir / t.epoch_checkpoints.pop(0)).unlink(missing_ok=True)
+
+    def validate(self, metrics: MetricsLog) -> None:
+        """Every rank validates its share; rank 0 logs, and saves the best."""
+        t = self.t
+        v = t.validate()
+        metrics.write("valid", t.step, epoch=t.epoch + 1, seconds=round(t.elapsed, 2), **v)
+        # A model whose validation loss is not finite is broken, whatever its BLEU says.
+        improved = math.isfinite(v["loss"]) and v["bleu"] > t.best_bleu
+        t.log(
+            f"valid epoch {t.epoch + 1} step {t.step}: loss {v['loss']:.3f} "
+            f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
+        )
+        if improved:
+            t.best_bleu = v["bleu"]
+            t.save(BEST)
+
+    def after_update(self, metrics: MetricsLog) -> str:
+        """The duties of an update; "max_steps"/"time_limit" when the run must stop, else
+        "max_epochs"."""
+        t, r = self.t, self.t.recipe
+        if r.save_every_steps and t.step % r.save_every_steps == 0:
+            t.save(LAST)
+        period = r.save_every_minutes * 60
+        if period and t.elapsed >= self.timed_save_at:
+            self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period
+            self.keep(step_checkpoint_name(t.step))
+        if r.valid_every_steps and t.step % r.valid_every_steps == 0:
+            self.validate(metrics)
+        return budget_spent(r, t.step, t.elapsed) or "max_epochs"
+
+    def end(self, metrics: MetricsLog, stopped_by: str, epoch_done: bool) -> None:
+        """The end of an epoch (``epoch_done``) or a stop (``stopped_by`` other than
+        "max_epochs"): its validation and epoch checkpoint; then checkpoint_last.pt."""
+        t, r = self.t, self.t.recipe
+        stopping = stopped_by != "max_epochs"
+        if epoch_done or stopping:
+            if stopping or not r.valid_every_steps:
+                self.validate(metrics)
+            self.keep(epoch_checkpoint_name(t.epoch + 1))
+        if epoch_done:
+            t.epoch, t.batch_in_epoch = t.epoch + 1, 0
+        t.save(LAST)

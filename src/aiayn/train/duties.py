@@ -5,7 +5,8 @@ After each update, in this order: checkpoint_last.pt every ``save_every_steps``
 updates, a timed checkpoint when one is due (``save_every_minutes``), a validation every
 ``valid_every_steps``. At the end of an epoch, and at a stop (the ``max_steps`` or time
 limit reached): a validation (at every epoch's end when ``valid_every_steps`` is 0, and
-at a stop), the epoch's checkpoint, and checkpoint_last.pt once more.
+at a stop, unless that step was just validated), the epoch's checkpoint, and
+checkpoint_last.pt once more.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Duties:
 
     def __init__(self, trainer: Trainer):
         self.t = trainer
+        self.validated_at = -1  # the step validated last
         period = trainer.recipe.save_every_minutes * 60  # its next multiple, after a resume
         self.timed_save_at = (math.floor(trainer.elapsed / period) + 1) * period if period else 0
 
@@ -46,6 +48,7 @@ class Duties:
         """Every rank validates its share; rank 0 logs, and saves the best."""
         t = self.t
         v = t.validate()
+        self.validated_at = t.step
         metrics.write("valid", t.step, epoch=t.epoch + 1, seconds=round(t.elapsed, 2), **v)
         # A model whose validation loss is not finite is broken, whatever its BLEU says.
         improved = math.isfinite(v["loss"]) and v["bleu"] > t.best_bleu
@@ -77,7 +80,7 @@ class Duties:
         t, r = self.t, self.t.recipe
         stopping = stopped_by != "max_epochs"
         if epoch_done or stopping:
-            if stopping or not r.valid_every_steps:
+            if (stopping or not r.valid_every_steps) and self.validated_at != t.step:
                 self.validate(metrics)
             self.keep(epoch_checkpoint_name(t.epoch + 1))
         if epoch_done:

@@ -10,7 +10,7 @@ import pytest
 
 from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
-from aiayn.errors import TrainingError
+from aiayn.errors import CheckpointError, TrainingError
 from aiayn.train.metrics_log import MetricsLog
 from cli_util import one_line_error
 from test_train_refusals import TINY_RUN
@@ -170,3 +170,71 @@ def test_a_validation_with_a_non_finite_loss_is_never_the_best(tmp_path, text, m
     valid = [r for r in valid if r["kind"] == "valid"]
     assert [(r["step"], r["loss"]) for r in valid] == [(1, "nan"), (2, 2.0)]
     assert load_checkpoint(out / "checkpoint_best.pt")["step"] == 2
+
+
+def interrupted(*_args: object) -> dict:
+    """validate_world of a run that Ctrl-C (or a kill) stops in its validation."""
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("cut", ["interrupted in the validation", "disk full at the last save"])
+def test_a_run_cut_short_while_it_stops_does_its_stop_when_resumed(
+    tmp_path, text, monkeypatch, capsys, cut
+):
+    """checkpoint_last.pt of the stopping step is saved (every save_every_steps) before
+    that step's validation, epoch checkpoint and final save. A run cut short there (Ctrl-C
+    or a kill in a long validation; a full disk at its last save) and resumed used to find
+    its max_steps reached and do nothing: no final validation, best or epoch checkpoint,
+    nothing for `aiayn average`, and after a full disk the log had lost the validation of
+    that step. The resumed run now does them, once; resumed again, nothing."""
+    import aiayn.train.trainer as trainer
+
+    out = tmp_path / "run"
+    argv = train_text(text, out, "max_steps=2", "save_every_steps=2", "valid_every_steps=0")
+    save, lasts = trainer.save_checkpoint, []
+
+    def full(state: dict, path: Path) -> Path:
+        if Path(path).name == "checkpoint_last.pt" and state["step"] == 2:
+            lasts.append(path)
+            if len(lasts) == 2:  # the last one, after the validation and epoch checkpoint
+                raise CheckpointError(f"{path}: cannot write (No space left on device)")
+        return save(state, path)
+
+    with monkeypatch.context() as patch:
+        if cut.startswith("interrupted"):
+            patch.setattr(trainer, "validate_world", interrupted)
+            assert main(argv) == 130
+        else:
+            patch.setattr(trainer, "save_checkpoint", full)
+            assert main(argv) == 2 and "No space left on device" in capsys.readouterr().err
+    assert load_checkpoint(out / "checkpoint_last.pt")["step"] == 2
+    assert main([*argv, "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert logged(out) == [1, 2] and logged(out, "valid") == [2]
+    for name in ("checkpoint_epoch001.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
+        assert load_checkpoint(out / name)["step"] == 2, name
+    assert "reached its max_steps but was stopped before its final validation" in said
+    assert main(["average", "--model", str(out), "--last", "1"]) == 0
+    assert main([*argv, "--resume"]) == 0
+    assert "nothing to do: the run already reached its max_steps" in capsys.readouterr().out
+    assert logged(out, "valid") == [2]
+
+
+@pytest.mark.parametrize("max_steps", [2, 4])
+def test_a_run_interrupted_in_a_validation_does_it_when_resumed(
+    tmp_path, text, monkeypatch, max_steps
+):
+    """checkpoint_last.pt is saved before the validation of its step: a run interrupted in
+    that validation (every valid_every_steps; at step 2, its stop or not) and resumed
+    validates that step first, and once (it skipped it, and at its max_steps did nothing)."""
+    import aiayn.train.trainer as trainer
+
+    out = tmp_path / "run"
+    settings = ("save_every_steps=2", "valid_every_steps=2")
+    argv = train_text(text, out, f"max_steps={max_steps}", *settings)
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "validate_world", interrupted)
+        assert main(argv) == 130
+    assert main([*argv, "--resume"]) == 0
+    assert logged(out, "valid") == list(range(2, max_steps + 1, 2))
+    assert load_checkpoint(out / "checkpoint_last.pt")["step"] == max_steps

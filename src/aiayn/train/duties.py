@@ -7,6 +7,13 @@ updates, a timed checkpoint when one is due (``save_every_minutes``), a validati
 limit reached): a validation (at every epoch's end when ``valid_every_steps`` is 0, and
 at a stop, unless that step was just validated), the epoch's checkpoint, and
 checkpoint_last.pt once more.
+
+checkpoint_last.pt is saved after an update but before that update's validation and
+stop, so that a run killed in a long validation keeps its updates; it is then marked
+pending (:data:`PENDING` in the state), and a run resumed from it does that validation
+and that stop first. Without the mark, a run killed (or failing: a full disk) in its
+final validation or saves would find its budget spent when resumed, and never have its
+final validation, best or epoch checkpoint.
 """
 
 from __future__ import annotations
@@ -21,13 +28,17 @@ from aiayn.train.schedule import budget_spent
 if TYPE_CHECKING:
     from aiayn.train.trainer import Trainer
 
+# The checkpoint key that marks a state saved before its step's validation and stop.
+PENDING = "duties_pending"
+
 
 class Duties:
     """The saves, validations and stop of ``trainer``'s run, from the position it starts
-    at (a new run's, or a resumed one's)."""
+    at (a new run's, or a resumed one's); ``pending`` when that position is a checkpoint
+    marked :data:`PENDING`."""
 
-    def __init__(self, trainer: Trainer):
-        self.t = trainer
+    def __init__(self, trainer: Trainer, pending: bool = False):
+        self.t, self.pending = trainer, pending
         self.validated_at = -1  # the step validated last
         period = trainer.recipe.save_every_minutes * 60  # its next multiple, after a resume
         self.timed_save_at = (math.floor(trainer.elapsed / period) + 1) * period if period else 0
@@ -60,23 +71,37 @@ class Duties:
             t.best_bleu = v["bleu"]
             t.save(BEST)
 
+    def owed(self, metrics: MetricsLog) -> str:
+        """What a run resumed from a pending checkpoint still owes its step (see
+        :meth:`after_save`), done once; "max_epochs" when it owes nothing."""
+        if not self.pending:
+            return "max_epochs"
+        self.pending = False
+        return self.after_save(metrics)
+
     def after_update(self, metrics: MetricsLog) -> str:
-        """The duties of an update; "max_steps"/"time_limit" when the run must stop, else
-        "max_epochs"."""
+        """The duties of an update: its saves, then :meth:`after_save`."""
         t, r = self.t, self.t.recipe
         if r.save_every_steps and t.step % r.save_every_steps == 0:
-            t.save(LAST)
+            t.save(LAST, pending=True)
         period = r.save_every_minutes * 60
         if period and t.elapsed >= self.timed_save_at:
             self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period
             self.keep(step_checkpoint_name(t.step))
+        return self.after_save(metrics)
+
+    def after_save(self, metrics: MetricsLog) -> str:
+        """The validation every ``valid_every_steps``; "max_steps"/"time_limit" when the
+        run must stop, else "max_epochs"."""
+        t, r = self.t, self.t.recipe
         if r.valid_every_steps and t.step % r.valid_every_steps == 0:
             self.validate(metrics)
         return budget_spent(r, t.step, t.elapsed) or "max_epochs"
 
     def end(self, metrics: MetricsLog, stopped_by: str, epoch_done: bool) -> None:
         """The end of an epoch (``epoch_done``) or a stop (``stopped_by`` other than
-        "max_epochs"): its validation and epoch checkpoint; then checkpoint_last.pt."""
+        "max_epochs"): its validation and epoch checkpoint; then checkpoint_last.pt, not
+        pending: a run resumed from it starts after them."""
         t, r = self.t, self.t.recipe
         stopping = stopped_by != "max_epochs"
         if epoch_done or stopping:

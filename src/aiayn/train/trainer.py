@@ -26,7 +26,7 @@ from aiayn.distributed import World, init_from_env
 from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
-from aiayn.train.duties import Duties
+from aiayn.train.duties import PENDING, Duties
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
@@ -129,6 +129,9 @@ class Trainer:
                 f"resumed from {self.out_dir / LAST}: step {self.step}, epoch {self.epoch + 1}"
                 f", batch {self.batch_in_epoch} of the epoch's plan"
             )
+        # A pending state owes its step's validation and stop (see Duties; checkpoints from
+        # before the mark have none: they owe nothing).
+        self._pending = bool((state or {}).get(PENDING))
         if self.world.rank > 0:  # its own dropout masks; rank 0 keeps the saved stream
             torch.manual_seed(r.seed + 1_000_003 * self.world.rank + self.step)
         self.updater = Updater(
@@ -149,7 +152,7 @@ class Trainer:
             )
 
     # -- checkpoints ----------------------------------------------------------------------
-    def _state(self) -> dict:
+    def _state(self, pending: bool = False) -> dict:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -164,6 +167,7 @@ class Trainer:
             "best_bleu": self.best_bleu,
             "elapsed": self.elapsed,
             "skipped": self.skipped,
+            PENDING: pending,  # saved before its step's validation and stop (see Duties)
             # The log of every step up to this state, on disk first (see MetricsLog).
             "metrics_bytes": self._metrics.size() if self._metrics is not None else None,
             "epoch_checkpoints": list(self.epoch_checkpoints),
@@ -195,14 +199,15 @@ class Trainer:
         self.skipped = state.get("skipped", 0)  # absent from checkpoints before the guard
         self.schedule.load_state_dict(state["schedule"])  # after step and elapsed: its budget
 
-    def save(self, name: str, fence: bool = True) -> Path:
+    def save(self, name: str, fence: bool = True, pending: bool = False) -> Path:
         """Rank 0 writes checkpoint ``name`` (atomically); with ``fence``, every rank waits
         until it is on disk, so no rank runs ahead of the last saved state, and an error in
-        the writing (a full disk) is raised on every rank."""
+        the writing (a full disk) is raised on every rank. ``pending``: saved before its
+        step's validation and stop, which a run resumed from it does first."""
         path = self.out_dir / name
 
         def write() -> None:
-            save_checkpoint(self._state(), path)
+            save_checkpoint(self._state(pending), path)
 
         if fence:
             self.run.on_main(write)
@@ -230,7 +235,9 @@ class Trainer:
     def train(self, progress: bool = True) -> TrainResult:
         """Train until the recipe's max_epochs, max_steps or time limit; validation and an
         epoch checkpoint at the end of every epoch (or at a stop), checkpoint_last.pt every
-        ``save_every_steps`` updates."""
+        ``save_every_steps`` updates (see :mod:`aiayn.train.duties`). A resumed run that
+        had reached its budget trains no more, but first completes the validation and
+        checkpoints of its stop if it was cut short before they were all saved."""
         opened: list[MetricsLog] = []  # rank 0 opens the log; a failure stops every rank
         log_size = self._resumed_log_size  # None for a new run: nothing to cut
         self.run.on_main(
@@ -241,15 +248,22 @@ class Trainer:
         self._start = time.perf_counter() - self.elapsed
         # Not kept on self: it refers to the trainer, and that cycle would hold the lock on
         # the run directory (let go with the trainer) until the garbage collector runs.
-        duties = Duties(self)
+        duties = Duties(self, self._pending)
         stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
-        if stopped_by != "max_epochs":  # a finished run, resumed: not one update more
-            self.log(f"nothing to do: the run already reached its {stopped_by}")
+        if stopped_by != "max_epochs" and not duties.pending:
+            self.log(f"nothing to do: the run already reached its {stopped_by}")  # not 1 update
+        elif stopped_by != "max_epochs":  # cut short (a kill, a full disk) while it stopped
+            self.log(
+                f"the run reached its {stopped_by} but was stopped before its final "
+                "validation and checkpoints: doing them now"
+            )
+            stopped_by = "max_epochs"  # into the epoch, whose owed duties come first
         self.model.train()
         try:
             while self.epoch < self.recipe.max_epochs and stopped_by == "max_epochs":
                 stopped_by = self._run_epoch(metrics, duties, progress)
         finally:
+            self._pending = duties.pending
             metrics.close()
             self._metrics = None
             self.run.release()
@@ -265,8 +279,9 @@ class Trainer:
         )
 
     def _run_epoch(self, metrics: MetricsLog, duties: Duties, progress: bool) -> str:
-        """The rest of the current epoch (from ``batch_in_epoch``, after a resume); returns
-        why it stopped: "max_epochs" when the epoch ran out, else "max_steps"/"time_limit"."""
+        """The rest of the current epoch (from ``batch_in_epoch``, after a resume, once the
+        resumed step's owed duties are done); returns why it stopped: "max_epochs" when the
+        epoch ran out, else "max_steps"/"time_limit"."""
         r = self.recipe
         # Index arrays only: each batch is read from the token files when its turn comes,
         # so an epoch of millions of pairs costs its plan, not its tensors.
@@ -279,9 +294,9 @@ class Trainer:
             unit="upd",
             disable=not progress or not self.world.is_main,
         )
-        stopped_by = "max_epochs"
+        stopped_by = duties.owed(metrics)  # a resumed run's, before any update
         tick, tick_tokens = time.perf_counter(), 0
-        while self.batch_in_epoch < len(batches):
+        while stopped_by == "max_epochs" and self.batch_in_epoch < len(batches):
             first = self.batch_in_epoch
             plans = batches[first : first + per_update]
             lr = self.optimizer.param_groups[0]["lr"]  # this update's rate (logged below)
@@ -307,8 +322,6 @@ class Trainer:
                 bar.set_postfix(loss=f"{result.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
                 metrics.write("speed", self.step, tokens_per_s=rate)
             stopped_by = duties.after_update(metrics)
-            if stopped_by != "max_epochs":
-                break
         bar.close()
         duties.end(metrics, stopped_by, epoch_done=self.batch_in_epoch >= len(batches))
         return stopped_by

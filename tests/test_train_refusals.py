@@ -1,6 +1,7 @@
 """`aiayn train` refusing what it cannot do, before it writes anything: recipe fields out
 of type or range, outputs that cannot be made, resumes that would change the model, a
-finished run resumed, and weights that do not fit."""
+finished run resumed, weights that do not fit, and validation pairs that do not fit the
+model's max_len."""
 
 from __future__ import annotations
 
@@ -319,3 +320,42 @@ def test_data_named_on_the_command_line_replaces_the_recipes(tmp_path, sample_pr
     assert not (tmp_path / "c").exists()
     with pytest.raises(RecipeError, match=r"^recipe: fields data and dataset both name"):
         Recipe(data=str(sample_prepared), dataset="multi30k").check()
+
+
+def test_validation_pairs_longer_than_max_len_are_counted_or_refused(
+    tmp_path, sample_prepared, capsys
+):
+    """The validation loss scores the pairs that fit model.max_len, BLEU translates them
+    all. It used to leave the others out without a word, and to report loss 0, perplexity
+    1 (and a "best" model) when none fit. Now it says how many it leaves out, and a run of
+    which no validation pair fits is refused before it trains, naming the files."""
+    out = tmp_path / "run"
+    argv = [*_tiny_train(sample_prepared, out), "max_steps=1"]
+    err = one_line_error([*argv, "model.max_len=13"], capsys)  # 5 training pairs fit
+    assert "valid: all 10 pairs of " in err and "model.max_len=13 tokens" in err
+    assert f"{Path(sample_prepared).parent / 'text' / 'val.de'} and " in err
+    assert not list(out.glob("checkpoint*"))
+    assert main([*argv, "model.max_len=17"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("valid: 4 of 10 pairs longer than 17 tokens, left out of the validation") == 1
+    valid = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["loss"] > 0 for r in valid if r["kind"] == "valid"] == [True]
+
+
+def test_a_validation_loss_of_no_pair_is_nan_not_0(sample_prepared):
+    """validate() of a model that none of the pairs fits scores none: NaN loss and
+    perplexity (it said 0 and 1, a perfect model)."""
+    import math
+
+    from aiayn import Transformer, TransformerConfig
+    from aiayn.data.shards import PreparedData
+    from aiayn.train.validation import validate
+
+    cfg = TransformerConfig(
+        src_vocab_size=120, tgt_vocab_size=120, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+        max_len=13,
+    )  # fmt: skip
+    same = ["a dog runs across the green field"]  # BLEU 100: it is still given
+    v = validate(Transformer(cfg), PreparedData(sample_prepared).valid, same, same, 400, 0.1)
+    assert math.isnan(v["loss"]) and math.isnan(v["ppl"])
+    assert v["bleu"] == pytest.approx(100.0)

@@ -34,7 +34,7 @@ from aiayn.train.recipe import Recipe, step_settings
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
-from aiayn.train.validation import translate_texts, validate_world
+from aiayn.train.validation import check_fits, translate_texts, validate_world
 
 
 @dataclass
@@ -106,6 +106,7 @@ class Trainer:
             )
         if usable < pairs:
             self.log(f"train: {pairs - usable} pairs longer than {self.cfg.max_len} tokens skipped")
+        check_fits(self.data, self.cfg.max_len, self.log)
 
         torch.manual_seed(r.seed)  # the same initial weights on every rank
         self.model = Transformer(self.cfg)

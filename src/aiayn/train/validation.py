@@ -4,18 +4,25 @@ On several processes each rank scores its share of the validation batches and tr
 its share of the sentences (:meth:`~aiayn.distributed.World.shard`), so no rank idles
 while another decodes alone, and validation is W times faster; the sums and the
 translations are then put together, and BLEU is the one a single process gets.
+
+The loss scores only the pairs that fit the model's ``max_len`` positions (as training
+does), while BLEU translates every source (one longer than that cut to it):
+:func:`check_fits` says how many the loss leaves out, and refuses a validation set of
+which none fits.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from aiayn.data import Tokenizer
-from aiayn.data.shards import PreparedSplit
+from aiayn.data.shards import PreparedData, PreparedSplit
 from aiayn.decode import DecodeOptions, inference
 from aiayn.distributed import World
+from aiayn.errors import RecipeError
 from aiayn.metrics import corpus_bleu
 from aiayn.model.transformer import Transformer
 from aiayn.train.loss import label_smoothed_cross_entropy
@@ -30,9 +37,10 @@ def loss_sums(
     label_smoothing: float,
     world: World | None = None,
 ) -> list[float]:
-    """``[loss, nll, target tokens]`` of ``model`` on ``data`` (teacher forcing), each
-    summed over its batches; on several ranks each scores its share of the batches and
-    every rank gets the totals. The model is left in training mode."""
+    """``[loss, nll, target tokens]`` of ``model`` on the pairs of ``data`` that fit its
+    ``max_len`` (teacher forcing), each summed over its batches; on several ranks each
+    scores its share of the batches and every rank gets the totals. The model is left in
+    training mode."""
     world = world or World()
     model.eval()
     device, pad_id = next(model.parameters()).device, model.cfg.pad_id
@@ -58,9 +66,9 @@ def validate(
     tokenize: str = "13a",
 ) -> dict[str, float]:
     """``{"loss", "ppl", "bleu"}``: the per-token loss and perplexity of ``model`` on
-    ``data`` (teacher forcing), and the BLEU of ``hyps`` (its translations) against
-    ``refs`` (BLEU's ``tokenize``), by this process alone. The model is left in training
-    mode."""
+    ``data`` (teacher forcing; the pairs that fit its ``max_len``: both NaN when none
+    does), and the BLEU of ``hyps`` (its translations) against ``refs`` (BLEU's
+    ``tokenize``), by this process alone. The model is left in training mode."""
     bleu = corpus_bleu(hyps, refs, tokenize=tokenize).score
     return _figures(loss_sums(model, data, max_tokens, label_smoothing), bleu)
 
@@ -89,11 +97,36 @@ def validate_world(
 
 def _figures(sums: list[float], bleu: float) -> dict[str, float]:
     loss, nll, n_tokens = sums
+    if not n_tokens:  # nothing scored: no loss to tell (0 and a perplexity of 1 would lie)
+        return {"loss": math.nan, "ppl": math.nan, "bleu": bleu}
     return {
-        "loss": loss / max(n_tokens, 1),
-        "ppl": math.exp(min(nll / max(n_tokens, 1), 50.0)),
+        "loss": loss / n_tokens,
+        "ppl": math.exp(min(nll / n_tokens, 50.0)),
         "bleu": bleu,
     }
+
+
+def check_fits(data: PreparedData, max_len: int, log: Callable[[str], None]) -> None:
+    """Logs how many validation pairs of ``data`` are longer than ``max_len`` tokens (on
+    either side), which the validation loss leaves out; RecipeError naming the validation
+    files and ``max_len`` when that is all of them (the loss would score nothing)."""
+    split = data.valid
+    pairs, fits = len(split), len(split.usable(max_len))
+    if fits == pairs:
+        return
+    if not fits:
+        inputs = data.manifest.get("inputs") or {}
+        files = [inputs.get(k, {}).get("path") for k in ("valid_src", "valid_tgt")]
+        named = " and ".join(f for f in files if f) or "the validation pairs"
+        raise RecipeError(
+            f"valid: all {pairs} pairs of {named} (prepared in {data.directory}) are longer "
+            f"than model.max_len={max_len} tokens: the validation loss would score none "
+            "(raise model.max_len, or validate on shorter pairs)"
+        )
+    log(
+        f"valid: {pairs - fits} of {pairs} pairs longer than {max_len} tokens, left out of the "
+        "validation loss (BLEU translates them all)"
+    )
 
 
 def translate_texts(

@@ -206,14 +206,17 @@ class Recipe:
                 value = raw if text or not raw else yaml.safe_load(raw)
             except yaml.YAMLError:
                 raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
+            model: dict[str, Any] | None = None
             if key.startswith("model."):
-                value = {key[len("model.") :]: value}
-            if key.startswith("model.") or (key == "model" and isinstance(value, dict)):
+                model = {key[len("model.") :]: value}
+            elif key == "model" and isinstance(value, dict):
+                model = value
+            if model is not None:
                 # Onto the recipe's model, as model.KEY=VALUE each: the class default (the
                 # base model) would drop the fields the recipe file set.
-                _check_model_names(value, f"override {item!r}: model")
-                self.model = {**self.model, **value}
-                self.given_model_fields.update(value)
+                _check_model_names(model, f"override {item!r}: model")
+                self.model = {**self.model, **model}
+                self.given_model_fields.update(model)
             else:
                 if key not in {f.name for f in fields(self)} - {"given_model_fields"}:
                     raise RecipeError(f"override {item!r}: unknown field {key!r}")

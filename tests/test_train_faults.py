@@ -238,3 +238,22 @@ def test_a_run_interrupted_in_a_validation_does_it_when_resumed(
     assert main([*argv, "--resume"]) == 0
     assert logged(out, "valid") == list(range(2, max_steps + 1, 2))
     assert load_checkpoint(out / "checkpoint_last.pt")["step"] == max_steps
+
+
+def test_a_resume_removes_the_checkpoints_a_killed_run_saved_after_its_last(tmp_path, text, capsys):
+    """A timed (or epoch) checkpoint the killed run saved after checkpoint_last.pt is from
+    updates the resumed run does again: it was never pruned (the resumed checkpoint does
+    not list it) and `aiayn average` took it among the newest. It is removed, and said;
+    an older one the run does not list stays."""
+    from aiayn.checkpoint import save_checkpoint
+
+    out = tmp_path / "run"
+    assert main(train_text(text, out, "max_steps=2")) == 0
+    state = load_checkpoint(out / "checkpoint_last.pt")
+    for step in (1, 3):  # a file the user keeps; one the killed run saved at step 3
+        save_checkpoint({**state, "step": step}, out / f"checkpoint_step{step:07d}.pt")
+    assert main([*train_text(text, out, "max_steps=4"), "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "removed checkpoint_step0000003.pt (step 3): saved after checkpoint_last.pt" in said
+    assert not (out / "checkpoint_step0000003.pt").exists()
+    assert (out / "checkpoint_step0000001.pt").exists()

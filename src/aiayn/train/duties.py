@@ -21,7 +21,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from aiayn.checkpoint import BEST, LAST, epoch_checkpoint_name, step_checkpoint_name
+from aiayn.checkpoint import (
+    BEST,
+    LAST,
+    epoch_checkpoint_name,
+    epoch_checkpoints,
+    saved_step,
+    step_checkpoint_name,
+)
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.schedule import budget_spent
 
@@ -111,3 +118,16 @@ class Duties:
         if epoch_done:
             t.epoch, t.batch_in_epoch = t.epoch + 1, 0
         t.save(LAST)
+
+
+def drop_later_checkpoints(t: Trainer) -> None:
+    """For a resumed run (rank 0): remove the epoch and timed checkpoints that its
+    checkpoint does not list and that were saved at or after its step. The killed run
+    saved them after checkpoint_last.pt, from updates the resumed run does again (as
+    metrics.jsonl is cut back); kept, they were never pruned, and ``aiayn average`` took
+    them among the newest."""
+    for path in epoch_checkpoints(t.out_dir):
+        step = saved_step(path) if path.name not in t.epoch_checkpoints else None
+        if step is not None and step >= t.step:
+            path.unlink(missing_ok=True)
+            t.log(f"removed {path.name} (step {step}): saved after {LAST}, from updates done again")

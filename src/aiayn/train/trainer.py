@@ -26,7 +26,7 @@ from aiayn.distributed import World, init_from_env
 from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
-from aiayn.train.duties import PENDING, Duties
+from aiayn.train.duties import PENDING, Duties, drop_later_checkpoints
 from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
@@ -126,6 +126,7 @@ class Trainer:
         self._resumed_log_size = None if state is None else state.get("metrics_bytes")
         if state is not None:
             self._restore(state)
+            run.on_main(lambda: drop_later_checkpoints(self))
             self.log(
                 f"resumed from {self.out_dir / LAST}: step {self.step}, epoch {self.epoch + 1}"
                 f", batch {self.batch_in_epoch} of the epoch's plan"

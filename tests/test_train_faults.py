@@ -147,6 +147,40 @@ def test_a_resume_naming_other_text_is_refused(tmp_path, text, capsys):
     assert logged(out) == [1, 2, 3]
 
 
+def test_a_resume_of_prepared_data_with_other_data_is_refused(tmp_path, text, capsys):
+    """A run of a prepared directory resumed with another one (of the same tokenizer), or
+    with other raw text, went on: its saved position then indexed another batch plan.
+    Refused in one line; a copy of its own data elsewhere resumes."""
+    import shutil
+
+    def prepare(out: Path, src: Path, *more: str) -> Path:
+        files = ["--train-src", str(src), "--train-tgt", str(text["train.en"])]
+        files += ["--valid-src", str(text["val.de"]), "--valid-tgt", str(text["val.en"])]
+        argv = ["prepare", *files, "--out", str(out), "--no-progress", *more]
+        assert main([*argv, "--vocab-size", "120"]) == 0
+        return out
+
+    mine = prepare(tmp_path / "mine", text["train.de"])
+    shuffled = tmp_path / "shuffled.de"
+    shuffled.write_text("".join(reversed(text["train.de"].read_text().splitlines(True))))
+    other = prepare(tmp_path / "other", shuffled, "--spm-model", str(mine))
+    out = tmp_path / "run"
+
+    def run(data: Path, steps: int) -> list[str]:
+        argv = ["train", "--data", str(data), "--out", str(out), "--no-progress"]
+        return [*argv, "--set", *TINY_RUN, f"max_steps={steps}"]
+
+    assert main(run(mine, 2)) == 0
+    err = one_line_error([*run(other, 3), "--resume"], capsys)
+    assert f"{other}: not the data the run being resumed trained on" in err
+    as_text = train_text({**text, "train.de": shuffled}, out, "max_steps=3")
+    err = one_line_error([*as_text, "--resume"], capsys)
+    assert "not the data the run being resumed trained on" in err
+    copy = Path(shutil.copytree(mine, tmp_path / "copy"))
+    assert main([*run(copy, 3), "--resume"]) == 0
+    assert logged(out) == [1, 2, 3]
+
+
 def test_a_validation_with_a_non_finite_loss_is_never_the_best(tmp_path, text, monkeypatch):
     """A model that gives a NaN validation loss is broken: it is not saved as the best,
     whatever BLEU its (garbage) translations get; a finite one then is. The stop at step 2,

@@ -43,7 +43,7 @@ from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.distributed import World
-from aiayn.errors import AiaynError, CheckpointError, CorpusError
+from aiayn.errors import AiaynError, CheckpointError, CorpusError, RecipeError
 from aiayn.train.model_checks import check_new_model, check_resume
 from aiayn.train.recipe import TEXT_FIELDS, Recipe
 from aiayn.train.runfolder import check_new_run_folder, check_replaced_data, same_text
@@ -59,6 +59,18 @@ def portable(error: BaseException) -> BaseException:
         return error
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+# The checkpoint key of :func:`data_print`: a resumed run checks its data against it.
+DATA_PRINT = "data_print"
+
+
+def data_print(data: PreparedData) -> str:
+    """What tells prepared data apart: its tokenizer, token counts and texts' sha256 (not
+    its path: a copy elsewhere is the same data)."""
+    m = data.manifest
+    texts = {k: v.get("sha256") for k, v in (m.get("inputs") or {}).items()}
+    return json.dumps([m.get("spm_sha256"), m["dtype"], m["splits"], texts], sort_keys=True)
 
 
 class RunDirectory:
@@ -288,6 +300,13 @@ class RunDirectory:
             self.write(make)
         data = self.on_every_rank(lambda: PreparedData(directory))
         self._same_data_everywhere(data)
+        if state is not None and state.get(DATA_PRINT) not in (None, data_print(data)):
+            raise RecipeError(
+                f"{directory}: not the data the run being resumed trained on (another "
+                "tokenizer, corpus or token count): a resumed run goes on with its own data, "
+                "whose batch plan its position indexes; give the same data, or train into a "
+                "new directory"
+            )
         self.log(f"train: {data.summary('train')}")
         self.log(f"valid: {data.summary('valid')}")
         return data
@@ -299,9 +318,7 @@ class RunDirectory:
         never match. Compared: the tokenizer, the token counts and the texts' sha256."""
         if self.world.size == 1:
             return
-        m = data.manifest
-        texts = {k: v.get("sha256") for k, v in (m.get("inputs") or {}).items()}
-        mine = json.dumps([m.get("spm_sha256"), m["dtype"], m["splits"], texts], sort_keys=True)
+        mine = data_print(data)
         prints = self.world.gather([mine])
         other = next((r for r, p in enumerate(prints or []) if p != mine), None)
         other = self.world.broadcast(other)

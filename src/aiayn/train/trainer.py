@@ -31,7 +31,7 @@ from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
-from aiayn.train.rundir import RunDirectory
+from aiayn.train.rundir import DATA_PRINT, RunDirectory, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
 from aiayn.train.validation import check_fits, translate_texts, validate_world
@@ -176,6 +176,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "recipe": self.recipe.to_dict(),
             "tokenizer": self.tokenizer.to_bytes(),
+            DATA_PRINT: data_print(self.data),  # what it trains on (a resume checks it)
             **({"generation": self.generation} if self.generation else {}),
             **({"origin": self.origin} if self.origin else {}),
         }

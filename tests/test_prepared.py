@@ -353,6 +353,18 @@ def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsy
         PreparedData(damaged)
 
 
+def test_the_summary_names_a_word_limit_only_where_there_is_one(tmp_path, prepared):
+    """Prepared with no limit (max_len_words 0: kept as null), it said "0 longer than None
+    words"."""
+    assert "longer than 100 words, dropped when prepared" in PreparedData(prepared).summary("train")
+    unlimited = tmp_path / "data"
+    shutil.copytree(prepared, unlimited)
+    manifest = json.loads((unlimited / "manifest.json").read_text())
+    (unlimited / "manifest.json").write_text(json.dumps({**manifest, "max_len_words": None}))
+    said = PreparedData(unlimited).summary("train")
+    assert "longer than" not in said and "empty, dropped when prepared" in said
+
+
 def test_a_damaged_manifest_or_validation_text_names_its_file(tmp_path, prepared, capsys):
     """A manifest with a field missing or of another type was a KeyError or numpy's
     TypeError; a valid.tgt.txt one line short was found only at the first validation

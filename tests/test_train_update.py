@@ -113,10 +113,27 @@ def test_k_poisoned_updates_in_a_row_stop_the_run(tmp_path, data, max_tokens, po
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "training stopped: 3 updates in a row had a non-finite loss or gradient" in err
-    assert "after step 5" in err
+    assert "after step 5" in err and f"the checkpoints in {out} keep the last good" in err
     state = load_checkpoint(out / LAST)  # the last good state, saved at step 4
     assert state["step"] == 4
     assert all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+def test_a_stop_before_any_checkpoint_says_there_is_none(
+    tmp_path,
+    data,  # noqa: F811
+    max_tokens,  # noqa: F811
+    poison,
+    capsys,
+):
+    """It said the checkpoints keep the last good state when there was none."""
+    poison.update({1, 2})  # the first two forward calls
+    out = tmp_path / "run"
+    argv = ["train", *train_args(data, out, max_tokens, "max_skipped_updates=2")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "updates in a row had a non-finite loss" in err and "no checkpoint was saved yet" in err
+    assert not (out / LAST).exists()
 
 
 @pytest.mark.parametrize(("precision", "loss_tol"), [("bf16", 4e-3), ("fp16", 5e-4)])

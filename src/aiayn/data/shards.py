@@ -258,11 +258,11 @@ class PreparedData:
                 )
 
     def summary(self, split: str) -> str:
-        s = self.manifest["splits"][split]
+        s, words = self.manifest["splits"][split], self.manifest["max_len_words"]
+        long = f", {s['dropped_long']} longer than {words} words" if words else ""
         return (
             f"{s['pairs']} pairs, {s['src_tokens']} + {s['tgt_tokens']} tokens, from "
-            f"{self.directory} ({s['dropped_empty']} empty, {s['dropped_long']} longer than "
-            f"{self.manifest['max_len_words']} words, dropped when prepared)"
+            f"{self.directory} ({s['dropped_empty']} empty{long}, dropped when prepared)"
         )
 
 

@@ -356,9 +356,13 @@ class Trainer:
             first_batch=first, in_a_row=self.bad_in_a_row,
         )  # fmt: skip
         if self.bad_in_a_row >= limit:
+            kept = (
+                f"the checkpoints in {self.out_dir} keep the last good state"
+                if (self.out_dir / LAST).is_file()
+                else "no checkpoint was saved yet"
+            )
             raise TrainingError(
                 f"training stopped: {limit} updates in a row had a non-finite loss or "
-                f"gradient (after step {self.step}); the checkpoints in {self.out_dir} keep "
-                "the last good state. Lower the learning rate or warm up longer, clip "
-                "gradients, or use fp32"
+                f"gradient (after step {self.step}); {kept}. Lower the learning rate or warm "
+                "up longer, clip gradients, or use fp32"
             )

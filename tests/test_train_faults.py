@@ -254,6 +254,32 @@ def test_a_run_cut_short_while_it_stops_does_its_stop_when_resumed(
     assert logged(out, "valid") == [2]
 
 
+def test_a_stop_cut_short_keeps_its_timed_checkpoint_and_is_done_past_max_epochs(
+    tmp_path, text, monkeypatch, capsys
+):
+    """A timed checkpoint of the stopping step was saved after checkpoint_last.pt, which
+    then did not list it: the resumed run removed it as from updates done again, and it was
+    never saved again. And a run resumed with a lower max_epochs than the epoch it stopped
+    in said it would do its owed stop, then did nothing."""
+    import aiayn.train.trainer as trainer
+
+    out = tmp_path / "run"
+    settings = ("save_every_steps=4", "valid_every_steps=100", "save_every_minutes=1e-6")
+    argv = train_text(text, out, "max_steps=4", *settings)  # 3 batches an epoch: in the 2nd
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "validate_world", interrupted)
+        assert main(argv) == 130
+    assert load_checkpoint(out / "checkpoint_last.pt")["epoch_checkpoints"][-1] == (
+        "checkpoint_step0000004.pt"
+    )
+    capsys.readouterr()
+    assert main([*argv, "max_epochs=1", "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "removed" not in said and (out / "checkpoint_step0000004.pt").is_file()
+    assert logged(out, "valid") == [4]
+    assert load_checkpoint(out / "checkpoint_epoch002.pt")["step"] == 4
+
+
 @pytest.mark.parametrize("max_steps", [2, 4])
 def test_a_run_interrupted_in_a_validation_does_it_when_resumed(
     tmp_path, text, monkeypatch, max_steps
@@ -286,8 +312,10 @@ def test_a_resume_removes_the_checkpoints_a_killed_run_saved_after_its_last(tmp_
     state = load_checkpoint(out / "checkpoint_last.pt")
     for step in (1, 3):  # a file the user keeps; one the killed run saved at step 3
         save_checkpoint({**state, "step": step}, out / f"checkpoint_step{step:07d}.pt")
+    save_checkpoint({**state, "step": 3}, out / "checkpoint_epoch001-good.pt")  # a user's copy
     assert main([*train_text(text, out, "max_steps=4"), "--resume"]) == 0
     said = capsys.readouterr().out
     assert "removed checkpoint_step0000003.pt (step 3): saved after checkpoint_last.pt" in said
     assert not (out / "checkpoint_step0000003.pt").exists()
     assert (out / "checkpoint_step0000001.pt").exists()
+    assert (out / "checkpoint_epoch001-good.pt").exists()

@@ -223,7 +223,7 @@ def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, sample_prepare
         (project, f"{project}: holds files that are not a training run's (tensorboard/other)"),
         (logs_only, f"{logs_only}: holds metrics.jsonl but no recipe.yaml"),
         (own_recipe, f"{own_recipe / 'recipe.yaml'}: not the recipe.yaml of a training run"),
-        (notes, f"{notes}: holds files that are not a training run's (metrics.jsonl, notes.txt)"),
+        (notes, f"{notes}: holds files that are not a training run's (metrics.jsonl)"),
     ]
     for folder, message in cases:
         before = files(folder)
@@ -237,6 +237,32 @@ def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, sample_prepare
     empty.mkdir()
     assert main([*_tiny_train(sample_prepared, empty), "max_steps=1"]) == 0
     assert (empty / "checkpoint_last.pt").is_file()
+    # Files under names a run never writes or deletes stay, and do not stop it (a log the
+    # user tees into the folder, a scheduler's output, a README were refused).
+    tee = tmp_path / "tee"
+    tee.mkdir()
+    for name in ("train.log", ".DS_Store", "README.md"):
+        (tee / name).write_text("mine")
+    assert main([*_tiny_train(sample_prepared, tee), "max_steps=1"]) == 0
+    assert all((tee / name).read_text() == "mine" for name in ("train.log", "README.md"))
+
+
+def test_a_recipe_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A full disk while writing recipe.yaml left half a file, which the next run into the
+    folder refused as not a run's recipe: the folder could not be used again."""
+    write = Path.write_text
+
+    def full(self, text, *args, **kwargs):
+        write(self, text[:40], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        Recipe().save(tmp_path / "recipe.yaml")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # neither half a recipe nor its temp file
+    Recipe().save(tmp_path / "recipe.yaml")
+    assert Recipe.from_yaml(tmp_path / "recipe.yaml").to_dict() == Recipe().to_dict()
 
 
 def test_prepared_data_a_run_did_not_make_is_not_replaced(tmp_path, sample_prepared, capsys):
@@ -334,7 +360,7 @@ def test_validation_pairs_longer_than_max_len_are_counted_or_refused(
     err = one_line_error([*argv, "model.max_len=13"], capsys)  # 5 training pairs fit
     assert "valid: all 10 pairs of " in err and "model.max_len=13 tokens" in err
     assert f"{Path(sample_prepared).parent / 'text' / 'val.de'} and " in err
-    assert not list(out.glob("checkpoint*"))
+    assert not out.exists()  # refused before the run writes anything (it left a recipe)
     assert main([*argv, "model.max_len=17"]) == 0
     said = capsys.readouterr().out
     assert said.count("valid: 4 of 10 pairs longer than 17 tokens, left out of the validation") == 1

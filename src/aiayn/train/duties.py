@@ -19,6 +19,7 @@ final validation, best or epoch checkpoint.
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 from aiayn.checkpoint import (
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 # The checkpoint key that marks a state saved before its step's validation and stop.
 PENDING = "duties_pending"
+# The names of the epoch and timed checkpoints a run writes (and prunes).
+KEPT_NAME = re.compile(r"checkpoint_(epoch\d{3,}|step\d{7,})\.pt")
 
 
 class Duties:
@@ -89,12 +92,12 @@ class Duties:
     def after_update(self, metrics: MetricsLog) -> str:
         """The duties of an update: its saves, then :meth:`after_save`."""
         t, r = self.t, self.t.recipe
-        if r.save_every_steps and t.step % r.save_every_steps == 0:
-            t.save(LAST, pending=True)
         period = r.save_every_minutes * 60
-        if period and t.elapsed >= self.timed_save_at:
+        if period and t.elapsed >= self.timed_save_at:  # first: checkpoint_last.pt lists it
             self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period
             self.keep(step_checkpoint_name(t.step))
+        if r.save_every_steps and t.step % r.save_every_steps == 0:
+            t.save(LAST, pending=True)
         return self.after_save(metrics)
 
     def after_save(self, metrics: MetricsLog) -> str:
@@ -127,7 +130,9 @@ def drop_later_checkpoints(t: Trainer) -> None:
     metrics.jsonl is cut back); kept, they were never pruned, and ``aiayn average`` took
     them among the newest."""
     for path in epoch_checkpoints(t.out_dir):
-        step = saved_step(path) if path.name not in t.epoch_checkpoints else None
+        if not KEPT_NAME.fullmatch(path.name) or path.name in t.epoch_checkpoints:
+            continue  # a name a run does not write (a copy of the user's), or still listed
+        step = saved_step(path)
         if step is not None and step >= t.step:
             path.unlink(missing_ok=True)
             t.log(f"removed {path.name} (step {step}): saved after {LAST}, from updates done again")

@@ -4,6 +4,7 @@ command-line overrides (``key=value``, ``model.d_model=512``)."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -283,7 +284,15 @@ class Recipe:
         return data
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+        """Write the recipe to ``path`` whole or not at all (a temp file renamed over it): a
+        half-written recipe.yaml (a full disk) would not be recognised as a run's."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 class _DuplicateKey(yaml.YAMLError):

@@ -303,9 +303,10 @@ class RunDirectory:
         if state is not None and state.get(DATA_PRINT) not in (None, data_print(data)):
             raise RecipeError(
                 f"{directory}: not the data the run being resumed trained on (another "
-                "tokenizer, corpus or token count): a resumed run goes on with its own data, "
-                "whose batch plan its position indexes; give the same data, or train into a "
-                "new directory"
+                "tokenizer, training or validation text, or token count): a resumed run goes "
+                "on with its own data, whose batch plan its position indexes and whose "
+                "validation its best checkpoint is chosen by; give the same data, or train "
+                "into a new directory"
             )
         self.log(f"train: {data.summary('train')}")
         self.log(f"valid: {data.summary('valid')}")

@@ -2,10 +2,10 @@
 resumed run is given the text its data was prepared from.
 
 A new run writes its recipe, tokenizer, logs and data into its directory, and deletes the
-logs of a run it replaces. So an existing folder is taken only when it is empty, or holds
-what an earlier run that saved no checkpoint left (see :func:`check_new_run_folder`): a
-folder of anything else (prepared data given as the output by mistake, a project's own
-logs) is refused before anything in it is written over or deleted.
+logs of a run it replaces. So an existing folder is taken only when what it holds under
+those names is what an earlier run that saved no checkpoint left (see
+:func:`check_new_run_folder`): prepared data given as the output by mistake, or a
+project's own logs, are refused before anything in it is written over or deleted.
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ MOVE_AWAY = "train into a new or empty directory, or move them away first"
 
 def check_new_run_folder(out_dir: Path) -> None:
     """AiaynError naming ``out_dir`` and what it holds unless a new run may write into it
-    (checkpoints are refused before: see RunDirectory): it is missing or empty, or holds
-    only what a run writes (its recipe, tokenizer files, metrics.jsonl, tensorboard/ of
-    event files, plots/, data/ of prepared data, and the lock and staging folder of that
-    data while it is prepared), the logs only beside a recipe.yaml a run wrote. Such a
-    folder is an earlier run that saved no checkpoint, which the new run replaces, logs
-    included; nothing else is ever deleted or written over."""
+    (checkpoints are refused before: see RunDirectory): it is missing, or what it holds
+    under the names a run writes is what a run writes there (its recipe, tokenizer
+    files, metrics.jsonl, tensorboard/ of event files, plots/, data/ of prepared data, and
+    the lock and staging folder of that data while it is prepared), the logs only beside
+    a recipe.yaml a run wrote: an earlier run that saved no checkpoint, which the new run
+    replaces, logs included. Files under other names (a log the user tees, a README) are
+    neither written over nor deleted, and stay."""
     if not out_dir.is_dir():
         return
     if (out_dir / MANIFEST).exists():
@@ -58,7 +59,9 @@ def check_new_run_folder(out_dir: Path) -> None:
         name = entry.name
         if name in hidden:
             continue
-        if name not in kinds or entry.is_dir() != kinds[name] or entry.is_symlink():
+        if name not in kinds:
+            continue  # a run neither writes nor deletes it (a tee'd log, a README): kept
+        if entry.is_dir() != kinds[name] or entry.is_symlink():
             foreign.append(name)
         elif name == TENSORBOARD:  # event files only: a run's writer puts nothing else
             odd = [p for p in entry.iterdir() if not _event_file(p)]

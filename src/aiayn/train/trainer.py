@@ -34,7 +34,7 @@ from aiayn.train.recipe import Recipe, step_settings
 from aiayn.train.rundir import DATA_PRINT, RunDirectory, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
-from aiayn.train.validation import check_fits, translate_texts, validate_world
+from aiayn.train.validation import check_valid_lengths, translate_texts, validate_world
 
 
 @dataclass
@@ -88,6 +88,16 @@ class Trainer:
         self.data = run.prepared_data(r, state, tokenizer, progress)
         self.tokenizer = run.tokenizer(self.data, state, init)
         self.cfg = run_config(self.recipe, self.tokenizer, state, init)
+        # Checked before a new run writes its recipe and tokenizer: a refusal leaves no run.
+        usable, pairs = len(self.data.train.usable(self.cfg.max_len)), len(self.data.train)
+        if not usable:  # every epoch would pass without an update
+            raise RecipeError(
+                f"train: all {pairs} pairs are longer than model.max_len={self.cfg.max_len} "
+                "tokens: nothing to train on (raise model.max_len)"
+            )
+        if usable < pairs:
+            self.log(f"train: {pairs - usable} pairs longer than {self.cfg.max_len} tokens skipped")
+        check_valid_lengths(self.data, self.cfg.max_len, self.log)
         run.save_new_run(r, state, self.cfg, self.tokenizer)
         # What a model that came from elsewhere carries along (see aiayn.checkpoint).
         self.generation = dict((known or {}).get("generation") or {})
@@ -98,15 +108,6 @@ class Trainer:
         # data path for raw text and prepared directories alike).
         self.train_data, self.valid_data = self.data.train, self.data.valid
         self.valid_src, self.valid_ref = self.data.valid_src, self.data.valid_tgt
-        usable, pairs = len(self.train_data.usable(self.cfg.max_len)), len(self.train_data)
-        if not usable:  # every epoch would pass without an update
-            raise RecipeError(
-                f"train: all {pairs} pairs are longer than model.max_len={self.cfg.max_len} "
-                "tokens: nothing to train on (raise model.max_len)"
-            )
-        if usable < pairs:
-            self.log(f"train: {pairs - usable} pairs longer than {self.cfg.max_len} tokens skipped")
-        check_fits(self.data, self.cfg.max_len, self.log)
 
         torch.manual_seed(r.seed)  # the same initial weights on every rank
         self.model = Transformer(self.cfg)
@@ -253,6 +254,7 @@ class Trainer:
         # the run directory (let go with the trainer) until the garbage collector runs.
         duties = Duties(self, self._pending)
         stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
+        owed = stopped_by != "max_epochs" and duties.pending  # even past a lowered max_epochs
         if stopped_by != "max_epochs" and not duties.pending:
             self.log(f"nothing to do: the run already reached its {stopped_by}")  # not 1 update
         elif stopped_by != "max_epochs":  # cut short (a kill, a full disk) while it stopped
@@ -263,8 +265,8 @@ class Trainer:
             stopped_by = "max_epochs"  # into the epoch, whose owed duties come first
         self.model.train()
         try:
-            while self.epoch < self.recipe.max_epochs and stopped_by == "max_epochs":
-                stopped_by = self._run_epoch(metrics, duties, progress)
+            while (self.epoch < self.recipe.max_epochs or owed) and stopped_by == "max_epochs":
+                stopped_by, owed = self._run_epoch(metrics, duties, progress), False
         finally:
             self._pending = duties.pending
             metrics.close()

@@ -7,7 +7,7 @@ translations are then put together, and BLEU is the one a single process gets.
 
 The loss scores only the pairs that fit the model's ``max_len`` positions (as training
 does), while BLEU translates every source (one longer than that cut to it):
-:func:`check_fits` says how many the loss leaves out, and refuses a validation set of
+:func:`check_valid_lengths` says how many the loss leaves out, and refuses a validation set of
 which none fits.
 """
 
@@ -106,7 +106,7 @@ def _figures(sums: list[float], bleu: float) -> dict[str, float]:
     }
 
 
-def check_fits(data: PreparedData, max_len: int, log: Callable[[str], None]) -> None:
+def check_valid_lengths(data: PreparedData, max_len: int, log: Callable[[str], None]) -> None:
     """Logs how many validation pairs of ``data`` are longer than ``max_len`` tokens (on
     either side), which the validation loss leaves out; RecipeError naming the validation
     files and ``max_len`` when that is all of them (the loss would score nothing)."""

@@ -315,6 +315,29 @@ def test_a_script_that_never_leaves_the_group_still_exits_cleanly(tmp_path):
     assert not (tmp_path / "rank0").exists() and not (tmp_path / "rank1").exists()
 
 
+def test_a_command_that_runs_in_one_process_refuses_torchrun(monkeypatch, tmp_path, capsys):
+    """`torchrun -m aiayn prepare` ran prepare in every process, into one output: one of
+    them failed as if another prepare were writing it. Every command but train, translate
+    and evaluate now refuses in one line, before any work."""
+    from aiayn.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    text = tmp_path / "a.txt"
+    text.write_text("ein Haus\n")
+    files = [x for flag in ("train", "valid") for x in (f"--{flag}-src", str(text))]
+    files += [x for flag in ("train", "valid") for x in (f"--{flag}-tgt", str(text))]
+    for argv in (
+        ["prepare", *files, "--out", str(tmp_path / "out")],
+        ["average", "--model", str(tmp_path)],
+        ["summary", "--preset", "base", "--vocab", "100"],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"aiayn {argv[0]}: error: runs in one process, and torchrun started 2" in err
+    assert not (tmp_path / "out").exists()
+
+
 _TORCHRUN_VARS = (
     "RANK",
     "WORLD_SIZE",

@@ -363,6 +363,8 @@ def test_the_summary_names_a_word_limit_only_where_there_is_one(tmp_path, prepar
     (unlimited / "manifest.json").write_text(json.dumps({**manifest, "max_len_words": None}))
     said = PreparedData(unlimited).summary("train")
     assert "longer than" not in said and "empty, dropped when prepared" in said
+    # Validation pairs are kept whatever their length: no limit to name (it named 100).
+    assert "longer than" not in PreparedData(prepared).summary("valid")
 
 
 def test_a_damaged_manifest_or_validation_text_names_its_file(tmp_path, prepared, capsys):

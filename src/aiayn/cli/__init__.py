@@ -27,6 +27,9 @@ EXIT_USER_ERROR = 2
 # keep the default: a killed run is resumed (its leftovers swept then), and the server
 # drains its requests on SIGTERM itself.
 UNWOUND_ON_TERM = {"translate", "evaluate", "prepare", "average", "data", "export", "import"}
+# The commands that share their work among torchrun's processes; under torchrun the others
+# would each do all of it, into the same files.
+DISTRIBUTED = {"train", "translate", "evaluate"}
 
 
 class Terminated(BaseException):
@@ -103,6 +106,12 @@ def run(argv: list[str] | None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        processes = os.environ.get("WORLD_SIZE", "1")
+        if args.command not in DISTRIBUTED and processes.isdigit() and int(processes) > 1:
+            raise AiaynError(
+                f"runs in one process, and torchrun started {processes}: run it without "
+                f"torchrun (only {', '.join(sorted(DISTRIBUTED))} share their work)"
+            )
         with stdout_named(), unwound_on_term(args.command in UNWOUND_ON_TERM):
             code = args.func(args)
         shutdown(synchronize=True)  # every rank is done: leave together

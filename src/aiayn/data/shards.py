@@ -259,7 +259,10 @@ class PreparedData:
 
     def summary(self, split: str) -> str:
         s, words = self.manifest["splits"][split], self.manifest["max_len_words"]
-        long = f", {s['dropped_long']} longer than {words} words" if words else ""
+        # Only training pairs are dropped for their length (validation pairs are all kept).
+        long = (
+            f", {s['dropped_long']} longer than {words} words" if words and split == "train" else ""
+        )
         return (
             f"{s['pairs']} pairs, {s['src_tokens']} + {s['tgt_tokens']} tokens, from "
             f"{self.directory} ({s['dropped_empty']} empty{long}, dropped when prepared)"

@@ -73,6 +73,18 @@ def data_print(data: PreparedData) -> str:
     return json.dumps([m.get("spm_sha256"), m["dtype"], m["splits"], texts], sort_keys=True)
 
 
+def check_resumed_data(data: PreparedData, state: dict | None) -> None:
+    """RecipeError when a resumed run (from ``state``) is given other data than it trained
+    on (see :func:`data_print`; checkpoints before the print have none to compare)."""
+    if state is not None and state.get(DATA_PRINT) not in (None, data_print(data)):
+        raise RecipeError(
+            f"{data.directory}: not the data the run being resumed trained on (another "
+            "training or validation text, or token count): a resumed run goes on with its "
+            "own data, whose batch plan its position indexes and whose validation its best "
+            "checkpoint is chosen by; give the same data, or train into a new directory"
+        )
+
+
 class RunDirectory:
     """``out_dir`` of one run, as seen from this process of ``world``."""
 
@@ -300,14 +312,6 @@ class RunDirectory:
             self.write(make)
         data = self.on_every_rank(lambda: PreparedData(directory))
         self._same_data_everywhere(data)
-        if state is not None and state.get(DATA_PRINT) not in (None, data_print(data)):
-            raise RecipeError(
-                f"{directory}: not the data the run being resumed trained on (another "
-                "tokenizer, training or validation text, or token count): a resumed run goes "
-                "on with its own data, whose batch plan its position indexes and whose "
-                "validation its best checkpoint is chosen by; give the same data, or train "
-                "into a new directory"
-            )
         self.log(f"train: {data.summary('train')}")
         self.log(f"valid: {data.summary('valid')}")
         return data
@@ -325,9 +329,9 @@ class RunDirectory:
         other = self.world.broadcast(other)
         if other is not None:
             raise CorpusError(
-                f"{data.directory}: rank {other} has other prepared data there than rank 0 "
-                "(another tokenizer, corpus or token count); every process must read the "
-                "same data: one shared directory, or identical copies on each machine"
+                f"{data.directory} (rank 0's): rank {other} has other prepared data than "
+                "rank 0 (another tokenizer, corpus or token count); every process must read "
+                "the same data: one shared directory, or identical copies on each machine"
             )
 
     def tokenizer(

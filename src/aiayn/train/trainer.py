@@ -31,7 +31,7 @@ from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
-from aiayn.train.rundir import DATA_PRINT, RunDirectory, data_print
+from aiayn.train.rundir import DATA_PRINT, RunDirectory, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
 from aiayn.train.validation import check_valid_lengths, translate_texts, validate_world
@@ -86,7 +86,8 @@ class Trainer:
         known = state if state is not None else init
         tokenizer = Tokenizer.from_bytes(known["tokenizer"]) if known is not None else None
         self.data = run.prepared_data(r, state, tokenizer, progress)
-        self.tokenizer = run.tokenizer(self.data, state, init)
+        self.tokenizer = run.tokenizer(self.data, state, init)  # another one is named first
+        check_resumed_data(self.data, state)
         self.cfg = run_config(self.recipe, self.tokenizer, state, init)
         # Checked before a new run writes its recipe and tokenizer: a refusal leaves no run.
         usable, pairs = len(self.data.train.usable(self.cfg.max_len)), len(self.data.train)

@@ -196,6 +196,20 @@ def test_resume_with_another_world_size_continues_the_plan(tmp_path, data, max_t
         assert state["epoch"] == 1 and state["step"] == 3 + len(after)
 
 
+def test_a_resumed_run_of_two_processes_draws_the_dropout_it_would_have(
+    tmp_path, data, max_tokens
+):
+    """Rank 1 seeded its dropout once, at its start: a run resumed at step 2 drew other
+    masks there than the run that went on, and trained to other weights (one process was
+    exact: rank 0's stream is in the checkpoint). Now rank 1's masks follow the batch."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    dropout = ("model.dropout=0.3", "max_steps=4")
+    torchrun(2, train_args(data, straight, max_tokens, *dropout))
+    torchrun(2, train_args(data, resumed, max_tokens, "model.dropout=0.3", "max_steps=2"))
+    torchrun(2, [*train_args(data, resumed, max_tokens, *dropout), "--resume"])
+    assert max_difference(straight, resumed) == 0.0
+
+
 def test_two_nodes_on_loopback_agree_with_one_node(tmp_path, data, max_tokens, single):
     """The rendezvous store is served here, on a port bound once and held (no free port
     found, closed and reused); both agents join it as clients (is_host=false)."""

@@ -136,8 +136,6 @@ class Trainer:
         # A pending state owes its step's validation and stop (see Duties; checkpoints from
         # before the mark have none: they owe nothing).
         self._pending = bool((state or {}).get(PENDING))
-        if self.world.rank > 0:  # its own dropout masks; rank 0 keeps the saved stream
-            torch.manual_seed(r.seed + 1_000_003 * self.world.rank + self.step)
         self.updater = Updater(
             self.model, self.optimizer, self.schedule, self.world,
             label_smoothing=r.label_smoothing, clip_norm=r.clip_norm,
@@ -306,6 +304,9 @@ class Trainer:
             first = self.batch_in_epoch
             plans = batches[first : first + per_update]
             lr = self.optimizer.param_groups[0]["lr"]  # this update's rate (logged below)
+            if self.world.rank > 0:  # rank 0's stream is saved; the others' made again here
+                seed = hash((r.seed, self.world.rank, self.epoch, first)) & (2**63 - 1)
+                torch.manual_seed(seed)  # so a resumed run draws the dropout masks it drew
             # Index arrays in; each rank reads from disk only the batches of its share.
             result = self.updater.update(plans, self.train_data.batch)
             self.batch_in_epoch += len(plans)

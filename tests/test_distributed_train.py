@@ -196,9 +196,7 @@ def test_resume_with_another_world_size_continues_the_plan(tmp_path, data, max_t
         assert state["epoch"] == 1 and state["step"] == 3 + len(after)
 
 
-def test_a_resumed_run_of_two_processes_draws_the_dropout_it_would_have(
-    tmp_path, data, max_tokens
-):
+def test_a_resumed_run_of_two_processes_draws_the_dropout_it_would_have(tmp_path, data, max_tokens):
     """Rank 1 seeded its dropout once, at its start: a run resumed at step 2 drew other
     masks there than the run that went on, and trained to other weights (one process was
     exact: rank 0's stream is in the checkpoint). Now rank 1's masks follow the batch."""

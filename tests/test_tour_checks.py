@@ -204,6 +204,14 @@ def test_check_split_heads():
         return x.transpose(1, 2)
 
     assert tour.check_split_heads(thrown_away).bug == "result_thrown_away"
+
+    def both_thrown_away(x, h):  # x as it came: it was only named a wrong shape
+        B, T, d = x.shape
+        x.view(B, T, h, d // h)
+        x.transpose(1, 2)
+        return x
+
+    assert tour.check_split_heads(both_thrown_away).bug == "result_thrown_away"
     assert tour.check_split_heads(lambda x, h: x.unflatten(-1, (h, -1)).permute(0, 2, 1, 3))
 
 
@@ -359,6 +367,15 @@ class CrossOverTarget(DecoderLayer):
         return super().forward(x, x, self_mask, None, cache, need_weights)  # the bug: memory
 
 
+class CrossOverTargetMasked(DecoderLayer):
+    """The same bug in a layer that passes the source mask on, as a learner's does: its
+    [.., T, T] scores cannot take the [.., 1, S] mask, so the layer raises. The checker
+    named a k.T bug; it now tries the layer without the mask and names this one."""
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        return super().forward(x, x, self_mask, cross_mask, cache, need_weights)
+
+
 class DecoderNoResidual(DecoderLayer):
     def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
         x, self_w, cross_w = super().forward(x, memory, self_mask, cross_mask, cache, need_weights)
@@ -424,6 +441,8 @@ def test_check_decoder_layer():
         "kv_from_query": CrossOverTarget(CFG),
         "missing_residual": DecoderNoResidual(CFG),
     }
+    report = tour.check_decoder_layer(CrossOverTargetMasked(CFG), 12)
+    assert report.bug == "kv_from_query", str(report)
     for bug, module in cases.items():
         report = tour.check_decoder_layer(module, 12)
         assert report.bug == bug, str(report)

@@ -43,7 +43,8 @@ def check_split_heads(
 
     def shape() -> None:
         out = split(x, H)
-        if tuple(out.shape) in ((B, T, H, D_K), (B, D_MODEL, T)):
+        # Each shape a thrown-away view() or transpose() leaves: one step lost, or both.
+        if tuple(out.shape) in ((B, T, H, D_K), (B, D_MODEL, T), (B, T, D_MODEL)):
             raise FoundBugError(
                 "result_thrown_away",
                 f"split(x {[B, T, D_MODEL]}, {H}) has shape {list(out.shape)}, expected "

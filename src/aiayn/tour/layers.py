@@ -84,6 +84,17 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
     )
 
 
+def _kv_from_query(shape: list[int]) -> FoundBugError:
+    """The bug of a decoder whose second attention takes its keys and values from x."""
+    return FoundBugError(
+        "kv_from_query",
+        f"the encoder-decoder weights have shape {shape}, [B, h, T, T]: the second "
+        f"attention attends over the target, not the source of length {S}. Its keys and "
+        "values must come from memory (the encoder output), its queries from x.",
+        "10-decoder.md",
+    )
+
+
 def _with_weights(layer: nn.Module, *args: object) -> object:
     """Call ``layer`` asking for attention weights when its forward takes need_weights."""
     if "need_weights" in inspect.signature(layer.forward).parameters:
@@ -187,14 +198,29 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     sources = torch.ones(B, 1, 1, S, dtype=torch.bool)
     sources[1, ..., 5:] = False  # sentence 1: 5 real source tokens, then 2 pads
 
+    def call(x: Tensor, memory: Tensor, grad: bool, module: nn.Module, mask: Any) -> object:
+        if grad:
+            return _with_weights(module, x, memory, causal, mask)
+        with evaluating(module):
+            return _with_weights(module, x, memory, causal, mask)
+
     def outputs(
         x: Tensor, memory: Tensor = memory, grad: bool = False, module: nn.Module = layer
     ) -> Sequence[Any]:
-        if grad:
-            result = _with_weights(module, x, memory, causal, sources)
-        else:
-            with evaluating(module):
-                result = _with_weights(module, x, memory, causal, sources)
+        try:
+            result = call(x, memory, grad, module, sources)
+        except RuntimeError:
+            # Keys from the query make [.., T, T] scores, which the [.., 1, S] source mask
+            # cannot meet: without the mask, such a layer runs and shows it.
+            try:
+                again = call(x, memory, grad, module, None)
+            except Exception:
+                again = None
+            if isinstance(again, (tuple, list)) and len(again) == 3:
+                cross = again[2]
+                if isinstance(cross, Tensor) and cross.dim() >= 2 and cross.shape[-1] == T:
+                    raise _kv_from_query(list(cross.shape)) from None
+            raise
         if not (isinstance(result, (tuple, list)) and len(result) == 3):
             raise FoundBugError(
                 "wrong_return",
@@ -229,14 +255,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
                 "10-decoder.md",
             )
         if tuple(cross_w.shape) == (B, h, T, T):
-            raise FoundBugError(
-                "kv_from_query",
-                f"the encoder-decoder weights have shape {list(cross_w.shape)}, [B, h, T, T]: "
-                f"the second attention attends over the target, not the source of length "
-                f"{S}. Its keys and values must come from memory (the encoder output), its "
-                "queries from x.",
-                "10-decoder.md",
-            )
+            raise _kv_from_query(list(cross_w.shape))
         expect_shape(cross_w, (B, h, T, S), "The encoder-decoder weights", "10-decoder.md")
         if not torch.allclose(cross_w.sum(-1), torch.ones(B, h, T), atol=1e-4):
             raise FoundBugError(

@@ -83,8 +83,8 @@ def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
             report.message = f"calling it raised {type(error).__name__}: {error}"
             if "size of tensor" in str(error) or "must match" in str(error):
                 report.message += (
-                    "\n(On 4-D tensors, k.T reverses every axis; transpose the last two "
-                    "with k.transpose(-2, -1).)"
+                    "\n(Two shapes that do not fit. If the scores use k.T: on 4-D tensors "
+                    "it reverses every axis; transpose the last two with k.transpose(-2, -1).)"
                 )
             return report
         report.passed.append(name)

@@ -329,9 +329,9 @@ class RunDirectory:
         other = self.world.broadcast(other)
         if other is not None:
             raise CorpusError(
-                f"{data.directory} (rank 0's): rank {other} has other prepared data than "
-                "rank 0 (another tokenizer, corpus or token count); every process must read "
-                "the same data: one shared directory, or identical copies on each machine"
+                f"{data.directory}: rank {other} has other prepared data than rank 0 "
+                "(another tokenizer, corpus or token count); every process must read the "
+                "same data: one shared directory, or identical copies on each machine"
             )
 
     def tokenizer(

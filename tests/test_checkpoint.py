@@ -348,6 +348,9 @@ def test_auto_passes_over_an_average_made_before_training_went_on(
     assert f"{run}/{AVERAGED} was made at step 30, before its {LAST} (step 50)" in (
         capsys.readouterr().err
     )
+    # export takes the best checkpoint too, and now says so as the others do (it did not)
+    assert main(["export", "marian", "--model", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert f"{run}/{AVERAGED} was made at step 30" in capsys.readouterr().err
     # Averaged again once training stopped at step 50, of the newest epoch checkpoint (at
     # step 40, since a killed run saves checkpoint_last.pt after it): current.
     save_checkpoint({**state, "step": 40, "run_step": 50}, run / AVERAGED)

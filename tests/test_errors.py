@@ -136,3 +136,22 @@ def test_a_device_torch_parses_but_cannot_use_is_refused(monkeypatch):
         resolve_device("mps")
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     assert resolve_device("mps") == torch.device("mps")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "marian", "--model", "a", "--model", "b", "--out", "x"],
+        ["export", "ctranslate2", "--model", "a", "--model", "b", "--out", "x"],
+        ["average", "--model", "a", "--model", "b"],
+        ["attention", "--model", "a", "--checkpoint", "best", "--checkpoint", "last", "Ein"],
+        ["summary", "--model", "a", "--model", "b"],
+    ],
+)
+def test_a_flag_of_one_model_given_twice_is_refused(argv, capsys):
+    """translate, evaluate and serve take --model again as an ensemble; the commands of one
+    model let the last --model win, so `export --model A --model B` exported B alone."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "given twice: this command takes one" in capsys.readouterr().err

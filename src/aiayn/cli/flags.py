@@ -27,6 +27,20 @@ def text_arg(value: str) -> str:
     return value
 
 
+class Once(argparse.Action):
+    """A flag that takes one value and refuses a second: argparse lets the last win, so
+    ``--model A --model B`` to a command of one model (as translate's ensemble) would
+    silently use B alone."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:  # fmt: skip
+        given = f"_given_{self.dest}"
+        if getattr(namespace, given, False):
+            raise argparse.ArgumentError(self, "given twice: this command takes one")
+        setattr(namespace, given, True)
+        setattr(namespace, self.dest, values)
+
+
 def note_stale_averages(models: str | list[str], checkpoints: str | list[str] | None) -> None:
     """Say on stderr where ``--checkpoint auto`` passes over an averaged checkpoint made
     before training went on (:func:`aiayn.checkpoint.stale_average`)."""
@@ -120,8 +134,15 @@ def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> No
     if ensemble:
         add_ensemble_flags(p)
     else:
-        p.add_argument("--model", required=True, help="model directory from `aiayn train`")
-        p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
+        p.add_argument(
+            "--model", required=True, action=Once, help="model directory from `aiayn train`"
+        )
+        p.add_argument(
+            "--checkpoint",
+            default="auto",
+            action=Once,
+            help="auto|averaged|best|last or a .pt file",
+        )
     p.add_argument(
         "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4; 1 sampling)"
     )

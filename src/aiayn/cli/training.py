@@ -6,6 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
+from aiayn.cli.flags import Once
 from aiayn.errors import AiaynError
 
 
@@ -248,7 +249,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "average",
         help="average the newest N epoch and timed (step) checkpoints (Section 6.1)",
     )
-    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--model", required=True, action=Once, help="model directory")
     p.add_argument(
         "--last",
         type=int,

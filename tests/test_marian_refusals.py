@@ -75,6 +75,20 @@ def _cut(name: str, tensors: dict) -> None:
 
 
 BREAKS = {
+    "dropout of text": (  # was float()'s "could not convert string to float: 'abc'"
+        lambda f: _config(f, dropout="abc"),
+        r"config\.json: dropout must be a number, got 'abc'",
+    ),
+    # Weights of layers the config leaves out were dropped without a word.
+    "fewer encoder layers": (
+        lambda f: _config(f, encoder_layers=1),
+        r"model\.safetensors: \d+ layer weights that config\.json leaves out "
+        r"\(model\.encoder\.layers\.1\..*\): it gives 1 encoder and 2 decoder layers",
+    ),
+    "fewer decoder layers": (
+        lambda f: _config(f, decoder_layers=1),
+        r"layer weights that config\.json leaves out \(model\.decoder\.layers\.1\.",
+    ),
     "heads": (
         lambda f: _config(f, decoder_attention_heads=2),
         r"config\.json: encoder_attention_heads=4 but decoder_attention_heads=2",

@@ -21,6 +21,7 @@ settings as published: ``num_beams``, ``max_length``, ``length_penalty``,
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from aiayn.model.transformer import Transformer
 
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+LAYER_WEIGHT = re.compile(r"model\.(encoder|decoder)\.layers\.\d+\.")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -117,6 +119,7 @@ class MarianFolder:
             if not (folder / name).is_file():
                 raise ConversionError(f"{folder / name}: missing")
         self.tensors, self.weights_path = read_weights(folder)
+        self._used: set[str] = set()  # the weights the model is made of
         self.tokenizer = MarianTokenizer.load_dir(folder)  # its start id set by _model
         self.model = self._model()
         self.generation = self._generation()
@@ -124,12 +127,13 @@ class MarianFolder:
     def tensor(self, name: str) -> Tensor:
         if name not in self.tensors:
             raise ConversionError(f"{self.weights_path}: no weight {name}")
+        self._used.add(name)
         return self.tensors[name]
 
     def _first(self, *names: str) -> Tensor:
         for name in names:
             if name in self.tensors:
-                return self.tensors[name]
+                return self.tensor(name)
         return self.tensor(names[0])  # names the first one as missing
 
     def _embeddings(self) -> tuple[dict[str, Tensor], bool, bool]:
@@ -207,6 +211,15 @@ class MarianFolder:
             raise ConversionError(
                 f"{self.weights_path}: a weight has the wrong shape ({first})"
             ) from None
+        # Layers the config leaves out would be dropped without a word (transformers lists
+        # them as unexpected): a config.json that does not describe these weights.
+        unused = sorted(k for k in self.tensors if LAYER_WEIGHT.match(k) and k not in self._used)
+        if unused:
+            raise ConversionError(
+                f"{self.weights_path}: {len(unused)} layer weights that {CONFIG} leaves out "
+                f"({unused[0]}, ...): it gives {cfg.encoder_layers} encoder and "
+                f"{cfg.decoder_layers} decoder layers"
+            )
         return model
 
     def _generation(self) -> dict[str, Any]:

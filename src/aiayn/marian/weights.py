@@ -63,6 +63,12 @@ def config_from_marian(
             raise ConversionError(f"{where}: no {key}")
         return value
 
+    def number(key: str, default: float) -> float:
+        value = get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConversionError(f"{where}: {key} must be a number, got {value!r}")
+        return float(value)
+
     def same(a: str, b: str) -> Any:
         if get(a) != get(b):
             raise ConversionError(
@@ -93,9 +99,9 @@ def config_from_marian(
             n_layers=layers[0],
             n_decoder_layers=layers[1] if layers[1] != layers[0] else None,
             d_ff=same("encoder_ffn_dim", "decoder_ffn_dim"),
-            dropout=float(get("dropout", 0.1)),
-            attention_dropout=float(get("attention_dropout", 0.0)),
-            activation_dropout=float(get("activation_dropout", 0.0)),
+            dropout=number("dropout", 0.1),
+            attention_dropout=number("attention_dropout", 0.0),
+            activation_dropout=number("activation_dropout", 0.0),
             max_len=get("max_position_embeddings", 1024),
             pad_id=pad,
             bos_id=get("decoder_start_token_id", pad),  # decoding starts from it (pad)

@@ -143,6 +143,29 @@ def test_unknown_names_pairs_and_splits_are_refused(cache):
     assert not (cache / "wmt14-en-de").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("multi30k/de", "'multi30k/de': not a pair of multi30k (languages cs, de, en, fr)"),
+        ("multi30k/", "'multi30k/': not a pair of multi30k"),  # was: the default pair
+        ("multi30k/de-en-fr", "'multi30k/de-en-fr': not a pair of multi30k"),
+        ("multi30k/en-en", "'multi30k/en-en': not a pair of multi30k"),
+        ("/de-en", "data set '/de-en': unknown; known: multi30k, wmt14-en-de"),
+        ("wmt15/de-en", "data set 'wmt15/de-en': unknown; known: multi30k"),
+    ],
+)
+def test_a_malformed_data_set_in_a_recipe_is_one_line_before_any_download(
+    cache, tmp_path, monkeypatch, capsys, spec, message
+):
+    """`--set dataset=multi30k/de` crashed with a ValueError (a direction of one language)."""
+    with Mirror({}).running() as mirror:
+        monkeypatch.setenv("AIAYN_MIRROR", mirror.url)
+        config = str(ROOT / "recipes" / "multi30k.yaml")
+        argv = ["train", "--config", config, "--out", str(tmp_path / "run"), "--no-progress"]
+        err = one_line_error([*argv, "--set", *TINY, f"dataset={spec}"], capsys)
+        assert message in err and mirror.requests == []
+
+
 def tgz(members: dict[str, str]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:

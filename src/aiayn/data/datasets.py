@@ -295,14 +295,16 @@ def pair_files(
     """``NAME`` or ``NAME/SRC-TGT`` (``multi30k/fr-en``) -> the recipe's train_src,
     train_tgt, valid_src, valid_tgt and the test files, fetching what the cache lacks
     (of Multi30k, only the two languages' train, val and test2016)."""
-    name, _, direction = spec.partition("/")
-    data = dataset(name)
-    src, tgt = direction.split("-", 1) if direction else data.pair
-    for lang in (src, tgt):
-        if lang not in data.languages or src == tgt:
-            raise DownloadError(
-                f"data set {spec!r}: not a pair of {name} (languages {', '.join(data.languages)})"
-            )
+    name, slash, direction = spec.partition("/")
+    if name not in DATASETS:
+        raise DownloadError(f"data set {spec!r}: unknown; known: {', '.join(DATASETS)}")
+    data = DATASETS[name]
+    langs = direction.split("-") if slash else list(data.pair)  # "multi30k/": no pair
+    if len(langs) != 2 or langs[0] == langs[1] or not set(langs) <= set(data.languages):
+        raise DownloadError(
+            f"data set {spec!r}: not a pair of {name} (languages {', '.join(data.languages)})"
+        )
+    src, tgt = langs
     files = {
         f"{role}_{side}": f"{data.roles[role]}.{lang}{data.suffix}"
         for role in ("train", "valid", "test")

@@ -1,8 +1,9 @@
 """A data mirror on the loopback address for the downloader's tests: it serves files from
 a dict (path -> bytes) with HTTP Range support, and can be told to misbehave per path:
 answer 404, drop the connection half-way through a file, send no length, stall past the
-client's timeout, ignore Range requests or answer them with another range. Every request is
-logged, so a test can tell what was downloaded (and what was not)."""
+client's timeout, ignore Range requests or answer them with another range, or declare a
+length that is no number. Every request is logged, so a test can tell what was downloaded
+(and what was not)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class Mirror:
         self.no_range: set[str] = set()  # ignore Range: send 200 and the whole file
         self.wrong_range: set[str] = set()  # answer a Range with 206 and the whole file
         self.no_length: set[str] = set()  # no Content-Length: the body ends at the close
+        self.length: dict[str, str] = {}  # this Content-Length instead of the body's
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.released = threading.Event()
         mirror = self
@@ -46,7 +48,9 @@ class Mirror:
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
                 else:
                     self.send_response(200)
-                if path not in mirror.no_length:
+                if path in mirror.length:
+                    self.send_header("Content-Length", mirror.length[path])
+                elif path not in mirror.no_length:
                     self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
                 rest = body[start:]

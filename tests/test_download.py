@@ -173,3 +173,13 @@ def test_any_failure_leaves_no_empty_part(mirror, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         fetch(mirror.url + "data/b.bin", tmp_path / "b.bin", show_progress=False)
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("length", ["abc", "-5", ""])
+def test_a_length_that_is_no_number_of_bytes_is_taken_as_none(mirror, tmp_path, length):
+    """http.client reads such a body to the close; it crashed (ValueError on "abc") or
+    was reported cut short however whole it was ("-5"), so that every retry restarted."""
+    dest = tmp_path / "a.bin"
+    mirror.length["data/a.bin"] = length
+    assert fetch(mirror.url + "data/a.bin", dest, SHA, show_progress=False) is True
+    assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]

@@ -170,8 +170,8 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
             out.seek(0)
             out.truncate()
             have = 0
-        length = response.headers.get("Content-Length")
-        total = have + int(length) if length is not None else None
+        length = _content_length(response)
+        total = have + length if length is not None else None
         received = have
         try:
             with progress(
@@ -220,6 +220,17 @@ def _check_gzip(part: Path, url: str, dest: Path) -> None:
             f"{url}: not gzip data ({e}; a proxy's page?); the download was deleted. "
             f"{_by_hand(url, dest)}"
         ) from None
+
+
+def _content_length(response: http.client.HTTPResponse) -> int | None:
+    """The length of the body the server declared, taken as http.client takes it (which
+    then reads that many bytes): None without one, and for one that is no number of bytes
+    ("abc", "-5"; http.client then reads to the close)."""
+    try:
+        length = int(response.headers.get("Content-Length") or "")
+    except ValueError:
+        return None
+    return length if length >= 0 else None
 
 
 def _range_start(response: http.client.HTTPResponse) -> int | None:

@@ -1,9 +1,9 @@
 """A data mirror on the loopback address for the downloader's tests: it serves files from
 a dict (path -> bytes) with HTTP Range support, and can be told to misbehave per path:
 answer 404, drop the connection half-way through a file, send no length, stall past the
-client's timeout, ignore Range requests or answer them with another range, or declare a
-length that is no number. Every request is logged, so a test can tell what was downloaded
-(and what was not)."""
+client's timeout, ignore Range requests or answer them with another range, declare a
+length that is no number, or redirect to itself. Every request is logged, so a test can
+tell what was downloaded (and what was not)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class Mirror:
         self.wrong_range: set[str] = set()  # answer a Range with 206 and the whole file
         self.no_length: set[str] = set()  # no Content-Length: the body ends at the close
         self.length: dict[str, str] = {}  # this Content-Length instead of the body's
+        self.loop: set[str] = set()  # 302 to the same path
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.released = threading.Event()
         mirror = self
@@ -31,6 +32,12 @@ class Mirror:
                 mirror.requests.append((path, self.headers.get("Range")))
                 if path in mirror.stall:
                     mirror.released.wait(30)
+                    return
+                if path in mirror.loop:
+                    self.send_response(302)
+                    self.send_header("Location", "/" + path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 if path not in mirror.files:
                     self.send_error(404, "Not Found")

@@ -183,3 +183,14 @@ def test_a_length_that_is_no_number_of_bytes_is_taken_as_none(mirror, tmp_path, 
     mirror.length["data/a.bin"] = length
     assert fetch(mirror.url + "data/a.bin", dest, SHA, show_progress=False) is True
     assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]
+
+
+def test_a_redirect_loop_is_one_line(mirror, tmp_path):
+    mirror.loop.add("data/a.bin")
+    with pytest.raises(DownloadError) as e:
+        fetch(mirror.url + "data/a.bin", tmp_path / "a.bin", SHA, show_progress=False)
+    message = str(e.value)
+    assert "\n" not in message, message  # was: urllib's three lines
+    assert message.startswith(mirror.url + "data/a.bin: HTTP 302 ")
+    assert "infinite loop. Offline, download" in message
+    assert leftovers(tmp_path) == []

@@ -155,7 +155,10 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
             out.seek(0)
             out.truncate()
             return _transfer(url, out, timeout, show_progress, dest)
-        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}. {_by_hand(url, dest)}") from None
+        # urllib's own reasons can span lines ("... would lead to an infinite loop.\nThe
+        # last 30x error message was:\nFound" for a redirect loop): the first says it.
+        reason = (str(e.reason).strip().splitlines() or [""])[0].rstrip(".")
+        raise DownloadError(f"{url}: HTTP {e.code} {reason}. {_by_hand(url, dest)}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
         reason = _reason(e)
         raise DownloadError(f"{url}: cannot connect ({reason}). {_by_hand(url, dest)}") from None

@@ -2,8 +2,9 @@
 a dict (path -> bytes) with HTTP Range support, and can be told to misbehave per path:
 answer 404, drop the connection half-way through a file, send no length, stall past the
 client's timeout, ignore Range requests or answer them with another range, declare a
-length that is no number, or redirect to itself. Every request is logged, so a test can
-tell what was downloaded (and what was not)."""
+length that is no number, redirect to itself, or hold a file half-sent until told to go
+on. Every request is
+logged, so a test can tell what was downloaded (and what was not)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ class Mirror:
         self.no_length: set[str] = set()  # no Content-Length: the body ends at the close
         self.length: dict[str, str] = {}  # this Content-Length instead of the body's
         self.loop: set[str] = set()  # 302 to the same path
+        self.hold: set[str] = set()  # send half of the body, then wait for `resumed`
+        self.abandon = False  # a held file is cut there when resumed, not sent whole
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
         self.released = threading.Event()
+        self.resumed = threading.Event()
         mirror = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -61,6 +65,14 @@ class Mirror:
                     self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
                 rest = body[start:]
+                if path in mirror.hold:
+                    self.wfile.write(rest[: len(rest) // 2])
+                    self.wfile.flush()
+                    mirror.resumed.wait(30)
+                    if mirror.abandon:
+                        self.close_connection = True
+                        return
+                    rest = rest[len(rest) // 2 :]
                 if path in mirror.drop:
                     self.wfile.write(rest[: len(rest) // 2])
                     self.wfile.flush()
@@ -86,5 +98,6 @@ class Mirror:
             yield self
         finally:
             self.released.set()
+            self.resumed.set()
             self.server.shutdown()
             self.server.server_close()

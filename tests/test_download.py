@@ -3,13 +3,16 @@ arrives whole and checked; a second call downloads nothing; a checksum mismatch,
 connection dropped mid-file, a server that stalls and a cache folder that cannot be
 written each give one clear DownloadError, leave no half-written file where the finished
 one belongs and lose nothing already there; a broken transfer resumes with a Range
-request, or starts again when the server cannot send ranges."""
+request, or starts again when the server cannot send ranges; two processes fetching one
+file at once download it once (the second waits), and never write it once it is done."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -173,6 +176,65 @@ def test_any_failure_leaves_no_empty_part(mirror, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         fetch(mirror.url + "data/b.bin", tmp_path / "b.bin", show_progress=False)
     assert leftovers(tmp_path) == []
+
+
+def until(condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def in_thread(results, name, *args, **kwargs):
+    def run():
+        try:
+            results[name] = fetch(*args, show_progress=False, **kwargs)
+        except Exception as e:  # the test looks at it
+            results[name] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_two_fetches_of_one_file_at_once_download_it_once_and_never_write_it_after(
+    mirror, tmp_path
+):
+    """Two `aiayn train` runs of `dataset: multi30k` starting at once: both appended to
+    one a.bin.part; the first renamed it when checked, and the second went on appending to
+    the renamed, checked file (then failed with a traceback). Now the second waits for the
+    first (an flock beside the file), then finds the file done."""
+    dest, url, results = tmp_path / "a.bin", mirror.url + "data/a.bin", {}
+    mirror.hold.add("data/a.bin")  # the first transfer stops half-way until resumed
+    first = in_thread(results, "first", url, dest, SHA, timeout=10)
+    part = tmp_path / "a.bin.part"
+    until(lambda: part.exists() and part.stat().st_size > 0)
+    second = in_thread(results, "second", url, dest, SHA, timeout=10)
+    time.sleep(0.3)  # time for a second transfer to start, if one could
+    mirror.resumed.set()
+    first.join(20)
+    second.join(20)
+    assert results == {"first": True, "second": False}
+    assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]  # no lock file
+    assert mirror.requests == [("data/a.bin", None)]
+
+
+def test_the_fetch_that_waits_says_so_and_resumes_what_the_first_left(mirror, tmp_path):
+    dest, url, results, said = tmp_path / "a.bin", mirror.url + "data/a.bin", {}, []
+    mirror.hold.add("data/a.bin")
+    first = in_thread(results, "first", url, dest, SHA, timeout=10)
+    part = tmp_path / "a.bin.part"
+    until(lambda: part.exists() and part.stat().st_size > 0)
+    second = in_thread(results, "second", url, dest, SHA, timeout=10, log=said.append)
+    until(lambda: said)
+    assert said == [f"{dest}: another process is downloading it; waiting for it to finish"]
+    mirror.hold.clear()
+    mirror.abandon = True  # the first transfer breaks off half-way
+    mirror.resumed.set()
+    first.join(20)
+    second.join(20)
+    assert isinstance(results["first"], DownloadError) and results["second"] is True
+    assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]
+    assert mirror.requests[-1] == ("data/a.bin", f"bytes={len(BODY) // 2}-")  # resumed
 
 
 @pytest.mark.parametrize("length", ["abc", "-5", ""])

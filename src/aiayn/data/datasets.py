@@ -248,7 +248,7 @@ def get(
                     "changed after its download; delete it and fetch it again"
                 )
         else:
-            fetched += fetch(base + source.path, dest, expected, timeout, show_progress)
+            fetched += fetch(base + source.path, dest, expected, timeout, show_progress, log)
         if expected is None:
             recorded[source.local] = sha256_of(dest)
             _write_recorded(folder, recorded)

@@ -9,7 +9,9 @@ What :func:`fetch` guarantees, whatever the network does:
 - a broken transfer (a dropped connection, a timeout) keeps ``dest.part``, and the next
   call asks the server for the rest (an HTTP Range request) or starts again when the
   server cannot resume;
-- a file already at ``dest`` is not downloaded again;
+- a file already at ``dest`` is not downloaded again, and never written again: one
+  process at a time downloads it (an flock beside it, where the file system has flock);
+  another waits, then finds it done;
 - a failure leaves no empty ``dest.part`` behind (only bytes worth resuming are kept);
 - every failure is one :class:`~aiayn.errors.DownloadError` naming the URL and the file,
   and saying how to place the file by hand.
@@ -29,9 +31,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from aiayn.data.folders import LOCKED, held_lock
 from aiayn.errors import DownloadError
 from aiayn.progress import progress
 
@@ -91,18 +95,22 @@ def fetch(
     sha256: str | None = None,
     timeout: float = TIMEOUT_S,
     show_progress: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> bool:
     """Make ``dest`` a whole copy of ``url`` (checked against ``sha256`` when given);
     returns True when bytes were downloaded, False when ``dest`` was already there.
     DownloadError on any failure, with ``dest`` untouched and a partial ``dest.part`` kept
-    for the next call to resume."""
+    for the next call to resume.
+
+    One process at a time downloads ``dest``: it holds an flock on ``.{name}.lock`` beside
+    it (see :func:`~aiayn.data.folders.held_lock`). Another one waits (saying so through
+    ``log``) and then finds the file done, or the part to resume when the first failed."""
     dest = Path(dest)
     timeout = check_timeout(timeout)
     check_url(url)
     if dest.is_file():
         return False
-    if dest.exists() or dest.is_symlink():  # a folder or a broken link: no file goes there
-        raise DownloadError(f"{dest}: is in the way of the download (not a file); remove it")
+    _check_not_in_the_way(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -110,6 +118,29 @@ def fetch(
             f"{dest.parent}: cannot create the cache folder ({e.strerror}); choose another "
             "one (the AIAYN_DATA environment variable)"
         ) from None
+    said = False
+
+    def wait() -> None:
+        nonlocal said
+        if log is not None and not said:
+            log(f"{dest}: another process is downloading it; waiting for it to finish")
+        said = True
+
+    with held_lock(dest.parent / f".{dest.name}{LOCKED}", wait):
+        if dest.is_file():  # the process we waited for downloaded it
+            return False
+        _check_not_in_the_way(dest)
+        _download(url, dest, sha256, timeout, show_progress)
+    return True
+
+
+def _check_not_in_the_way(dest: Path) -> None:
+    if dest.exists() or dest.is_symlink():  # a folder or a broken link: no file goes there
+        raise DownloadError(f"{dest}: is in the way of the download (not a file); remove it")
+
+
+def _download(url: str, dest: Path, sha256: str | None, timeout: float, show: bool) -> None:
+    """:func:`fetch`'s work, by the process that holds ``dest``."""
     part = dest.with_name(dest.name + ".part")
     try:  # opened before connecting: a folder it cannot write fails first
         out = open(part, "ab")  # noqa: SIM115 - closed by the `with out` below
@@ -120,7 +151,7 @@ def fetch(
         ) from None
     try:
         with out:
-            _transfer(url, out, timeout, show_progress, dest)
+            _transfer(url, out, timeout, show, dest)
     except BaseException:  # any failure, an interrupt too
         with contextlib.suppress(OSError):
             if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
@@ -137,7 +168,6 @@ def fetch(
                 f"download was deleted). {_by_hand(url, dest)}"
             )
     os.replace(part, dest)  # atomic: dest is whole or absent
-    return True
 
 
 def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest: Path) -> None:

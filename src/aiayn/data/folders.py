@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -102,19 +102,31 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
 @contextmanager
 def held_output(out: str | Path, busy: str) -> Iterator[None]:
     """Hold ``out`` for the block, so that no other process writing it runs at the same
-    time: an flock on ``.{name}.lock`` beside it (beside a link's target), made if missing
-    and removed when the block ends, however it ends. AiaynError(``busy``) at once when
-    another process holds it; one a killed holder left is taken (its lock died with it).
-    AiaynError naming ``out`` when no folder can be made where it goes (see
-    :func:`staged_folder`). Where the file system offers no flock, or the lock file cannot
-    be made, the block runs unheld (writing the output then names the real problem)."""
+    time: :func:`held_lock` on ``.{name}.lock`` beside it (beside a link's target).
+    AiaynError(``busy``) at once when another process holds it. AiaynError naming ``out``
+    when no folder can be made where it goes (see :func:`staged_folder`)."""
     target = output_folder(out)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise AiaynError(f"{out}: cannot create ({_why(target, e)})") from None
-    lock = target.parent / f".{target.name}{LOCKED}"
-    fd = _take(lock, busy) if fcntl is not None else None
+
+    def refuse() -> None:
+        raise AiaynError(busy) from None
+
+    with held_lock(target.parent / f".{target.name}{LOCKED}", refuse):
+        yield
+
+
+@contextmanager
+def held_lock(lock: Path, on_busy: Callable[[], None]) -> Iterator[None]:
+    """Hold an flock on the file ``lock`` for the block: made if missing and removed when
+    the block ends, however it ends. When another process holds it, ``on_busy()`` is
+    called: it raises to give up, or returns to wait until the holder lets go. One a killed
+    holder left is taken (its lock died with it). Where the file system offers no flock, or
+    the lock file cannot be made, the block runs unheld (writing the output then names the
+    real problem)."""
+    fd = _take(lock, on_busy) if fcntl is not None else None
     try:
         yield
     finally:
@@ -123,9 +135,10 @@ def held_output(out: str | Path, busy: str) -> Iterator[None]:
             os.close(fd)
 
 
-def _take(lock: Path, busy: str) -> int | None:
+def _take(lock: Path, on_busy: Callable[[], None]) -> int | None:
     """An open descriptor holding the flock on the file ``lock`` (None where there can be
-    none); AiaynError(``busy``) when another process holds it."""
+    none), taken at once or, when ``on_busy()`` returns rather than raises, once another
+    process holding it lets go."""
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
@@ -134,13 +147,18 @@ def _take(lock: Path, busy: str) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            raise AiaynError(busy) from None
+            try:
+                on_busy()
+                fcntl.flock(fd, fcntl.LOCK_EX)  # waits; an interrupt ends the wait
+            except BaseException:
+                os.close(fd)
+                raise
         except OSError:  # a file system without flock (ENOLCK, EOPNOTSUPP)
             os.close(fd)
             return None
         # Its holder removes the file before letting go (above); if that happened between
-        # our open and our flock, ours is a lock on a file no one else will open: again.
+        # our open and our flock (or while we waited), ours is a lock on a file no one else
+        # will open: again.
         try:
             named, held = os.stat(lock), os.fstat(fd)
             if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):

@@ -256,3 +256,13 @@ def test_a_redirect_loop_is_one_line(mirror, tmp_path):
     assert message.startswith(mirror.url + "data/a.bin: HTTP 302 ")
     assert "infinite loop. Offline, download" in message
     assert leftovers(tmp_path) == []
+
+
+def test_a_folder_where_the_part_goes_is_named_not_the_cache_folder(mirror, tmp_path):
+    (tmp_path / "a.bin.part").mkdir()
+    with pytest.raises(DownloadError) as e:
+        fetch(mirror.url + "data/a.bin", tmp_path / "a.bin", SHA, show_progress=False)
+    assert str(e.value) == (
+        f"{tmp_path / 'a.bin.part'}: is in the way of the download (not a file); remove it"
+    )
+    assert leftovers(tmp_path) == ["a.bin.part"] and mirror.requests == []

@@ -145,6 +145,12 @@ def _download(url: str, dest: Path, sha256: str | None, timeout: float, show: bo
     try:  # opened before connecting: a folder it cannot write fails first
         out = open(part, "ab")  # noqa: SIM115 - closed by the `with out` below
     except OSError as e:
+        if part.is_file():  # the part itself is the problem, not the folder
+            raise DownloadError(f"{part}: cannot be written ({e.strerror}); remove it") from None
+        if part.exists() or part.is_symlink():  # a folder (or a link to one, or nowhere)
+            raise DownloadError(
+                f"{part}: is in the way of the download (not a file); remove it"
+            ) from None
         raise DownloadError(
             f"{dest.parent}: the cache folder cannot be written ({e.strerror}); make it "
             "writable or choose another one (the AIAYN_DATA environment variable)"

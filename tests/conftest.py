@@ -157,6 +157,20 @@ def sample_model_dir(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def sample_prepared(tmp_path_factory):
+    """The built-in sample pairs, prepared (a 120-token tokenizer): a directory of
+    ``aiayn prepare`` that a TINY_RUN (test_train_refusals) trains on in seconds."""
+    from aiayn.data.prepared import prepare
+    from sample_data import write_sample
+
+    root = tmp_path_factory.mktemp("sample")
+    text = write_sample(root / "text")
+    train, valid = (text["train.de"], text["train.en"]), (text["val.de"], text["val.en"])
+    prepare(train, valid, root / "prepared", vocab_size=120, show_progress=False)
+    return root / "prepared"
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run when a test file read Multi30k but is not marked ``multi30k``: CI runs
     the marked files a second time with the data hidden (``AIAYN_MULTI30K=none``), as a

@@ -24,19 +24,6 @@ TINY_RUN = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sample_prepared(tmp_path_factory) -> Path:
-    """The built-in sample pairs, prepared (a 120-token tokenizer)."""
-    from aiayn.data.prepared import prepare
-    from sample_data import write_sample
-
-    root = tmp_path_factory.mktemp("sample")
-    text = write_sample(root / "text")
-    train, valid = (text["train.de"], text["train.en"]), (text["val.de"], text["val.en"])
-    prepare(train, valid, root / "prepared", vocab_size=120, show_progress=False)
-    return root / "prepared"
-
-
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -93,11 +93,12 @@ class RunDirectory:
         self._held: weakref.finalize | None = None  # closes rank 0's lock on the directory
         self.on_main(self._check_place)
 
-    def _hold(self) -> None:
+    def hold(self) -> None:
         """Hold the run directory, once it exists, until :meth:`release`, this object is
         collected or the process ends (an flock on the directory itself, so nothing is
         written; closing the descriptor lets it go): a second run into it, new or resumed,
-        is refused instead of interleaving checkpoints and metrics."""
+        is refused instead of interleaving checkpoints and metrics. Held already: nothing
+        to do; released: taken again (AiaynError if another run holds it now)."""
         if self._held is not None or fcntl is None or not self.out_dir.is_dir():
             return
         fd = os.open(self.out_dir, os.O_RDONLY)
@@ -115,12 +116,13 @@ class RunDirectory:
         """Let another run use the directory (the run is over)."""
         if self._held is not None:
             self._held()  # closes the descriptor, once
+            self._held = None  # so that hold() takes it again (train() after an interrupt)
 
     def _check_place(self) -> None:
         """Rank 0: the run directory is one (or does not exist yet), held if it exists."""
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise AiaynError(f"{self.out_dir}: not a directory (the run directory must be one)")
-        self._hold()
+        self.hold()
 
     def write(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0 (see :meth:`on_main`), once the run directory exists: made
@@ -135,7 +137,7 @@ class RunDirectory:
                 raise AiaynError(
                     f"{self.out_dir}: cannot create the run directory ({e.strerror or e})"
                 ) from None
-            self._hold()  # a new run holds its directory from its first write
+            self.hold()  # a new run holds its directory from its first write
             try:
                 return work()
             except BaseException:

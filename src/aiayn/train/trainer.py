@@ -60,7 +60,8 @@ class Trainer:
 
     ``world`` is this process's place in a torch.distributed job; by default the one that
     torchrun's environment describes (a world of one outside torchrun). ``progress``: show
-    the progress of preparing raw text (on rank 0; :meth:`train` takes its own)."""
+    the progress of preparing raw text (on rank 0; :meth:`train` takes its own). A
+    constructor that fails lets go of the run directory before it raises."""
 
     def __init__(
         self,
@@ -79,7 +80,18 @@ class Trainer:
         self.device = torch.device(self.world.device(str(device)))
         self.out_dir, self.log = Path(out_dir), log if self.world.is_main else _quiet
         check_same_recipe(r, self.world)  # before any rank writes or waits on another
-        self.run = run = RunDirectory(self.out_dir, self.world, self.log)
+        self.run = RunDirectory(self.out_dir, self.world, self.log)
+        try:
+            self._set_up(resume, progress)
+        except BaseException:
+            # A failed trainer lives on in its traceback (a notebook keeps the last one):
+            # holding the directory until then would refuse the retry.
+            self.run.release()
+            raise
+
+    def _set_up(self, resume: bool | str, progress: bool) -> None:
+        """The run's data, tokenizer and model, new or resumed (see :meth:`__init__`)."""
+        r, run = self.recipe, self.run
         state = run.previous_state(resume, self.device, r)
         # A new run with init_from starts from that model: config, weights, tokenizer.
         init = run.new_run(r, self.device) if state is None else None
@@ -240,7 +252,13 @@ class Trainer:
         epoch checkpoint at the end of every epoch (or at a stop), checkpoint_last.pt every
         ``save_every_steps`` updates (see :mod:`aiayn.train.duties`). A resumed run that
         had reached its budget trains no more, but first completes the validation and
-        checkpoints of its stop if it was cut short before they were all saved."""
+        checkpoints of its stop if it was cut short before they were all saved.
+
+        It holds the run directory while it runs and lets it go when it returns or raises;
+        called again (after an interrupt), it goes on from the last update done, holding
+        the directory again (AiaynError if another run has taken it since)."""
+        # Held since __init__, or let go by an earlier train() (one a notebook interrupted).
+        self.run.on_main(self.run.hold)
         opened: list[MetricsLog] = []  # rank 0 opens the log; a failure stops every rank
         log_size = self._resumed_log_size  # None for a new run: nothing to cut
         self.run.on_main(

@@ -1,0 +1,87 @@
+"""Training driven from Python, as a notebook drives it: train() again after an interrupt
+holds the run directory again, and a Trainer that fails lets go of it while its traceback
+lives on."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from aiayn.errors import AiaynError, RecipeError
+from aiayn.train.recipe import Recipe
+from aiayn.train.trainer import Trainer
+from test_train_refusals import TINY_RUN
+
+
+def tiny(prepared: Path, *settings: str) -> Recipe:
+    """A TINY_RUN recipe training on ``prepared``, with ``settings`` (key=value)."""
+    return Recipe.from_dict({"data": str(prepared)}).override([*TINY_RUN, *settings])
+
+
+def quiet(_line: str) -> None:
+    pass
+
+
+def held(directory: Path) -> bool:
+    """Whether a run holds ``directory`` (its flock; see RunDirectory.hold)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # lets go of a lock taken here
+    return False
+
+
+def test_train_again_after_an_interrupt_holds_the_run_directory(
+    tmp_path, sample_prepared, monkeypatch
+):
+    """A KeyboardInterrupt lets the directory go (train() ended); the next train() took it
+    no more, and another run was let in beside it."""
+    out = tmp_path / "run"
+    trainer = Trainer(tiny(sample_prepared, "max_steps=4"), out, log=quiet)
+    run_epoch, seen = trainer._run_epoch, []
+
+    def interrupted(*_args: object) -> str:
+        raise KeyboardInterrupt
+
+    def watched(*args: object) -> str:
+        seen.append(held(out))
+        return run_epoch(*args)
+
+    monkeypatch.setattr(trainer, "_run_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(progress=False)
+    assert not held(out)
+
+    def beside(*_args: object) -> str:
+        raise AssertionError("trained beside another run")
+
+    monkeypatch.setattr(trainer, "_run_epoch", beside)
+    other = os.open(out, os.O_RDONLY)  # another run takes the directory meanwhile
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(AiaynError, match="another run is using this run directory"):
+            trainer.train(progress=False)
+    finally:
+        os.close(other)
+    monkeypatch.setattr(trainer, "_run_epoch", watched)
+    assert trainer.train(progress=False).step == 4
+    assert seen and all(seen) and not held(out)
+
+
+def test_a_trainer_that_fails_lets_go_of_the_run_directory(tmp_path, sample_prepared):
+    """The exception, kept (as a notebook keeps the last one), holds the failed trainer in
+    its traceback: the retry was refused as "another run is using this run directory"."""
+    out = tmp_path / "run"
+    out.mkdir()  # held from the start: it exists
+    with pytest.raises(RecipeError, match=r"longer than model\.max_len=3") as failed:
+        Trainer(tiny(sample_prepared, "model.max_len=3"), out, log=quiet)
+    assert failed.value.__traceback__ is not None and not held(out)
+    retry = Trainer(tiny(sample_prepared, "max_steps=1"), out, log=quiet)
+    assert held(out)
+    assert retry.train(progress=False).step == 1

@@ -1,14 +1,18 @@
 """Training driven from Python, as a notebook drives it: train() again after an interrupt
-holds the run directory again, and a Trainer that fails lets go of it while its traceback
-lives on."""
+holds the run directory again, a Trainer that fails lets go of it while its traceback
+lives on, and a run's weights do not depend on what drew from the global random streams
+between Trainer() and train()."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import random
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.errors import AiaynError, RecipeError
 from aiayn.train.recipe import Recipe
@@ -85,3 +89,38 @@ def test_a_trainer_that_fails_lets_go_of_the_run_directory(tmp_path, sample_prep
     retry = Trainer(tiny(sample_prepared, "max_steps=1"), out, log=quiet)
     assert held(out)
     assert retry.train(progress=False).step == 1
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_does_not_depend_on_what_drew_from_the_global_streams(tmp_path, sample_prepared):
+    """Dropout draws from torch's global generator: a draw between Trainer() and train(),
+    or another trainer built or trained in between, changed the weights a recipe trains,
+    new or resumed."""
+    settings = ("model.dropout=0.3", "save_every_steps=1")
+    alone = Trainer(tiny(sample_prepared, "max_steps=3", *settings), tmp_path / "a", log=quiet)
+    alone.train(progress=False)
+    wanted = weights(alone)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    first = Trainer(tiny(sample_prepared, "max_steps=3", *settings), tmp_path / "1", log=quiet)
+    second = Trainer(tiny(sample_prepared, "max_steps=3", *settings), tmp_path / "2", log=quiet)
+    torch.rand(3), random.random()
+    first.train(progress=False)
+    second.train(progress=False)
+    assert same(weights(first), wanted) and same(weights(second), wanted)
+    resumed = []  # from the same checkpoint, with and without a draw in between
+    for name in ("a", "b"):
+        recipe = tiny(sample_prepared, "max_steps=5", *settings)
+        resumed.append(Trainer(recipe, tmp_path / name, resume=True, log=quiet))
+    torch.rand(3)
+    for trainer in resumed:
+        trainer.train(progress=False)
+        torch.rand(3)
+    assert same(weights(resumed[0]), weights(resumed[1]))
+    assert not same(weights(resumed[0]), wanted)  # it trained

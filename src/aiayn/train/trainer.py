@@ -12,7 +12,6 @@ resumes with any number of processes, each reading the checkpoint itself."""
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
+from aiayn.train.rng import rng_state, set_rng_state
 from aiayn.train.rundir import DATA_PRINT, RunDirectory, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
@@ -60,8 +60,13 @@ class Trainer:
 
     ``world`` is this process's place in a torch.distributed job; by default the one that
     torchrun's environment describes (a world of one outside torchrun). ``progress``: show
-    the progress of preparing raw text (on rank 0; :meth:`train` takes its own). A
-    constructor that fails lets go of the run directory before it raises."""
+    the progress of preparing raw text (on rank 0; :meth:`train` takes its own).
+
+    The weights a run trains depend on its recipe, seed and checkpoint alone: the trainer
+    keeps its own copy of the global random streams (:mod:`aiayn.train.rng`) from its
+    construction, and :meth:`train` starts from it, whatever drew from torch's generator in
+    between (another trainer, the caller). A constructor that fails lets go of the run
+    directory before it raises."""
 
     def __init__(
         self,
@@ -164,17 +169,15 @@ class Trainer:
                 "compiled step: the first batch compiles it first (a minute or two on a "
                 "GPU); compile: false starts short runs at once"
             )
+        self._rng = rng_state()  # train() starts from the run's streams (see the class)
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self, pending: bool = False) -> dict:
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
-            "rng": rng,
+            "rng": rng_state(),  # rank 0's (see _run_epoch for the others)
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
@@ -203,10 +206,7 @@ class Trainer:
                 f"{self.out_dir / LAST}: its optimizer state does not fit this recipe's "
                 f"optimizer (was weight_decay changed since the run started?): {e}"
             ) from None
-        torch.set_rng_state(state["rng"]["torch"].cpu())  # generator states live on the CPU
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
+        set_rng_state(state["rng"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
         self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
@@ -259,6 +259,7 @@ class Trainer:
         the directory again (AiaynError if another run has taken it since)."""
         # Held since __init__, or let go by an earlier train() (one a notebook interrupted).
         self.run.on_main(self.run.hold)
+        set_rng_state(self._rng)  # the run's streams, not what drew from them since
         opened: list[MetricsLog] = []  # rank 0 opens the log; a failure stops every rank
         log_size = self._resumed_log_size  # None for a new run: nothing to cut
         self.run.on_main(
@@ -285,6 +286,7 @@ class Trainer:
             while (self.epoch < self.recipe.max_epochs or owed) and stopped_by == "max_epochs":
                 stopped_by, owed = self._run_epoch(metrics, duties, progress), False
         finally:
+            self._rng = rng_state()  # where a next train() goes on from
             self._pending = duties.pending
             metrics.close()
             self._metrics = None

@@ -1,10 +1,11 @@
 """Training driven from Python, as a notebook drives it: train() again after an interrupt
 holds the run directory again, a Trainer that fails lets go of it while its traceback
-lives on, and a run's weights do not depend on what drew from the global random streams
-between Trainer() and train()."""
+lives on, a run's weights do not depend on what drew from the global random streams
+between Trainer() and train(), and a Recipe built in code is the one from_dict builds."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import random
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from aiayn.errors import AiaynError, RecipeError
-from aiayn.train.recipe import Recipe
+from aiayn.train.recipe import MODEL_DEFAULTS, Recipe
 from aiayn.train.trainer import Trainer
 from test_train_refusals import TINY_RUN
 
@@ -124,3 +125,44 @@ def test_a_run_does_not_depend_on_what_drew_from_the_global_streams(tmp_path, sa
         torch.rand(3)
     assert same(weights(resumed[0]), weights(resumed[1]))
     assert not same(weights(resumed[0]), wanted)  # it trained
+
+
+def test_a_recipe_built_in_code_is_the_one_from_dict_builds(tmp_path, sample_prepared):
+    """Recipe(model=...) replaced the default model (share_embeddings, max_len 256 lost)
+    and recorded no model field as set, so a fine-tuning run ignored them; a model that
+    is no mapping passed check() and failed in the Trainer with a TypeError."""
+    model = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}
+    coded = Recipe(model=dict(model), max_steps=2)
+    read = Recipe.from_dict({"model": dict(model), "max_steps": 2})
+    assert coded.to_dict() == read.to_dict() and coded.model == {**MODEL_DEFAULTS, **model}
+    assert coded.given_model_fields == read.given_model_fields == set(model)
+    # The defaults, and copies of a recipe's whole model, set no field they do not change.
+    assert Recipe().to_dict() == Recipe.from_dict({}).to_dict()
+    assert Recipe().given_model_fields == set()
+    assert dataclasses.replace(Recipe(), seed=2).given_model_fields == set()
+    assert dataclasses.replace(read, seed=2).given_model_fields == set(model)
+    assert Recipe.from_dict(read.to_dict()).to_dict() == read.to_dict()  # recipe.yaml
+    read.save(tmp_path / "recipe.yaml")
+    assert Recipe.from_yaml(tmp_path / "recipe.yaml").to_dict() == read.to_dict()
+    # Set in code after it was made: check() merges it as the constructor does.
+    later = Recipe()
+    later.model = {"n_layers": 2}
+    assert later.check().model == {**MODEL_DEFAULTS, "n_layers": 2}
+    assert later.given_model_fields == {"n_layers"}
+    for bad, message in [
+        ("x", "^recipe: 'model' must be a mapping of model fields, got 'x'$"),
+        ({"bogus": 1}, r"^recipe: model: unknown field\(s\): bogus$"),
+    ]:
+        with pytest.raises(RecipeError, match=message):
+            Recipe(model=bad)  # type: ignore[arg-type]
+    with pytest.raises(RecipeError, match=r"^recipe: a recipe is a mapping of field: value"):
+        Recipe.from_dict(None)  # type: ignore[arg-type]
+    # Fine-tuning refuses a model field of a recipe built in code, as one read from a file.
+    base = Trainer(tiny(sample_prepared, "max_steps=1"), tmp_path / "base", log=quiet)
+    base.train(progress=False)
+    del base
+    fine = Recipe(
+        data=str(sample_prepared), init_from=str(tmp_path / "base"), model={"n_layers": 2}
+    )
+    with pytest.raises(RecipeError, match=r"model\.n_layers=2 contradicts the model being fine"):
+        Trainer(fine.override(["threads=1", "device=cpu"]), tmp_path / "fine", log=quiet)

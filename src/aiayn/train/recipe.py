@@ -3,7 +3,6 @@ command-line overrides (``key=value``, ``model.d_model=512``)."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -13,10 +12,10 @@ from typing import Any
 import torch
 import yaml
 
-from aiayn.config import TransformerConfig
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import RecipeError
 from aiayn.metrics.bleu import TOKENIZERS
+from aiayn.train import recipe_values as values
 from aiayn.train.schedule import SCHEDULES
 from aiayn.train.update import PRECISIONS
 
@@ -71,6 +70,18 @@ RESUME_FIXED = ("adam_betas", "adam_eps", "weight_decay")
 PREPARED_FIXED = ("vocab_size", "spm_model_type", "max_len_words")
 # A run's text files (its data, else named by data: a prepared directory, or dataset).
 TEXT_FIELDS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+# The model of a recipe that sets no model field: the paper's base model (Table 3). The
+# fields a recipe sets are merged onto these, whether read from a file or given in code.
+MODEL_DEFAULTS: dict[str, Any] = {
+    "d_model": 512,
+    "n_heads": 8,
+    "n_layers": 6,
+    "d_ff": 2048,
+    "dropout": 0.1,
+    "share_embeddings": True,
+    "tie_output": True,
+    "max_len": 256,
+}
 
 
 @dataclass
@@ -96,19 +107,9 @@ class Recipe:
     # attention_dropout, activation_dropout and (sinusoidal positions) max_len; any other
     # field the recipe sets must equal the model's.
     init_from: str = ""
-    # Model: any TransformerConfig field except vocabulary sizes and special ids.
-    model: dict[str, Any] = field(
-        default_factory=lambda: {
-            "d_model": 512,
-            "n_heads": 8,
-            "n_layers": 6,
-            "d_ff": 2048,
-            "dropout": 0.1,
-            "share_embeddings": True,
-            "tie_output": True,
-            "max_len": 256,
-        }
-    )
+    # Model: any TransformerConfig field except vocabulary sizes and special ids; a field
+    # left out keeps its default here.
+    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))
     # Optimisation (Section 5.3, 5.4).
     max_tokens: int = 4096  # per batch, source or target side incl. padding (fairseq's)
     update_freq: int = 1  # accumulate gradients over this many batches per update
@@ -144,9 +145,30 @@ class Recipe:
     # Several processes: a rank that waits longer than this in a collective (for a rank
     # that hangs or is gone) fails the job, naming the collective, instead of hanging it.
     collective_timeout_minutes: float = COLLECTIVE_TIMEOUT_MINUTES
-    # The model fields this recipe sets (in its file or by an override), not defaults:
-    # what a run with init_from checks against its model. Not a recipe field itself.
+    # The model fields this recipe sets (in its file, by an override or in code), not
+    # defaults: what a run with init_from checks against its model. Not a recipe field.
     given_model_fields: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """A recipe built in code has the model :meth:`from_dict` makes of the same fields:
+        ``model`` must name model fields (RecipeError otherwise), and is merged onto
+        :data:`MODEL_DEFAULTS`; see :meth:`_merge_model` for the fields it sets."""
+        self._merge_model("recipe")
+
+    def _merge_model(self, source: str) -> None:
+        """``model`` merged onto :data:`MODEL_DEFAULTS`, and the fields it sets added to
+        ``given_model_fields``: all those it names when it leaves a default out; when it
+        names every default field (the default itself, or a copy of a recipe's model, as
+        ``dataclasses.replace`` passes it), those whose value is not the default's."""
+        model = values.model_fields(self.model, source)
+        if MODEL_DEFAULTS.keys() <= model.keys():
+            given = {
+                k for k, v in model.items() if k not in MODEL_DEFAULTS or v != MODEL_DEFAULTS[k]
+            }
+        else:
+            given = set(model)
+        self.model = {**MODEL_DEFAULTS, **model}
+        self.given_model_fields = {*self.given_model_fields, *given}  # not the caller's set
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -184,8 +206,17 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "recipe") -> Recipe:
+        """The recipe of the fields in ``data``, each checked (see :meth:`check`); those it
+        leaves out keep their defaults, model fields included. RecipeError naming
+        ``source`` for what is not a mapping, an unknown field, or a value of the wrong
+        type or range."""
+        given: object = data  # typed callers aside: a notebook passes anything
+        if not isinstance(given, dict):
+            raise RecipeError(
+                f"{source}: a recipe is a mapping of field: value, got {type(given).__name__}"
+            )
         known = {f.name for f in fields(cls)} - {"given_model_fields"}
-        _check_names(data, source)
+        values.check_names(data, source)
         unknown = sorted(set(data) - known)
         if unknown:
             raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
@@ -215,7 +246,7 @@ class Recipe:
             if model is not None:
                 # Onto the recipe's model, as model.KEY=VALUE each: the class default (the
                 # base model) would drop the fields the recipe file set.
-                _check_model_names(model, f"override {item!r}: model")
+                values.check_model_names(model, f"override {item!r}: model")
                 self.model = {**self.model, **model}
                 self.given_model_fields.update(model)
             else:
@@ -232,6 +263,7 @@ class Recipe:
         for f in fields(self):
             if f.name not in ("model", "given_model_fields"):
                 self._set(f.name, getattr(self, f.name), source)
+        self._merge_model(source)  # a model assigned since it was made
         others = [k for k in ("dataset", *TEXT_FIELDS) if getattr(self, k)]
         if self.data and others:  # the prepared directory would be read, the rest unused
             raise RecipeError(
@@ -250,13 +282,11 @@ class Recipe:
         an int, a finite one for a float) and is in its range: RecipeError otherwise."""
         default = getattr(type(self)(), key)
         if key == "model":
-            if not isinstance(value, dict):
-                raise RecipeError(f"{source}: 'model' must be a mapping")
-            _check_model_names(value, f"{source}: model")
+            value = values.model_fields(value, source)
             self.given_model_fields.update(value)
             value = {**default, **value}
         elif key == "adam_betas":
-            value = _adam_betas(value, source)
+            value = values.adam_betas(value, source)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise RecipeError(f"{source}: field {key!r} must be true or false, got {value!r}")
@@ -269,7 +299,7 @@ class Recipe:
             if not isinstance(value, str):
                 raise RecipeError(f"{source}: field {key!r} must be a string, got {value!r}")
         elif isinstance(default, (int, float)):
-            value = _number(type(default), value, f"{source}: field {key!r}")
+            value = values.number(type(default), value, f"{source}: field {key!r}")
         if key in RANGES and not RANGES[key][0](value):
             raise RecipeError(f"{source}: field {key!r} must be {RANGES[key][1]}, got {value!r}")
         if key in CHOICES and value is not None and value not in CHOICES[key]:
@@ -317,56 +347,6 @@ class _RecipeLoader(yaml.SafeLoader):
                 raise _DuplicateKey(f"key {key!r} given twice (first on line {first[key]})", line)
             first[key] = line
         return super().construct_mapping(node, deep)
-
-
-def _number(kind: type, value: Any, what: str) -> int | float:
-    """``value`` as a finite ``kind`` (int or float); a string is read as a number (YAML
-    reads 1e-9 as one). RecipeError naming ``what`` for a boolean, a fraction for an int
-    (no silent truncation) and infinity or NaN."""
-    number = value
-    if isinstance(value, str):
-        try:
-            number = int(value) if kind is int else float(value)
-        except ValueError:
-            number = None
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise RecipeError(f"{what} must be {kind.__name__}, got {value!r}")
-    if isinstance(number, int) and abs(number) >= 2**63:  # past int64, and float's range
-        raise RecipeError(f"{what} is out of range (at most 2**63 - 1 in size)")
-    if not math.isfinite(number):
-        raise RecipeError(f"{what} must be a finite number, got {value!r}")
-    if kind is int and number != int(number):
-        raise RecipeError(f"{what} must be int (a whole number), got {value!r}")
-    return kind(number)
-
-
-def _check_names(data: dict, source: str) -> None:
-    """RecipeError unless every key of ``data`` is a field name (text, not ``1`` or ``true``)."""
-    for key in data:
-        if not isinstance(key, str):
-            raise RecipeError(f"{source}: field names are text, got {key!r}")
-
-
-def _check_model_names(data: dict, source: str) -> None:
-    """RecipeError naming ``source`` unless every key of ``data`` is a model field (the
-    model's own check comes later, where no file is known to name)."""
-    _check_names(data, source)
-    if unknown := sorted(set(data) - {f.name for f in fields(TransformerConfig)}):
-        raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
-
-
-def _adam_betas(value: Any, source: str) -> tuple[float, float]:
-    """``value`` as Adam's (beta1, beta2): exactly two numbers, each in [0, 1)."""
-    words = f"{source}: 'adam_betas' must be two numbers in [0, 1)"
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise RecipeError(f"{words}, got {value!r}")
-    try:
-        betas = tuple(_number(float, v, "") for v in value)
-    except RecipeError:
-        raise RecipeError(f"{words}, got {value!r}") from None
-    if not all(0 <= b < 1 for b in betas):
-        raise RecipeError(f"{words}, got {value!r}")
-    return betas[0], betas[1]
 
 
 def step_settings(recipe: Recipe, device_type: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Training driven from Python, as a notebook drives it: train() again after an interrupt
 holds the run directory again, a Trainer that fails lets go of it while its traceback
 lives on, a run's weights do not depend on what drew from the global random streams
-between Trainer() and train(), and a Recipe built in code is the one from_dict builds."""
+between Trainer() and train(), a Recipe built in code is the one from_dict builds, and an
+empty output path is refused."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from aiayn.errors import AiaynError, RecipeError
 from aiayn.train.recipe import MODEL_DEFAULTS, Recipe
 from aiayn.train.trainer import Trainer
+from cli_util import one_line_error
 from test_train_refusals import TINY_RUN
 
 
@@ -166,3 +168,14 @@ def test_a_recipe_built_in_code_is_the_one_from_dict_builds(tmp_path, sample_pre
     )
     with pytest.raises(RecipeError, match=r"model\.n_layers=2 contradicts the model being fine"):
         Trainer(fine.override(["threads=1", "device=cpu"]), tmp_path / "fine", log=quiet)
+
+
+def test_an_empty_output_path_is_refused(tmp_path, sample_prepared, monkeypatch, capsys):
+    """Path("") is the current directory: a script with an unset $RUN trained into it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AiaynError, match=r"^run directory: the path is empty$"):
+        Trainer(tiny(sample_prepared, "max_steps=1"), "", log=quiet)
+    argv = ["train", "--data", str(sample_prepared), "--out", "", "--no-progress"]
+    err = one_line_error([*argv, "--set", *TINY_RUN, "max_steps=1"], capsys)
+    assert "run directory: the path is empty" in err
+    assert list(tmp_path.iterdir()) == []

@@ -22,7 +22,7 @@ import torch
 from aiayn.checkpoint import LAST, load_weights, resolve_device, save_checkpoint
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World, init_from_env
-from aiayn.errors import RecipeError, TrainingError
+from aiayn.errors import AiaynError, RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.duties import PENDING, Duties, drop_later_checkpoints
@@ -77,6 +77,8 @@ class Trainer:
         world: World | None = None,
         progress: bool = True,
     ):
+        if str(out_dir) == "":  # Path("") is the current directory: an unset variable?
+            raise AiaynError("run directory: the path is empty")
         r = self.recipe = recipe.check()  # before anything is written
         if r.threads > 0:
             torch.set_num_threads(r.threads)

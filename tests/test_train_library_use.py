@@ -2,7 +2,7 @@
 holds the run directory again, a Trainer that fails lets go of it while its traceback
 lives on, a run's weights do not depend on what drew from the global random streams
 between Trainer() and train(), a Recipe built in code is the one from_dict builds, and an
-empty output path is refused."""
+empty output path or a model field the tokenizer sets is refused in words that fit."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from aiayn.errors import AiaynError, RecipeError
+from aiayn.train.model_checks import check_new_model
 from aiayn.train.recipe import MODEL_DEFAULTS, Recipe
 from aiayn.train.trainer import Trainer
 from cli_util import one_line_error
@@ -179,3 +180,21 @@ def test_an_empty_output_path_is_refused(tmp_path, sample_prepared, monkeypatch,
     err = one_line_error([*argv, "--set", *TINY_RUN, "max_steps=1"], capsys)
     assert "run directory: the path is empty" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("src_vocab_size", "(its vocabulary's size, from the recipe's vocab_size)"),
+        ("tgt_vocab_size", "(its vocabulary's size, from the recipe's vocab_size)"),
+        ("pad_id", "(its padding token's id)"),
+        ("bos_id", "(its start-of-sentence token's id)"),
+        ("eos_id", "(its end-of-sentence token's id)"),
+    ],
+)
+def test_a_model_field_the_tokenizer_sets_is_refused_in_its_own_words(key, words):
+    """Every one was refused with "(vocab_size the size)", which fits only the sizes."""
+    with pytest.raises(RecipeError) as refused:
+        check_new_model(Recipe.from_dict({"model": {key: 3}}))
+    wanted = f"recipe field model.{key}: the tokenizer sets it {words}; leave it out"
+    assert str(refused.value) == wanted

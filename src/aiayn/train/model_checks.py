@@ -40,6 +40,16 @@ def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> 
     return TransformerConfig.from_dict(data)
 
 
+# The model fields a new run takes from its tokenizer, each with what the tokenizer gives.
+SET_BY_TOKENIZER = {
+    "src_vocab_size": "its vocabulary's size, from the recipe's vocab_size",
+    "tgt_vocab_size": "its vocabulary's size, from the recipe's vocab_size",
+    "pad_id": "its padding token's id",
+    "bos_id": "its start-of-sentence token's id",
+    "eos_id": "its end-of-sentence token's id",
+}
+
+
 def check_new_model(
     recipe: Recipe, init: dict | None = None, device: torch.device | None = None
 ) -> None:
@@ -53,10 +63,10 @@ def check_new_model(
     else:
         vocab = max(recipe.vocab_size, 8)  # a too small one is prepare's to name
         stand_in = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=0, bos_id=1, eos_id=2)
-        if given := sorted(recipe.given_model_fields & stand_in.keys()):
+        if given := sorted(recipe.given_model_fields & SET_BY_TOKENIZER.keys()):
             raise RecipeError(
-                f"recipe field model.{given[0]}: the tokenizer sets it (vocab_size the size); "
-                "leave it out"
+                f"recipe field model.{given[0]}: the tokenizer sets it "
+                f"({SET_BY_TOKENIZER[given[0]]}); leave it out"
             )
         try:
             cfg = TransformerConfig.from_dict({**recipe.model, **stand_in})

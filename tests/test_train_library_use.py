@@ -198,3 +198,20 @@ def test_a_model_field_the_tokenizer_sets_is_refused_in_its_own_words(key, words
         check_new_model(Recipe.from_dict({"model": {key: 3}}))
     wanted = f"recipe field model.{key}: the tokenizer sets it {words}; leave it out"
     assert str(refused.value) == wanted
+
+
+def test_a_checkpoint_from_more_gpus_restores_the_gpus_here(monkeypatch):
+    """set_rng_state_all set one state per device saved: a checkpoint from 8 GPUs failed
+    to resume on 1. Each device here takes its own (faked CUDA: none on this machine)."""
+    import torch
+
+    from aiayn.train.rng import rng_state, set_rng_state
+
+    set_calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: set_calls.append((d, s)))
+    rng = {**rng_state(), "cuda": [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]}
+    set_rng_state(rng)
+    assert [(d, s.tolist()) for d, s in set_calls] == [(0, [0, 0, 0, 0])]

@@ -25,4 +25,6 @@ def set_rng_state(rng: dict) -> None:
     torch.set_rng_state(rng["torch"].cpu())  # generator states live on the CPU
     random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        # A checkpoint saved where there were more GPUs: the devices here take theirs.
+        for device, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state.cpu(), device)

@@ -210,8 +210,33 @@ def test_a_checkpoint_from_more_gpus_restores_the_gpus_here(monkeypatch):
     set_calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [])
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: set_calls.append((d, s)))
-    rng = {**rng_state(), "cuda": [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]}
+    states = [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    assert "cuda" in rng_state(cuda=True)
+    rng = rng_state(cuda=True)
     set_rng_state(rng)
     assert [(d, s.tolist()) for d, s in set_calls] == [(0, [0, 0, 0, 0])]
+
+
+def test_a_run_on_the_cpu_reads_no_cuda_state(monkeypatch):
+    """Every rank read every GPU's random state at its start (and at each train()): on a
+    machine with GPUs that starts CUDA, a context on GPU 0 per rank, for a CPU run."""
+    import torch
+
+    from aiayn.train.rng import rng_state
+
+    def started() -> list:
+        raise AssertionError("CUDA was asked for its random states")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", started)
+    assert "cuda" not in rng_state(cuda=False)
+
+
+def test_the_seeds_of_ranks_above_0_tell_apart_what_hash_did_not():
+    from aiayn.train.rng import rank_seed
+
+    assert hash(-1) == hash(-2)  # why not hash(): seeds -1 and -2 drew the same masks
+    assert rank_seed(-1, 1, 0, 0) != rank_seed(-2, 1, 0, 0)
+    assert rank_seed(1, 1, 0, 4) == rank_seed(1, 1, 0, 4) != rank_seed(1, 2, 0, 4)

@@ -30,7 +30,7 @@ from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
-from aiayn.train.rng import rng_state, set_rng_state
+from aiayn.train.rng import rank_seed, rng_state, set_rng_state
 from aiayn.train.rundir import DATA_PRINT, RunDirectory, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
@@ -171,7 +171,8 @@ class Trainer:
                 "compiled step: the first batch compiles it first (a minute or two on a "
                 "GPU); compile: false starts short runs at once"
             )
-        self._rng = rng_state()  # train() starts from the run's streams (see the class)
+        # train() starts from the run's own streams (see the class)
+        self._rng = rng_state(self.device.type == "cuda")
 
     # -- checkpoints ----------------------------------------------------------------------
     def _state(self, pending: bool = False) -> dict:
@@ -179,7 +180,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
-            "rng": rng_state(),  # rank 0's (see _run_epoch for the others)
+            "rng": rng_state(self.device.type == "cuda"),  # rank 0's (others: _run_epoch)
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
@@ -288,7 +289,7 @@ class Trainer:
             while (self.epoch < self.recipe.max_epochs or owed) and stopped_by == "max_epochs":
                 stopped_by, owed = self._run_epoch(metrics, duties, progress), False
         finally:
-            self._rng = rng_state()  # where a next train() goes on from
+            self._rng = rng_state(self.device.type == "cuda")  # a next train() goes on
             self._pending = duties.pending
             metrics.close()
             self._metrics = None
@@ -327,8 +328,8 @@ class Trainer:
             plans = batches[first : first + per_update]
             lr = self.optimizer.param_groups[0]["lr"]  # this update's rate (logged below)
             if self.world.rank > 0:  # rank 0's stream is saved; the others' made again here
-                seed = hash((r.seed, self.world.rank, self.epoch, first)) & (2**63 - 1)
-                torch.manual_seed(seed)  # so a resumed run draws the dropout masks it drew
+                # so that a resumed run draws the dropout masks it drew
+                torch.manual_seed(rank_seed(r.seed, self.world.rank, self.epoch, first))
             # Index arrays in; each rank reads from disk only the batches of its share.
             result = self.updater.update(plans, self.train_data.batch)
             self.batch_in_epoch += len(plans)

@@ -235,8 +235,8 @@ def test_a_run_on_the_cpu_reads_no_cuda_state(monkeypatch):
 
 
 def test_the_seeds_of_ranks_above_0_tell_apart_what_hash_did_not():
-    from aiayn.train.rng import rank_seed
+    from aiayn.decode.sampling import stream_seed
 
     assert hash(-1) == hash(-2)  # why not hash(): seeds -1 and -2 drew the same masks
-    assert rank_seed(-1, 1, 0, 0) != rank_seed(-2, 1, 0, 0)
-    assert rank_seed(1, 1, 0, 4) == rank_seed(1, 1, 0, 4) != rank_seed(1, 2, 0, 4)
+    assert stream_seed(-1, 1, 0, 0) != stream_seed(-2, 1, 0, 0)
+    assert stream_seed(1, 1, 0, 4) == stream_seed(1, 1, 0, 4) != stream_seed(1, 2, 0, 4)

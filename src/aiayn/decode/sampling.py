@@ -32,16 +32,19 @@ def row_uniforms(seed: int | None, lines: Sequence[int], samples: int, steps: in
     generator = torch.Generator()
     for i, line in enumerate(lines):
         for j in range(samples):
-            generator.manual_seed(_row_seed(seed, line, j))
+            generator.manual_seed(stream_seed(seed, line, j))
             out[i * samples + j] = torch.rand(
                 steps, generator=generator, dtype=torch.float64, device="cpu"
             )
     return out
 
 
-def _row_seed(seed: int, line: int, sample: int) -> int:
-    # A hash, not arithmetic: (seed, line) pairs that sum alike must not share a stream.
-    digest = hashlib.blake2b(f"{seed}:{line}:{sample}".encode(), digest_size=8).digest()
+def stream_seed(*parts: int) -> int:
+    """A seed (< 2**63) that is a pure function of ``parts``, the same in every process and
+    Python: a hash, not arithmetic (parts that sum alike must not share a stream), and not
+    hash(), which maps -1 and -2 alike. A sample's (seed, line, sample); a training rank's
+    dropout (:mod:`aiayn.train.trainer`)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 

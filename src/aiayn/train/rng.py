@@ -5,7 +5,6 @@ restores it, and a trainer puts it back before it trains (see :class:`Trainer`).
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import torch
@@ -20,13 +19,6 @@ def rng_state(cuda: bool) -> dict:
     if cuda and torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng
-
-
-def rank_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
-    """A seed that is a pure function of (seed, rank, epoch, batch), the same in every
-    Python (a hash, not hash(): that one maps -1 and -2 alike and may change)."""
-    digest = hashlib.blake2b(f"{seed}:{rank}:{epoch}:{batch}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 def set_rng_state(rng: dict) -> None:

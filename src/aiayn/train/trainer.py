@@ -21,6 +21,7 @@ import torch
 
 from aiayn.checkpoint import LAST, load_weights, resolve_device, save_checkpoint
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode.sampling import stream_seed
 from aiayn.distributed import World, init_from_env
 from aiayn.errors import AiaynError, RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
@@ -30,7 +31,7 @@ from aiayn.train.metrics_log import MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
-from aiayn.train.rng import rank_seed, rng_state, set_rng_state
+from aiayn.train.rng import rng_state, set_rng_state
 from aiayn.train.rundir import DATA_PRINT, RunDirectory, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
@@ -329,7 +330,7 @@ class Trainer:
             lr = self.optimizer.param_groups[0]["lr"]  # this update's rate (logged below)
             if self.world.rank > 0:  # rank 0's stream is saved; the others' made again here
                 # so that a resumed run draws the dropout masks it drew
-                torch.manual_seed(rank_seed(r.seed, self.world.rank, self.epoch, first))
+                torch.manual_seed(stream_seed(r.seed, self.world.rank, self.epoch, first))
             # Index arrays in; each rank reads from disk only the batches of its share.
             result = self.updater.update(plans, self.train_data.batch)
             self.batch_in_epoch += len(plans)

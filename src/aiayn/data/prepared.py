@@ -29,6 +29,7 @@ from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
 from aiayn.data.folders import held_output, staged_folder, staged_leftovers
 from aiayn.data.shards import (
     FORMAT,
+    INPUTS,
     MANIFEST,
     SplitWriter,
     sha256_file,
@@ -301,14 +302,13 @@ def _prepare_into(
             f"{n['tgt_tokens']} tokens ({n['dropped_empty']} empty, {n['dropped_long']} long "
             "dropped)"
         )
-    names = ("train_src", "train_tgt", "valid_src", "valid_tgt")
     inputs = {
         name: {
             "path": str(Path(p).resolve()),
             "sha256": sha256_file(p),
             "bytes": Path(p).stat().st_size,
         }
-        for name, p in zip(names, (*train, *valid))
+        for name, p in zip(INPUTS, (*train, *valid))
     }
     manifest = {
         "format": FORMAT,

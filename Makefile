@@ -41,11 +41,18 @@ browser:
 
 # What ruff checks and formats: the code and the scripts that draw the docs' figures.
 LINTED = src tests benchmarks docs/figures docs/tools
+# pytest-xdist workers: two test files at a time (a file's tests stay in one worker, so its
+# fixtures are built once), each worker with its share of the cores (tests/conftest.py).
+# Much of the suite waits on processes it starts (torchrun ranks, servers, their imports),
+# so two workers finish in about 60% of one's time even on 2 cores. TEST_WORKERS=0 runs
+# everything in one process (what a debugger wants).
+TEST_WORKERS ?= 2
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: setup browser
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 	$(MAKE) docs
 
 # The documentation site (mkdocs.yml) into site/: strict, so a broken link, a missing page
@@ -56,7 +63,7 @@ docs: setup
 # The tests that read Multi30k (marked multi30k) again, with the data hidden, as on a new
 # user's clone with nothing beside it; .ci/run runs it after `make test`.
 test-fresh: setup
-	AIAYN_MULTI30K=none $(BIN)/python -m pytest -q -m multi30k
+	AIAYN_MULTI30K=none $(PYTEST) -m multi30k
 
 # Types of src/aiayn, with the settings of pyproject.toml's [tool.mypy] (part of `make test`).
 typecheck: setup

@@ -20,6 +20,19 @@ SESSION_CACHE = tempfile.mkdtemp(prefix="aiayn-test-data-")
 os.environ["AIAYN_DATA"] = SESSION_CACHE
 os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
 
+# Under pytest-xdist (`make test` runs TEST_WORKERS of them) each worker takes its share of
+# the cores, and so do the processes its tests start (torchrun ranks, server workers): two
+# workers each running as many threads as there are cores slow every test and would make
+# the ones that wait on a clock miss it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Test files that read Multi30k without being marked, as xdist's workers report them.
+_UNMARKED_IN_WORKERS: set[str] = set()
+
 
 def tiny_config(**overrides) -> TransformerConfig:
     kwargs = dict(
@@ -181,13 +194,25 @@ def pytest_sessionfinish(session, exitstatus):
 
     marked = {str(item.path) for item in session.items if item.get_closest_marker("multi30k")}
     root = session.config.rootpath
-    unmarked = sorted(r for r in READERS if str(root / r) not in marked)
+    unmarked = {r for r in READERS if str(root / r) not in marked}
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # an xdist worker: the controller reports it
+        worker_output["unmarked_readers"] = sorted(unmarked)
+        return
+    unmarked = sorted(unmarked | _UNMARKED_IN_WORKERS)
     if unmarked:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = f"read Multi30k but not marked multi30k: {', '.join(unmarked)}"
         if reporter is not None:
             reporter.write_line(f"ERROR: {message}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: collect what each worker found for the check above (each worker
+    collects every test, so its marks are complete; only the files it ran can be readers)."""
+    _UNMARKED_IN_WORKERS.update(getattr(node, "workeroutput", {}).get("unmarked_readers", ()))
 
 
 def _no_skips() -> bool:

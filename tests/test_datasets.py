@@ -9,17 +9,22 @@ recorded on first use."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import functools
 import gzip
 import hashlib
 import io
+import os
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from aiayn.checkpoint import LAST, load_checkpoint
 from aiayn.cli import main
-from aiayn.data import datasets
+from aiayn.data import datasets, wmt
 from aiayn.data.corpus import read_lines
 from aiayn.errors import DownloadError
 from cli_util import one_line_error
@@ -182,7 +187,10 @@ def sgm(lines: list[str]) -> str:
     return f'<srcset setid="newstest2014">\n<doc docid="x">\n{segs}</doc>\n</srcset>\n'
 
 
-def test_wmt14_from_archives_of_statmt_layout(cache, monkeypatch, capsys):
+def wmt14_stand_in(monkeypatch) -> dict[str, bytes]:
+    """Upstream path -> bytes of small archives in statmt's layout, made from the built-in
+    pairs (train 0-50, newstest2013 50-60, newstest2014 60-); their checksums replace the
+    three pinned ones for the test."""
     de, en = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
     side = {"de": de, "en": en}
 
@@ -218,7 +226,12 @@ def test_wmt14_from_archives_of_statmt_layout(cache, monkeypatch, capsys):
     monkeypatch.setitem(
         datasets.DATASETS, "wmt14-en-de", dataclasses.replace(data, sources=sources)
     )
-    with Mirror(archives).running() as mirror:
+    return archives
+
+
+def test_wmt14_from_archives_of_statmt_layout(cache, monkeypatch, capsys):
+    de, en = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
+    with Mirror(wmt14_stand_in(monkeypatch)).running() as mirror:
         argv = ["data", "get", "wmt14-en-de", "--mirror", mirror.url, "--no-progress"]
         assert main(argv) == 0
         folder = cache / "wmt14-en-de"
@@ -247,6 +260,40 @@ def test_wmt14_from_archives_of_statmt_layout(cache, monkeypatch, capsys):
                       ("--valid-src", "valid_src"), ("--valid-tgt", "valid_tgt")):  # fmt: skip
         prepare += [flag, str(files[key])]
     assert main(prepare) == 0
+
+
+def test_a_second_get_waits_for_the_first_to_fill_the_folder(cache, monkeypatch):
+    """Two `data get wmt14-en-de` at once: each download had its lock, but both then wrote
+    the recorded checksums through one temporary name and extracted into the same `.part`
+    files (a traceback, or text replaced while it was read). One process at a time fills
+    the folder now; here the downloads are done and only the extraction is left."""
+    with Mirror(wmt14_stand_in(monkeypatch)).running() as mirror:
+        get = functools.partial(datasets.get, "wmt14-en-de", mirror=mirror.url)
+        folder = get(show_progress=False, log=lambda line: None)
+    for text in (wmt.DONE, *(p.name for p in folder.glob("*.??"))):
+        (folder / text).unlink()  # as when the first process is about to extract
+    said: list[str] = []
+    lock = cache / ".wmt14-en-de.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process fills the folder
+    try:
+        second = threading.Thread(target=get, kwargs={"show_progress": False, "log": said.append})
+        second.start()
+        deadline = time.monotonic() + 20
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert said == [
+            f"{folder}: another process is getting wmt14-en-de into it; waiting for it to finish"
+        ]
+        time.sleep(0.2)
+        assert not (folder / wmt.DONE).exists()  # it waits; it does not extract
+    finally:
+        lock.unlink()
+        os.close(fd)
+    second.join(20)
+    assert not second.is_alive()
+    assert (folder / "train.de").read_text().splitlines() == [p[0] for p in PAIRS[:50]]
+    assert (folder / wmt.DONE).is_file()
 
 
 @pytest.mark.parametrize(

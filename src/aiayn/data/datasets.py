@@ -11,6 +11,7 @@ download (in the data set's ``RECORDED.sha256``) and checked on every call after
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.data.download import TIMEOUT_S, check_timeout, check_url, fetch, sha256_of
+from aiayn.data.folders import LOCKED, held_lock
 from aiayn.data.wmt import extract_wmt14
 from aiayn.errors import DownloadError
 
@@ -216,7 +218,9 @@ def get(
     log: Callable[[str], None] = print,
 ) -> Path:
     """Fetch data set ``name`` (only ``langs`` and ``splits`` where given) into the cache;
-    returns its folder. Files already there are checked, not downloaded again."""
+    returns its folder. Files already there are checked, not downloaded again. One process
+    at a time fills a data set's folder: another waits (saying so through ``log``), then
+    finds done what the first did."""
     data = dataset(name)
     timeout = check_timeout(timeout)
     base = mirror_url(mirror) or data.base_url
@@ -236,34 +240,47 @@ def get(
     if not chosen:
         raise DownloadError(f"{name}: no file for languages {', '.join(langs or [])}")
     base = base.rstrip("/") + "/"
-    recorded = _read_recorded(folder)
-    fetched = 0
-    for source in chosen:
-        dest = folder / source.local
-        expected = source.sha256 or recorded.get(source.local)
-        if dest.is_file():
-            if expected is not None and sha256_of(dest) != expected:
+    said = False
+
+    def wait() -> None:
+        nonlocal said
+        if not said:
+            log(f"{folder}: another process is getting {name} into it; waiting for it to finish")
+        said = True
+
+    # One process at a time fills the folder: besides each download (fetch's own lock),
+    # the checksums recorded on first use and the extraction write fixed names in it.
+    with contextlib.suppress(OSError):  # fetch names a folder that cannot be made
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    with held_lock(folder.parent / f".{data.name}{LOCKED}", wait):
+        recorded = _read_recorded(folder)
+        fetched = 0
+        for source in chosen:
+            dest = folder / source.local
+            expected = source.sha256 or recorded.get(source.local)
+            if dest.is_file():
+                if expected is not None and sha256_of(dest) != expected:
+                    raise DownloadError(
+                        f"{dest}: SHA-256 differs from the expected {expected}: the file was "
+                        "changed after its download; delete it and fetch it again"
+                    )
+            else:
+                fetched += fetch(base + source.path, dest, expected, timeout, show_progress, log)
+            if expected is None:
+                recorded[source.local] = sha256_of(dest)
+                _write_recorded(folder, recorded)
+        if data.extract is not None:
+            try:
+                data.extract(folder, log)
+            except DownloadError as e:
+                if all(s.sha256 is not None for s in chosen):
+                    raise
+                # A file recorded on first use may have been cut short or replaced (a proxy's
+                # page) when it was downloaded: its record must go with it.
                 raise DownloadError(
-                    f"{dest}: SHA-256 differs from the expected {expected}: the file was "
-                    "changed after its download; delete it and fetch it again"
-                )
-        else:
-            fetched += fetch(base + source.path, dest, expected, timeout, show_progress, log)
-        if expected is None:
-            recorded[source.local] = sha256_of(dest)
-            _write_recorded(folder, recorded)
-    if data.extract is not None:
-        try:
-            data.extract(folder, log)
-        except DownloadError as e:
-            if all(s.sha256 is not None for s in chosen):
-                raise
-            # A file recorded on first use may have been cut short or replaced (a proxy's
-            # page) when it was downloaded: its record must go with it.
-            raise DownloadError(
-                f"{e}; if that file is damaged, delete it and its line in "
-                f"{folder / RECORDED}, then fetch it again"
-            ) from None
+                    f"{e}; if that file is damaged, delete it and its line in "
+                    f"{folder / RECORDED}, then fetch it again"
+                ) from None
     log(f"{name}: {fetched} file(s) downloaded, {len(chosen) - fetched} already there -> {folder}")
     return folder
 

@@ -12,9 +12,11 @@ and ``/ready`` answer 503 with the reason, and :func:`serve` stops and raises
 from __future__ import annotations
 
 import gc
+import logging
 import socket
 import sys
 from collections.abc import Callable
+from types import FrameType
 
 import torch
 
@@ -102,7 +104,22 @@ def serve(
             if self.started and announce:
                 print(announce, file=sys.stderr, flush=True)
 
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            if self.force_exit:  # a second Ctrl-C: the user asked for what follows
+                errors.addFilter(_below_error)
+
+    # uvicorn's errors logger: on a forced quit each request and the lifespan task it
+    # cancels logs its CancelledError as an error with a traceback.
+    errors = logging.getLogger("uvicorn.error")
     server = Server(config)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        errors.removeFilter(_below_error)
     if died:
         raise WorkerDiedError(f"the model worker died, so the server stopped: {died[0]}")
+
+
+def _below_error(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR

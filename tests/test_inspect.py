@@ -15,7 +15,7 @@ from aiayn.cli import main
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
 from aiayn.inspect.attention import text_heatmap
-from aiayn.inspect.maps import attention, attention_maps
+from aiayn.inspect.maps import add_alignments, attention, attention_maps
 from aiayn.translator import Translator
 
 # Only the tests that draw need matplotlib (a dev dependency: under `make test` nothing
@@ -55,6 +55,23 @@ def test_attention_maps_cover_every_kind_layer_and_head(translator):
         for kind in amap.weights:
             for a, b in zip(amap.weights[kind], alone.weights[kind]):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_an_output_that_fills_max_len_has_its_maps_and_alignment(translator):
+    """An output of max_len tokens stops at the limit, not at EOS: its maps and alignment
+    failed ("tgt_in has length 65, longer than max_len=64"), the teacher-forced input
+    holding BOS + 64 tokens. The row that would predict EOS after it is left out."""
+    line, cfg = SENTENCES[1], translator.model.cfg
+    found = translator.translations([line], beam=1, prefix="a " * (cfg.max_len - 1))
+    ids = found[0][0].ids
+    assert len(ids) == cfg.max_len  # 63 forced, then a word, not EOS
+    amap = attention_maps(translator, [translator.encode(line)], [ids])[0]
+    pieces = [translator.tokenizer.id_to_piece(i) for i in ids]
+    assert amap.target == pieces and amap.target_in == ["<s>", *pieces[:-1]]
+    for w in amap.weights["cross"]:
+        assert w.shape == (cfg.n_heads, cfg.max_len, len(translator.encode(line)))
+    add_alignments(translator, [translator.encode(line)], found)
+    assert found[0][0].alignment and max(t for _, t in found[0][0].alignment) > 60
 
 
 def test_attention_is_of_the_translation_it_shows(translator):

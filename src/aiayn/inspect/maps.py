@@ -38,7 +38,7 @@ class AttentionMap:
     """
 
     source: list[str]  # source pieces
-    target: list[str]  # output pieces, "</s>" last (rows of the decoder kinds)
+    target: list[str]  # output pieces, "</s>" last if it fits max_len (decoder rows)
     target_in: list[str]  # decoder inputs: "<s>" then the output pieces (decoder_self columns)
     weights: dict[str, list[Tensor]]
 
@@ -68,6 +68,9 @@ def _batches(
     for chunk in (real[a : a + batch_size] for a in range(0, len(real), batch_size)):
         src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(device)
         dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
+        # An output that fills all max_len positions stopped at the limit, not at EOS: the
+        # row that would predict EOS after it has no position (and no use).
+        dec_in = [d[: cfg.max_len] if len(d) == cfg.max_len + 1 else d for d in dec_in]
         out.append((chunk, src, pad(dec_in, cfg.pad_id).to(device)))
     return out
 
@@ -89,13 +92,14 @@ def attention_maps(
         with torch.inference_mode():
             _, weights = translator.model.forward_with_attention(src, dec_in)
         for b, i in enumerate(chunk):
-            S, T, o_ids = len(src_ids[i]), len(out_ids[i]) + 1, out_ids[i]
+            S, o_ids = len(src_ids[i]), out_ids[i]
+            T = min(len(o_ids) + 1, max(cfg.max_len, len(o_ids)))  # no EOS row past max_len
             rows = {"encoder": S, "decoder_self": T, "cross": T}
             cols = {"encoder": S, "decoder_self": T, "cross": S}
             maps[i] = AttentionMap(
                 source=[piece(t, source=True) for t in src_ids[i]],
-                target=[piece(t) for t in o_ids] + [piece(cfg.eos_id)],
-                target_in=[start] + [piece(t) for t in o_ids],
+                target=([piece(t) for t in o_ids] + [piece(cfg.eos_id)])[:T],
+                target_in=([start] + [piece(t) for t in o_ids])[:T],
                 weights={
                     k: [w[b, :, : rows[k], : cols[k]].float().cpu() for w in weights[k]]
                     for k in ATTENTION_KINDS

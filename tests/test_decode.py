@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -224,6 +226,12 @@ def test_one_length_rule_for_both_searches(tiny_model):
     assert length_limits(cfg, src, max_new_tokens=10).tolist() == [10, 10]
     assert length_limits(cfg, src, max_new_tokens=1000).tolist() == [56, 52]
     assert length_limits(cfg, src, max_len_b=500).tolist() == [cfg.max_len] * 2
+    # fairseq's int(a * n + b) in float64: in float32, 1.3 * 90 gave 116, not 117.
+    long_cfg = dataclasses.replace(cfg, max_len=65536)
+    for a in (1.05, 1.3, 2.6, 3.1, 0.7, 1.0):
+        for n in range(1, 400, 7):
+            want = int(a * n + 5)
+            assert length_limits(long_cfg, torch.full((1, n), 5), None, a, 5).tolist() == [want]
     with torch.no_grad():  # never EOS: every sentence runs to its limit
         tiny_model.tgt_embed.weight[cfg.eos_id] = -100.0
     out = greedy(tiny_model, src, max_len_a=0.5, max_len_b=1)

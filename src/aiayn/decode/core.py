@@ -94,9 +94,10 @@ def length_limits(
         raise DecodeError(f"need max_len_a >= 0 and max_len_b >= 0, got {max_len_a}, {max_len_b}")
     src_len = (src != cfg.pad_id).sum(dim=1)
     cap = cfg.max_len if max_new_tokens is None else min(max_new_tokens, cfg.max_len)
-    # Capped before the cast: a huge rule would wrap around int64. Exact below the cap:
-    # float32 holds ints < 2^24.
-    return (src_len * max_len_a + float(max_len_b)).clamp(max=cap).long()
+    # In float64, as fairseq (and Python) compute the rule: in float32 ``a`` itself rounds,
+    # and 1.3 * 90 gave 116. Capped as a Python int: a huge rule cannot wrap around.
+    limits = [min(int(n * max_len_a + max_len_b), cap) for n in src_len.tolist()]
+    return torch.tensor(limits, dtype=torch.long, device=src.device)
 
 
 def search_limits(

@@ -85,6 +85,21 @@ def test_a_prefix_the_vocabulary_cannot_write_is_refused_not_forced_as_unk(trans
     assert all(out[0].startswith("A") for out in translator.translate(lines, prefix="A", beam=1))
 
 
+@pytest.mark.parametrize(
+    ("change", "name"),
+    [({"eos_id": 5}, "eos_id"), ({"tgt_vocab_size": 400, "share_embeddings": False}, "tgt_vocab")],
+)
+def test_a_model_built_for_another_tokenizer_is_refused(translator, change, name):
+    """from_dir checks a checkpoint against its tokenizer; the constructor did not: a
+    model whose EOS is another id translated everything to "" without a word."""
+    cfg = translator.model.cfg.to_dict() | change
+    other = Transformer(type(translator.model.cfg).from_dict(cfg))
+    with pytest.raises(AiaynError, match=f"the model's {name}.* but the tokenizer's"):
+        Translator(other, translator.tokenizer)
+    with pytest.raises(AiaynError, match=name):  # any member of an ensemble
+        Translator([translator.model, other], translator.tokenizer)
+
+
 def test_attention_of_a_sentence_that_is_not_text(translator):
     with pytest.raises(AiaynError, match="the sentence must be text, not NoneType"):
         maps.attention(translator, None)  # type: ignore[arg-type]

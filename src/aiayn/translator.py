@@ -33,6 +33,19 @@ class Translation:
     alignment: list[tuple[int, int]] | None = None
 
 
+def _check_fits(models: list[Transformer], tokenizer: Tokenizer) -> None:
+    """AiaynError unless every model was built for ``tokenizer`` (what ``from_dir`` checks
+    of a checkpoint): a model with other special ids decodes nonsense without a word."""
+    for model in models:
+        for name in ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
+            ours, theirs = getattr(model.cfg, name), getattr(tokenizer, name)
+            if ours != theirs:
+                raise AiaynError(
+                    f"Translator: the model's {name} is {ours} but the tokenizer's is "
+                    f"{theirs}; use the tokenizer the model was trained with"
+                )
+
+
 class Translator:
     """Translates lists of sentences, keeping line alignment.
 
@@ -50,6 +63,8 @@ class Translator:
     ):
         self.models = [m.eval() for m in as_list(model)]
         self.model, self.tokenizer = self.models[0], tokenizer
+        if tokenizer is not None:
+            _check_fits(self.models, tokenizer)
         self.device = next(self.model.parameters()).device
         # What options=None means: the paper's beam 4 and alpha 0.6, or for an imported
         # model the generation settings it was published with (decoding as generate() does).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn import Transformer
+from aiayn import Transformer, TransformerConfig
 from aiayn.checkpoint import (
     load_checkpoint,
     load_inference,
@@ -29,7 +29,8 @@ from aiayn.errors import (
     TokenizerError,
 )
 from aiayn.inspect import maps
-from aiayn.inspect.attention import plot_all, plot_attention
+from aiayn.inspect.attention import plot_all, plot_attention, text_heatmap
+from aiayn.inspect.summary import summary
 from aiayn.translator import Translator
 from conftest import tiny_config
 
@@ -98,6 +99,30 @@ def test_a_model_built_for_another_tokenizer_is_refused(translator, change, name
         Translator(other, translator.tokenizer)
     with pytest.raises(AiaynError, match=name):  # any member of an ensemble
         Translator([translator.model, other], translator.tokenizer)
+
+
+def test_wrong_arguments_are_one_aiayn_error_naming_them(translator, sample_model_dir):
+    """Each raised a KeyError, a TypeError or torch's RuntimeError from inside."""
+    amap = maps.attention(translator, "Ein Hund.", beam=1)
+    two = translator.translations(["Ein Hund.", "Eine Katze."], beam=1)
+    one_source = [translator.encode("Ein Hund.")]
+    calls = [
+        (lambda: text_heatmap(amap, kind="self"), "attention kind must be one of"),
+        (lambda: maps.add_alignments(translator, one_source, two), "1 sources for 2 lines"),
+        (lambda: translator.translate(["Ein Hund."], first_line="3"), "first_line must be"),
+        (lambda: translator.translate(["Ein Hund."], first_line=-1), "first_line must be"),
+        (lambda: Translator.from_dir(sample_model_dir(), checkpoint=None), "checkpoint must"),
+        (lambda: summary(translator.model, src_len=-1), "src_len must be an integer >= 1"),
+        (lambda: TransformerConfig.base(100, dropout_rate=0.2), "unknown field.* dropout_rate"),
+        (lambda: TransformerConfig.from_dict({"src_vocab_size": 10}), "missing.* tgt_vocab_size"),
+    ]
+    for call, message in calls:
+        with pytest.raises(AiaynError, match=message):
+            call()
+    # A checkpoint given as a Path (a TypeError too) is a file like its string.
+    best = sample_model_dir() / "checkpoint_best.pt"
+    by_path = Translator.from_dir(sample_model_dir(), checkpoint=best)
+    assert by_path.translate(["Ein Hund."]) == translator.translate(["Ein Hund."])
 
 
 def test_attention_of_a_sentence_that_is_not_text(translator):

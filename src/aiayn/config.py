@@ -7,7 +7,7 @@ n_layers (N). ``base()`` and ``big()`` are the two columns of Table 3.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from aiayn.errors import ConfigError
@@ -168,16 +168,21 @@ class TransformerConfig:
             share_embeddings=True,
             tie_output=True,
         )
-        return cls(**{**kwargs, **overrides})
+        return cls.from_dict({**kwargs, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        """Build from a dict, naming any unknown key instead of failing inside __init__."""
+        """Build from a dict, naming any unknown or missing key instead of failing inside
+        __init__."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"TransformerConfig: unknown field(s) {', '.join(unknown)}")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ConfigError(f"TransformerConfig: missing field(s) {', '.join(missing)}")
         return cls(**data)

@@ -75,7 +75,7 @@ class Translator:
     def from_dir(
         cls,
         model_dir: str | Path | Sequence[str | Path],
-        checkpoint: str | Sequence[str] = "auto",
+        checkpoint: str | Path | Sequence[str | Path] = "auto",
         device: str = "cpu",
         quantize: bool = False,
         precision: str = "fp32",
@@ -87,7 +87,12 @@ class Translator:
         generation settings become :attr:`defaults` (those of the first model)."""
         check_inference_settings(device, quantize, precision)  # before reading any file
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
-        names = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+        names = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint or [])
+        if not names or not all(isinstance(n, (str, Path)) for n in names):
+            raise AiaynError(
+                f"checkpoint must be auto, best, last, averaged or a file (or several), "
+                f"got {checkpoint!r}"
+            )
         paths = [resolve_checkpoint(d, n) for d, n in _members(dirs, names)]
         models, tokenizer, generation = [], None, None
         for path in paths:
@@ -187,6 +192,8 @@ class Translator:
         else:
             tok = self.tokenizer
             forced = [prefix_ids(tok, p, f"prefixes[{i}]") for i, p in enumerate(prefixes)]
+        if isinstance(first_line, bool) or not isinstance(first_line, int) or first_line < 0:
+            raise AiaynError(f"first_line must be a line number >= 0, got {first_line!r}")
         lines_at = range(first_line, first_line + len(lines))
         hyps = self.hypotheses(ids, options, forced, lines_at, batch_size, on_batch, scores)
         return [[self._translation(h) for h in candidates] for candidates in hyps]

@@ -157,7 +157,8 @@ def plot_all(
 def text_heatmap(amap: AttentionMap, layer: int = -1, kind: str = "cross", head: int = 0) -> str:
     """``kind`` attention in ``layer`` (from 1, -1 = last) as text, the mean over the heads
     or ``head`` alone (from 1): each querying piece with the pieces it attended to most."""
-    heads = amap.weights[kind][layer_index(amap, kind, layer)]  # [h, rows, cols]
+    index = layer_index(amap, kind, layer)  # an unknown kind or layer fails here
+    heads = amap.weights[kind][index]  # [h, rows, cols]
     weights = heads[head_index(amap, kind, head)] if head else heads.mean(0)
     queries, keys = amap.axes(kind)
     lines = []

@@ -122,7 +122,9 @@ def add_alignments(
     outputs, which keeps only that layer's weights."""
     model, piece = translator.model, translator.tokenizer.id_to_piece
     layer_index(layer, model.cfg.decoder_layers)  # a wrong layer fails before any work
-    pairs = [(src, t) for src, outputs in zip(src_ids, found, strict=True) for t in outputs]
+    if len(src_ids) != len(found):
+        raise AiaynError(f"alignment: {len(src_ids)} sources for {len(found)} lines of outputs")
+    pairs = [(src, t) for src, outputs in zip(src_ids, found) for t in outputs]
     sources = [src if t.ids else [] for src, t in pairs]  # an empty output aligns nothing
     for _, t in pairs:
         t.alignment = []

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
 
 
@@ -23,6 +24,9 @@ def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int
     """Table of modules down to ``depth`` for one forward pass on a [1, src_len] source and a
     [1, tgt_len] target. Shared (tied) parameters are counted once, where first met; a
     module row counts its own parameters and those of everything below it."""
+    for name, value in (("src_len", src_len), ("tgt_len", tgt_len), ("depth", depth)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AiaynError(f"summary: {name} must be an integer >= 1, got {value!r}")
     shapes: dict[str, str] = {}
 
     def record(name: str) -> Callable[[nn.Module, Any, Any], None]:

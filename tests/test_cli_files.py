@@ -19,6 +19,8 @@ from aiayn.cli import main
 from aiayn.errors import AiaynError
 from cli_util import one_line_error
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _files(tmp_path, **texts: str) -> dict[str, Path]:
     paths = {}
@@ -177,6 +179,46 @@ def test_a_full_stdout_is_a_clear_error_and_a_closed_pipe_is_quiet(
         monkeypatch.setattr(sys, "stdout", _Stdout(BrokenPipeError(errno.EPIPE, "Broken pipe")))
         assert main(argv) == 0  # `aiayn translate ... | head`: the reader left
         assert capsys.readouterr().err == ""
+
+
+def test_stdout_to_a_file_that_cannot_grow_is_an_error_not_a_cut_output(sample_model_dir, tmp_path):
+    """`translate > out` on a full disk (here a file size limit, as `ulimit -f 4`): Python's
+    buffered stdout wrote 4,096 bytes of the translations and dropped the rest without an
+    error, exit 0. Now the short write is seen: one line naming stdout, exit 2."""
+    import resource
+    import subprocess
+
+    from sample_data import PAIRS
+
+    src = tmp_path / "in.de"
+    src.write_text("".join(de + "\n" for de, _ in PAIRS * 8), encoding="utf-8")
+    argv = [sys.executable, "-m", "aiayn", "translate", "--model", str(sample_model_dir())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "out.en"
+    with open(out, "wb") as f:
+        done = subprocess.run(
+            [*argv, "--quiet", "--beam", "1", str(src)],
+            stdout=f, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=limit, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "aiayn translate: error: stdout: cannot write (File too large)"
+    assert out.stat().st_size == 4096
+    # -o: the same limit was a traceback (close() flushed the failed bytes again); now one
+    # line, and the file as it was.
+    keep = tmp_path / "keep.en"
+    keep.write_text("OLD\n")
+    done = subprocess.run(
+        [*argv, "--quiet", "--beam", "1", str(src), "-o", str(keep)],
+        capture_output=True, text=True, env=env, preexec_fn=limit, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"aiayn translate: error: {keep}: cannot write (File too large)"
+    ), done.stderr
+    assert keep.read_text() == "OLD\n" and not list(tmp_path.glob(".keep.en.*"))
 
 
 def test_any_command_whose_printed_output_cannot_be_flushed_names_stdout(

@@ -146,7 +146,8 @@ def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
 
     mode = cast("int | None", named(_mode, path))
     if mode is not None and not stat.S_ISREG(mode):
-        with cast("TextIO", named(lambda: open(path, "w", encoding="utf-8"))) as f:
+        f = cast("TextIO", named(lambda: open(path, "w", encoding="utf-8")))  # noqa: SIM115
+        with f, _unflushed_on_error(f):
             yield lambda text: named(f.write, text)
             named(f.flush)
         return
@@ -158,13 +159,27 @@ def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
     prefix, folder = f".{target.name}.", target.parent
     fd, tmp = cast("tuple[int, str]", named(lambda: tempfile.mkstemp(".tmp", prefix, folder)))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f, _unflushed_on_error(f):
             yield lambda text: named(f.write, text)
             named(f.flush)  # a full disk shows here, named, not in close()
         named(os.chmod, tmp, stat.S_IMODE(mode))
         named(os.replace, tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)  # gone already when renamed
+
+
+@contextmanager
+def _unflushed_on_error(f: TextIO) -> Iterator[None]:
+    """After an error in the block, ``f``'s descriptor is closed without a flush: close()
+    would write the bytes that failed again, and its OSError (a traceback) would replace
+    the error that names the file."""
+    try:
+        yield
+    except BaseException:
+        raw = getattr(getattr(f, "buffer", None), "raw", None)  # a file object's descriptor
+        if raw is not None:
+            raw.close()  # f.close() is then a no-op
+        raise
 
 
 def _mode(path: str) -> int | None:
@@ -175,10 +190,25 @@ def _mode(path: str) -> int | None:
 
 
 def write_stdout(text: str) -> None:
-    """Write ``text`` to stdout and flush it (under :func:`stdout_named`, as every
-    command runs, a failure is an AiaynError naming stdout)."""
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    """Write ``text`` to stdout whole, or raise AiaynError naming stdout (a reader that
+    left, BrokenPipeError, propagates as it is). Python's buffered stdout lost the rest of
+    a short write on a full disk without an error (4,096 of 7,364 bytes, exit 0): where
+    stdout has a descriptor, the UTF-8 bytes go to it directly, each short write resumed."""
+    sys.stdout.flush()  # what print() left in the buffer goes first
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor: a capture, a StringIO
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    data = memoryview(text.encode("utf-8"))
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise AiaynError(f"stdout: cannot write ({e.strerror or e})") from None
 
 
 class _NamedStdout:

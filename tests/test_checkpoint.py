@@ -362,3 +362,18 @@ def test_auto_passes_over_an_average_made_before_training_went_on(
     assert load_checkpoint(run / AVERAGED)["run_step"] == 50 and stale_average(run) is None
     (run / LAST).unlink()  # an imported or averaged-only directory: nothing to compare
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
+
+
+def test_a_checkpoint_has_the_umasks_permissions_or_those_of_the_file_it_replaces(tmp_path):
+    """Saved through mkstemp, every checkpoint (and `aiayn average`'s) was private (0600)
+    whatever the umask: a model directory shared with a group or a service could not be
+    read. Now a new one gets what the umask gives, and a replaced one keeps its mode."""
+    path = tmp_path / "c.pt"
+    save_checkpoint({"x": 1}, path)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    path.chmod(0o640)
+    save_checkpoint({"x": 2}, path)
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert torch.load(path, weights_only=True)["x"] == 2

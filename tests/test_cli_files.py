@@ -343,6 +343,8 @@ def test_export_through_a_link_replaces_its_target(fmt, sample_model_dir, tmp_pa
     umask = os.umask(0o022)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+    for file in target.iterdir():  # safetensors' weights were private (0600) whatever the umask
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file.name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]  # no temp left
 
 

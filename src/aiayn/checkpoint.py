@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from aiayn.config import TransformerConfig
+from aiayn.data.folders import file_mode
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, TokenizerError
 from aiayn.model.transformer import Transformer
@@ -92,6 +93,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
             torch.save({"format": FORMAT, **state}, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, file_mode(path))  # mkstemp's file is private: a shared model is not
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from aiayn.cli.flags import decode_options, translator_for
+from aiayn.data.folders import file_mode
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
@@ -152,17 +153,13 @@ def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
             named(f.flush)
         return
     target = Path(os.path.realpath(path))  # a link's target: the link stays
-    if mode is None:  # a new file: the permissions the umask gives
-        from aiayn.data.folders import umask
-
-        mode = 0o666 & ~umask()
     prefix, folder = f".{target.name}.", target.parent
     fd, tmp = cast("tuple[int, str]", named(lambda: tempfile.mkstemp(".tmp", prefix, folder)))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f, _unflushed_on_error(f):
             yield lambda text: named(f.write, text)
             named(f.flush)  # a full disk shows here, named, not in close()
-        named(os.chmod, tmp, stat.S_IMODE(mode))
+        named(os.chmod, tmp, named(file_mode, target))
         named(os.replace, tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)  # gone already when renamed

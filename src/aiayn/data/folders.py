@@ -7,6 +7,7 @@ import glob
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -201,6 +202,15 @@ def _why(target: Path, error: OSError) -> str:
             if parent.exists() and not parent.is_dir():
                 return f"{parent} is not a directory"
     return str(error.strerror or error)
+
+
+def file_mode(path: str | Path) -> int:
+    """The permission bits for a file written over ``path`` (as a temp file renamed over
+    it, which mkstemp makes private): the old file's, else what the umask gives a new one."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~umask()
 
 
 def umask() -> int:

@@ -221,6 +221,25 @@ def test_stdout_to_a_file_that_cannot_grow_is_an_error_not_a_cut_output(sample_m
     assert keep.read_text() == "OLD\n" and not list(tmp_path.glob(".keep.en.*"))
 
 
+def test_dash_as_output_is_stdout_not_a_file_named_dash(
+    sample_model_dir, tmp_path, capsys, monkeypatch
+):
+    """Every input takes "-" for stdin; `-o -` wrote a file named "-" (rc 0, nothing on
+    stdout). translate writes stdout; evaluate, whose stdout holds the score, refuses it."""
+    monkeypatch.chdir(tmp_path)
+    src = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
+    model = ["--model", str(sample_model_dir()), "--quiet", "--beam", "1"]
+    assert main(["translate", *model, str(src["in_de"])]) == 0
+    to_stdout = capsys.readouterr().out
+    assert main(["translate", *model, str(src["in_de"]), "-o", "-"]) == 0
+    assert capsys.readouterr().out == to_stdout and to_stdout.strip()
+    evaluate = ["evaluate", *model, "--src", str(src["in_de"]), "--ref", str(src["ref_en"])]
+    with pytest.raises(SystemExit):
+        main([*evaluate, "-o", "-"])
+    assert "argument -o/--output: - (stdout) holds the score" in capsys.readouterr().err
+    assert not (tmp_path / "-").exists()
+
+
 def test_any_command_whose_printed_output_cannot_be_flushed_names_stdout(
     sample_model_dir, capsys, monkeypatch
 ):

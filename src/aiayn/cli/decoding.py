@@ -286,6 +286,18 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def stdout_or_file(value: str) -> str | None:
+    """translate's -o: "-" is stdout, as "-" is stdin for every input."""
+    return None if value == "-" else value
+
+
+def file_not_stdout(value: str) -> str:
+    """evaluate's -o: stdout carries the score, so "-" (stdout) is refused, not a file "-"."""
+    if value == "-":
+        raise argparse.ArgumentTypeError("- (stdout) holds the score; give a file")
+    return value
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("translate", help="translate a file or stdin, one line per line")
     add_decoding_flags(p, ensemble=True)
@@ -293,7 +305,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_inference_flags(p)
     add_output_flags(p)
     p.add_argument("input", nargs="?", help="input file; default stdin (either plain or gzip)")
-    p.add_argument("-o", "--output", help="output file; default stdout")
+    p.add_argument("-o", "--output", type=stdout_or_file, help="output file; default (or -) stdout")
     p.add_argument(
         "--n-best", type=int, default=1, help="outputs per line (' ||| '-joined; samples)"
     )
@@ -335,6 +347,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "lowercased references)",
     )
     p.add_argument(
-        "-o", "--output", help="also write the translations here (as --format, --alignment)"
+        "-o",
+        "--output",
+        type=file_not_stdout,
+        help="also write the translations to this file (as --format, --alignment)",
     )
     p.set_defaults(func=cmd_evaluate)

@@ -72,6 +72,21 @@ def test_average_refuses_an_out_that_is_no_regular_file(sample_model_dir, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "file", "model", "new"]
 
 
+def test_average_never_replaces_the_tokenizer_recipe_or_metrics(sample_model_dir, tmp_path, capsys):
+    """`average --out model/spm.model` replaced the tokenizer with a checkpoint (rc 0),
+    where `translate -o model/spm.model` is refused as a file of the model."""
+    model = _epochs(sample_model_dir, tmp_path / "model", {})
+    argv = ["average", "--model", str(model), "--out"]
+    for name in ("spm.model", "recipe.yaml", "metrics.jsonl", "config.json"):
+        kept = model / name
+        if not kept.exists():
+            kept.write_text("kept")
+        before = kept.read_bytes()
+        err = one_line_error([*argv, str(kept)], capsys)
+        assert f"{kept}: a model's tokenizer, recipe or metrics file" in err
+        assert kept.read_bytes() == before
+
+
 def test_a_damaged_checkpoint_is_one_line_naming_it(sample_model_dir, tmp_path, capsys):
     from aiayn.checkpoint import BEST, save_checkpoint
 

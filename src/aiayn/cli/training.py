@@ -6,6 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
+from aiayn.cli.common import MODEL_NAMES
 from aiayn.cli.flags import Once
 from aiayn.errors import AiaynError
 
@@ -166,6 +167,11 @@ def cmd_average(args: argparse.Namespace) -> int:
         raise AiaynError(  # weights alone in place of a run's own checkpoint: resume lost
             f"{out}: a training run's own checkpoint, which the average would replace; "
             "choose another file"
+        )
+    if out.exists() and (out.name in MODEL_NAMES or out.suffix in {".spm", ".model", ".json"}):
+        raise AiaynError(  # a checkpoint in place of the tokenizer, recipe or metrics
+            f"{out}: a model's tokenizer, recipe or metrics file, which the average would "
+            "replace; choose another file"
         )
     paths = epoch_checkpoints(model_dir)[-args.last :]
     if not paths:

@@ -88,7 +88,7 @@ class Translator:
         check_inference_settings(device, quantize, precision)  # before reading any file
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         names = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint or [])
-        if not names or not all(isinstance(n, (str, Path)) for n in names):
+        if not all(isinstance(n, (str, Path)) for n in names):
             raise AiaynError(
                 f"checkpoint must be auto, best, last, averaged or a file (or several), "
                 f"got {checkpoint!r}"

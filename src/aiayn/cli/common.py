@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from aiayn.cli.flags import decode_options, translator_for
-from aiayn.data.folders import file_mode
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
@@ -152,6 +151,8 @@ def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
             yield lambda text: named(f.write, text)
             named(f.flush)
         return
+    from aiayn.data.folders import file_mode  # here: aiayn.data imports torch (slow)
+
     target = Path(os.path.realpath(path))  # a link's target: the link stays
     prefix, folder = f".{target.name}.", target.parent
     fd, tmp = cast("tuple[int, str]", named(lambda: tempfile.mkstemp(".tmp", prefix, folder)))

@@ -214,7 +214,16 @@ def file_mode(path: str | Path) -> int:
 
 
 def umask() -> int:
-    """This process's umask (what new files and folders are stripped of)."""
-    mask = os.umask(0o022)  # the only way to read it is to set it
+    """This process's umask (what new files and folders are stripped of): from /proc where
+    Linux shows it, else set and set back, the only way to read it, which for a moment
+    gives another thread's new file (a training run's logs, say) 022 instead."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask

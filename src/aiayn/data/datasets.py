@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.data.download import TIMEOUT_S, check_timeout, check_url, fetch, sha256_of
-from aiayn.data.folders import LOCKED, held_lock
+from aiayn.data.folders import LOCKED, held_lock, wait_saying
 from aiayn.data.wmt import extract_wmt14
 from aiayn.errors import DownloadError
 
@@ -240,19 +240,12 @@ def get(
     if not chosen:
         raise DownloadError(f"{name}: no file for languages {', '.join(langs or [])}")
     base = base.rstrip("/") + "/"
-    said = False
-
-    def wait() -> None:
-        nonlocal said
-        if not said:
-            log(f"{folder}: another process is getting {name} into it; waiting for it to finish")
-        said = True
-
+    busy = f"{folder}: another process is getting {name} into it; waiting for it to finish"
     # One process at a time fills the folder: besides each download (fetch's own lock),
     # the checksums recorded on first use and the extraction write fixed names in it.
     with contextlib.suppress(OSError):  # fetch names a folder that cannot be made
         folder.parent.mkdir(parents=True, exist_ok=True)
-    with held_lock(folder.parent / f".{data.name}{LOCKED}", wait):
+    with held_lock(folder.parent / f".{data.name}{LOCKED}", wait_saying(busy, log)):
         recorded = _read_recorded(folder)
         fetched = 0
         for source in chosen:

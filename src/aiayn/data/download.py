@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from aiayn.data.folders import LOCKED, held_lock
+from aiayn.data.folders import LOCKED, held_lock, wait_saying
 from aiayn.errors import DownloadError
 from aiayn.progress import progress
 
@@ -118,14 +118,7 @@ def fetch(
             f"{dest.parent}: cannot create the cache folder ({e.strerror}); choose another "
             "one (the AIAYN_DATA environment variable)"
         ) from None
-    said = False
-
-    def wait() -> None:
-        nonlocal said
-        if log is not None and not said:
-            log(f"{dest}: another process is downloading it; waiting for it to finish")
-        said = True
-
+    wait = wait_saying(f"{dest}: another process is downloading it; waiting for it to finish", log)
     with held_lock(dest.parent / f".{dest.name}{LOCKED}", wait):
         if dest.is_file():  # the process we waited for downloaded it
             return False

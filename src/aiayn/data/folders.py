@@ -119,6 +119,20 @@ def held_output(out: str | Path, busy: str) -> Iterator[None]:
         yield
 
 
+def wait_saying(message: str, log: Callable[[str], None] | None) -> Callable[[], None]:
+    """An ``on_busy`` for :func:`held_lock` that waits for the holder, saying ``message``
+    through ``log`` the first time."""
+    said = False
+
+    def wait() -> None:
+        nonlocal said
+        if log is not None and not said:
+            log(message)
+        said = True
+
+    return wait
+
+
 @contextmanager
 def held_lock(lock: Path, on_busy: Callable[[], None]) -> Iterator[None]:
     """Hold an flock on the file ``lock`` for the block: made if missing and removed when

@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from aiayn.cli.common import MODEL_NAMES
+from aiayn.cli.common import MODEL_NAMES, MODEL_SUFFIXES
 from aiayn.cli.flags import Once
 from aiayn.errors import AiaynError
 
@@ -168,7 +168,8 @@ def cmd_average(args: argparse.Namespace) -> int:
             f"{out}: a training run's own checkpoint, which the average would replace; "
             "choose another file"
         )
-    if out.exists() and (out.name in MODEL_NAMES or out.suffix in {".spm", ".model", ".json"}):
+    model_file = out.name in MODEL_NAMES or out.name.endswith(MODEL_SUFFIXES)
+    if out.exists() and model_file and out.suffix != ".pt":  # .pt: the checks above
         raise AiaynError(  # a checkpoint in place of the tokenizer, recipe or metrics
             f"{out}: a model's tokenizer, recipe or metrics file, which the average would "
             "replace; choose another file"

@@ -68,11 +68,16 @@ def _batches(
     for chunk in (real[a : a + batch_size] for a in range(0, len(real), batch_size)):
         src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(device)
         dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
-        # An output that fills all max_len positions stopped at the limit, not at EOS: the
-        # row that would predict EOS after it has no position (and no use).
-        dec_in = [d[: cfg.max_len] if len(d) == cfg.max_len + 1 else d for d in dec_in]
+        dec_in = [d[: _decoder_rows(len(out_ids[i]), cfg.max_len)] for d, i in zip(dec_in, chunk)]
         out.append((chunk, src, pad(dec_in, cfg.pad_id).to(device)))
     return out
+
+
+def _decoder_rows(n_out: int, max_len: int) -> int:
+    """Teacher-forced rows of an output of ``n_out`` tokens: BOS and the output, the last
+    row predicting EOS; one fewer for an output that fills all max_len positions, which
+    stopped at the limit, not at EOS (that row has no position, and no use)."""
+    return n_out if n_out == max_len else n_out + 1
 
 
 def attention_maps(
@@ -93,7 +98,7 @@ def attention_maps(
             _, weights = translator.model.forward_with_attention(src, dec_in)
         for b, i in enumerate(chunk):
             S, o_ids = len(src_ids[i]), out_ids[i]
-            T = min(len(o_ids) + 1, max(cfg.max_len, len(o_ids)))  # no EOS row past max_len
+            T = _decoder_rows(len(o_ids), cfg.max_len)
             rows = {"encoder": S, "decoder_self": T, "cross": T}
             cols = {"encoder": S, "decoder_self": T, "cross": S}
             maps[i] = AttentionMap(

@@ -25,9 +25,9 @@ os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
 # workers each running as many threads as there are cores slow every test and would make
 # the ones that wait on a clock miss it.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1 and not os.environ.get("OMP_NUM_THREADS", "").isdigit():
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 if _WORKERS > 1:
+    if not os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
     torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
 
 # Test files that read Multi30k without being marked, as xdist's workers report them.

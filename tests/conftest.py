@@ -15,10 +15,18 @@ from aiayn import Transformer, TransformerConfig
 
 # No test writes into the user's data cache or reaches the network: the cache is a folder
 # of this session's own (subprocesses inherit it), and a download goes to a closed port
-# unless the test brings its own mirror (tests/mirror_util.py).
-SESSION_CACHE = tempfile.mkdtemp(prefix="aiayn-test-data-")
-os.environ["AIAYN_DATA"] = SESSION_CACHE
-os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
+# unless the test brings its own mirror (tests/mirror_util.py). Made when a pytest session
+# starts, not when this file is imported: a process a test starts that imports it (a
+# torchrun rank) would make a folder that no session finish removes.
+SESSION_CACHE = ""
+
+
+def pytest_configure(config):
+    global SESSION_CACHE
+    SESSION_CACHE = tempfile.mkdtemp(prefix="aiayn-test-data-")
+    os.environ["AIAYN_DATA"] = SESSION_CACHE
+    os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
+
 
 # Under pytest-xdist (`make test` runs TEST_WORKERS of them) each worker takes its share of
 # the cores, and so do the processes its tests start (torchrun ranks, server workers): two
@@ -214,7 +222,8 @@ def pytest_sessionfinish(session, exitstatus):
     new user's clone has none, and an unmarked reader would escape that run."""
     from sample_data import READERS
 
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    if SESSION_CACHE:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
     marked = {str(item.path) for item in session.items if item.get_closest_marker("multi30k")}
     root = session.config.rootpath

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,8 +115,12 @@ def test_unusable_input_files_are_one_line_errors(sample_model_dir, tmp_path, ca
         (["translate", *model, str(tmp_path / "bad.de.gz")], "bad.de.gz: cannot read ("),
         (["translate", *model, "--prefix-file", str(tmp_path / "folder"), str(f["in_de"])],
          "folder: is a directory"),
-        (["evaluate", *model, "--src", str(f["in_de"]), "--ref", str(tmp_path / "pipe")],
-         "pipe: not a regular file"),
+        (["evaluate", *model, "--src", str(f["in_de"]), "--ref", "/dev/null"],
+         "/dev/null: not a regular file"),
+        (["prepare", "--train-src", str(tmp_path / "pipe"), "--train-tgt", str(f["ref_en"]),
+          "--valid-src", str(f["in_de"]), "--valid-tgt", str(f["ref_en"]),
+          "--out", str(tmp_path / "prepared")],
+         "pipe: a pipe, which can be read only once: give a file"),
     ]:  # fmt: skip
         assert message in one_line_error(argv, capsys)
 
@@ -420,6 +425,31 @@ def test_evaluate_reads_src_or_ref_from_stdin_as_translate_does(
     assert err.rstrip().endswith(f"stdin has 1 line(s) but {ref_en} has 2")
 
 
+def test_evaluate_and_translate_read_a_pipe_as_a_file(sample_model_dir, tmp_path, capsys):
+    """``--ref <(command)`` (a pipe) is read as the file would be, gzip too: it was refused
+    as "not a regular file". They read each input once."""
+    f = _files(tmp_path, in_de="Ein Hund.\nZwei Männer.\n", ref_en="A dog.\nTwo men.\n")
+    evaluate = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "--src"]
+    assert main([*evaluate, str(f["in_de"]), "--ref", str(f["ref_en"])]) == 0
+    from_files = capsys.readouterr().out
+    assert from_files.startswith("BLEU = ")
+    ref, src = tmp_path / "ref.pipe", tmp_path / "src.pipe"
+    os.mkfifo(ref)
+    os.mkfifo(src)
+    writers = [
+        threading.Thread(target=ref.write_bytes, args=(f["ref_en"].read_bytes(),)),
+        threading.Thread(target=src.write_bytes, args=(gzip.compress(f["in_de"].read_bytes()),)),
+    ]
+    for writer in writers:
+        writer.start()
+    try:
+        assert main([*evaluate, str(src), "--ref", str(ref)]) == 0
+    finally:
+        for writer in writers:
+            writer.join(timeout=30)
+    assert not any(w.is_alive() for w in writers) and capsys.readouterr().out == from_files
+
+
 def _binary_stdin(data: bytes) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
 
@@ -440,7 +470,7 @@ def test_stdin_may_be_gzip_as_a_file_may(sample_model_dir, tmp_path, monkeypatch
     assert capsys.readouterr().out == want
     monkeypatch.setattr(sys, "stdin", _binary_stdin(packed[:12]))
     err = one_line_error(["translate", "--model", model, "-"], capsys)
-    assert "stdin: bad gzip data (" in err
+    assert "<stdin>: bad gzip data (" in err
     evaluate = ["evaluate", "--model", model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
     err = one_line_error(evaluate, capsys)
     assert "has 2 line(s) but" in err and "a line holds a carriage return" in err

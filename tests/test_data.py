@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import threading
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from aiayn.data import (
     read_parallel,
     token_batches,
 )
+from aiayn.data.corpus import iter_lines
 from aiayn.errors import TokenizerError
 from conftest import small_corpus
 from sample_data import PAIRS
@@ -109,10 +111,17 @@ def test_a_directory_or_a_pipe_is_not_called_missing(tmp_path):
     folder.mkdir()
     with pytest.raises(CorpusError, match=r"folder\.de: is a directory"):
         read_lines(folder)
+    with pytest.raises(CorpusError, match=r"/dev/null: not a regular file"):
+        read_lines("/dev/null")  # a device: it would read as nothing
     pipe = tmp_path / "pipe.de"
-    os.mkfifo(pipe)  # opening it would wait for a writer forever
-    with pytest.raises(CorpusError, match=r"pipe\.de: not a regular file"):
-        read_lines(pipe)
+    os.mkfifo(pipe)  # a streaming reader refuses it before opening it (no writer here)
+    with pytest.raises(CorpusError, match=r"pipe\.de: a pipe, which can be read only once"):
+        next(iter_lines(pipe))
+    writer = threading.Thread(target=pipe.write_bytes, args=(gzip.compress(b"\xef\xbb\xbfa\nb\n"),))
+    writer.start()  # read whole, once: gzip and the byte order mark as in a file
+    assert read_lines(pipe) == ["a", "b"]
+    writer.join(timeout=30)
+    assert not writer.is_alive()
     with pytest.raises(CorpusError, match=r"nope\.de: no such file"):
         read_lines(tmp_path / "nope.de")
 

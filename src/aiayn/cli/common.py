@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import stat
 import sys
 import tempfile
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from itertools import islice
@@ -27,7 +25,7 @@ def read_input(path: str | None, keep_bom: bool = False) -> list[str]:
     """The lines of file ``path``, or of stdin (None or ``-``), a starting byte order mark
     dropped unless ``keep_bom`` (:func:`~aiayn.data.corpus.iter_lines`); AiaynError naming
     stdin when it is closed (``<&-``: Python then has no sys.stdin) or cannot be read."""
-    from aiayn.data.corpus import decode_lines, read_lines
+    from aiayn.data.corpus import decode_bytes, read_lines
 
     if path is not None and path != "-":
         return read_lines(path, keep_bom)
@@ -37,12 +35,7 @@ def read_input(path: str | None, keep_bom: bool = False) -> list[str]:
         data = sys.stdin.buffer.read()
     except OSError as e:  # a folder as stdin (`< /tmp`), a read error
         raise AiaynError(f"stdin: cannot read ({e.strerror or e})") from None
-    if data.startswith(b"\x1f\x8b"):  # gzip, recognised by its magic bytes as in a file
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise AiaynError(f"stdin: bad gzip data ({e})") from None
-    return decode_lines(data, "<stdin>", keep_bom)
+    return decode_bytes(data, "<stdin>", keep_bom)  # gzip recognised as in a file
 
 
 def named(path: str | None) -> str:

@@ -26,18 +26,28 @@ def normalize(text: str) -> str:
 def read_lines(path: str | Path, keep_bom: bool = False) -> list[str]:
     """All lines of ``path`` without their newline; gzip is recognised by its magic bytes;
     a byte order mark that starts the file is dropped unless ``keep_bom`` (as sacreBLEU
-    reads a reference: see :func:`iter_lines`).
+    reads a reference: see :func:`iter_lines`). A pipe (``<(command)`` in a shell, a
+    FIFO) is read too: this reads a file once, whole.
 
-    Raises CorpusError for a path that is not a readable regular file, bad gzip data, or
-    invalid UTF-8 (with the line).
+    Raises CorpusError for a path that is not a readable regular file or pipe, bad gzip
+    data, or invalid UTF-8 (with the line).
     """
+    path = Path(path)
+    if check_readable_file(path, pipe=True):
+        try:
+            with path.open("rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise CorpusError(f"{path}: cannot read ({e.strerror or e})") from None
+        return decode_bytes(data, str(path), keep_bom)
     return list(iter_lines(path, keep_bom))
 
 
-def check_readable_file(path: Path) -> None:
-    """CorpusError unless ``path`` is a regular file (or a link to one), saying what it
-    is instead: missing, a directory, or another kind (a device such as /dev/null, a
-    pipe), which would read as nothing or never end."""
+def check_readable_file(path: Path, pipe: bool = False) -> bool:
+    """CorpusError unless ``path`` is a regular file (or a link to one), or with ``pipe``
+    a pipe, saying what it is instead: missing, a directory, or another kind (a device such
+    as /dev/null, or a pipe where the file is read more than once: it would read as
+    nothing, or never end). Returns whether it is a pipe."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -46,8 +56,11 @@ def check_readable_file(path: Path) -> None:
         raise CorpusError(f"{path}: cannot read ({e.strerror or e})") from None
     if stat.S_ISDIR(mode):
         raise CorpusError(f"{path}: is a directory, not a text file")
-    if not stat.S_ISREG(mode):
+    if stat.S_ISFIFO(mode) and not pipe:
+        raise CorpusError(f"{path}: a pipe, which can be read only once: give a file")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
         raise CorpusError(f"{path}: not a regular file")
+    return stat.S_ISFIFO(mode)
 
 
 def decode_line(line: bytes, name: str, number: int) -> str:
@@ -73,6 +86,17 @@ def decode_lines(raw: bytes, name: str, keep_bom: bool = False) -> list[str]:
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start a new one
     return [decode_line(line, name, number) for number, line in enumerate(lines, start=1)]
+
+
+def decode_bytes(raw: bytes, name: str, keep_bom: bool = False) -> list[str]:
+    """The lines of a whole file's bytes ``raw`` (gzip recognised by its magic bytes), as
+    :func:`decode_lines` makes them; CorpusError naming ``name`` for bad gzip data."""
+    if raw.startswith(b"\x1f\x8b"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise CorpusError(f"{name}: bad gzip data ({e})") from None
+    return decode_lines(raw, name, keep_bom)
 
 
 def iter_lines(path: str | Path, keep_bom: bool = False) -> Iterator[str]:

@@ -74,10 +74,22 @@ def test_torchrun_translate_and_evaluate_equal_one_process(sample_model_dir, tmp
 
 
 @pytest.mark.slow
-def test_torchrun_refuses_stdin(sample_model_dir):
-    done = torchrun("translate", "--model", str(sample_model_dir(False)), "--quiet")
+def test_torchrun_refuses_stdin_and_pipes(sample_model_dir, tmp_path):
+    """Each process would read its own stdin, or a share of a pipe's lines: refused before
+    the pipe is opened (it has no writer here)."""
+    model = ["--model", str(sample_model_dir(False)), "--quiet"]
+    done = torchrun("translate", *model)
     assert done.returncode != 0
-    assert "several processes read an input file, not stdin" in done.stderr
+    assert "the input: several processes read each input, which must be a file" in done.stderr
+    os.mkfifo(tmp_path / "ref.pipe")
+    (tmp_path / "src.de").write_text("Ein Hund.\n", encoding="utf-8")
+    done = torchrun("evaluate", *model, "--src", str(tmp_path / "src.de"), "--ref",
+                    str(tmp_path / "ref.pipe"))  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        "--ref: several processes read each input, which must be a file, not stdin or a pipe"
+        in done.stderr
+    )
 
 
 @pytest.mark.slow

@@ -45,8 +45,9 @@ def named(path: str | None) -> str:
 
 def refuse_two_stdins(inputs: dict[str, str | None], device: str) -> None:
     """AiaynError, before any work, when more than one of ``inputs`` (flag or name: path)
-    is ``-`` (stdin, which holds one text), or when one is and several processes run
-    (torchrun): each would read its own stdin, not the one given."""
+    is ``-`` (stdin, which holds one text), or when one is stdin or a pipe and several
+    processes run (torchrun): each would read its own stdin, not the one given, or a share
+    of the pipe's lines."""
     from aiayn.distributed import init_from_env
 
     readers = [name for name, path in inputs.items() if path == "-"]
@@ -56,8 +57,19 @@ def refuse_two_stdins(inputs: dict[str, str | None], device: str) -> None:
             f"{' and '.join(readers)} {each} read stdin (-), which holds one text: give all "
             "but one as a file"
         )
+    readers += [name for name, path in inputs.items() if path and path != "-" and _pipe(path)]
     if readers and init_from_env(device).size > 1:
-        raise AiaynError("several processes read an input file, not stdin: give the file")
+        raise AiaynError(
+            f"{readers[0]}: several processes read each input, which must be a file, not "
+            "stdin or a pipe: give the file"
+        )
+
+
+def _pipe(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:  # said when it is read
+        return False
 
 
 def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None:

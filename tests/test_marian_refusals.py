@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from aiayn import Transformer, TransformerConfig
 from aiayn.checkpoint import BEST, load_checkpoint, save_checkpoint
 from aiayn.cli import main
+from cli_util import one_line_error
 from marian_util import make_marian, write_tokenizer
 
 pytestmark = [pytest.mark.multi30k, pytest.mark.timeout(300)]
@@ -51,6 +52,17 @@ def _shards(folder) -> None:
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     second = sorted(set(index["weight_map"].values()))[1]
     (folder / second).unlink()
+
+
+def _index_of_numbers(folder) -> None:
+    """A shard index whose weight_map gives a number, not a file."""
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
+
+
+def _tokenizer_config(folder, **changes) -> None:
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
 def _generation(folder, **changes) -> None:
@@ -129,6 +141,22 @@ BREAKS = {
         r"shape \(15,\), the config makes it \(16,\)",
     ),
     "shard": (_shards, r"model-00002-of-\d+\.safetensors: missing \(listed in model\.safetensors"),
+    "shard index": (  # was a TypeError from deep inside pathlib
+        _index_of_numbers,
+        r"model\.safetensors\.index\.json: weight_map\['a'\] is not a file name",
+    ),
+    "a weight missing": (  # the file was named twice
+        lambda f: _weights(f, lambda t: t.pop("model.decoder.layers.1.encoder_attn.k_proj.weight")),
+        r"error: [^:]+/model\.safetensors: no weight model\.decoder\.layers\.1\.encoder_attn",
+    ),
+    "NaN weight": (  # imported into a model that nothing could load
+        lambda f: _weights(f, lambda t: t["model.encoder.layers.0.fc1.bias"].fill_(float("nan"))),
+        r"model\.safetensors: weight model\.encoder\.layers\.0\.fc1\.bias holds NaN or inf",
+    ),
+    "separate vocabularies": (
+        lambda f: _tokenizer_config(f, separate_vocabs=True),
+        r"/tokenizer_config\.json: separate_vocabs is set, but there is no target_vocab\.json",
+    ),
     "source.spm": (lambda f: (f / "source.spm").unlink(), r"source\.spm: missing"),
     # Generation settings generate() would decode otherwise with than aiayn's searches do.
     "more bad_words_ids": (
@@ -167,6 +195,14 @@ BREAKS = {
         lambda f: _generation(f, length_penalty=-1.0),
         r"generation_config\.json: length_penalty -1\.0: aiayn's length penalty exponent",
     ),
+    "negative max_length": (  # every translation came out empty
+        lambda f: _generation(f, max_length=-5),
+        r"generation_config\.json: .*max_length -5 leaves no room for an output token",
+    ),
+    "max_new_tokens 0": (
+        lambda f: _generation(f, max_new_tokens=0),
+        r"generation_config\.json: .*max_new_tokens 0 leaves no room for an output token",
+    ),
     "beam sampling": (
         lambda f: _generation(f, do_sample=True, num_beams=4),
         r"generation_config\.json: num_beams 4: aiayn samples without a beam",
@@ -190,8 +226,12 @@ def test_import_refusals_are_one_line_naming_file_and_field(marian, tmp_path, ca
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
-def test_the_unbroken_folder_imports(marian, tmp_path):
-    """The refusals above come from each break, not from the folder they start from."""
+def test_the_unbroken_folder_imports(marian, tmp_path, capsys):
+    """The refusals above come from each break, not from the folder they start from. An
+    --out that is a file is called one (it was "exists and is not empty")."""
+    (tmp_path / "file").write_bytes(b"")
+    err = one_line_error(["import", "marian", str(marian), "--out", str(tmp_path / "file")], capsys)
+    assert f"{tmp_path / 'file'}: is a file, not a folder" in err
     assert main(["import", "marian", str(marian), "--out", str(tmp_path / "ok")]) == 0
 
 

@@ -111,7 +111,9 @@ class MarianTokenizer(Tokenizer):
         self.vocab = check_vocab(vocab, VOCAB)
         if self.separate_vocabs:
             if target_vocab is None:
-                raise TokenizerError(f"separate_vocabs is set but there is no {TARGET_VOCAB}")
+                raise TokenizerError(
+                    f"{TOKENIZER_CONFIG}: separate_vocabs is set, but there is no {TARGET_VOCAB}"
+                )
             self.target_vocab = check_vocab(target_vocab, TARGET_VOCAB)
         else:
             self.target_vocab = self.vocab

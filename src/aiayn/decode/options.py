@@ -166,7 +166,13 @@ class DecodeOptions:
         rule: dict[str, Any] = {}
         if sets_length(settings):
             tokens = int(max_new) if max_new is not None else int(get("max_length", 0)) - 1
-            rule = {"max_len_a": 0.0, "max_len_b": max(tokens, 0)}
+            if tokens < 1:  # generate() refuses a max_new_tokens of 0 or less
+                key = "max_new_tokens" if max_new is not None else "max_length"
+                raise DecodeError(
+                    f"{key} {settings[key]!r} leaves no room for an output token"
+                    + (" (it counts the decoder's start token)" if key == "max_length" else "")
+                )
+            rule = {"max_len_a": 0.0, "max_len_b": tokens}
         return cls(
             beam=1 if sampling else int(get("num_beams", 1)),
             alpha=float(get("length_penalty", 1.0)),

@@ -88,6 +88,8 @@ def read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ConversionError(f"{index}: no weight_map")
+            if bad := [k for k, f in weight_map.items() if not (isinstance(f, str) and f)]:
+                raise ConversionError(f"{index}: weight_map[{bad[0]!r}] is not a file name")
             files, path = [folder / f for f in sorted(set(weight_map.values()))], index
         else:
             continue
@@ -127,8 +129,12 @@ class MarianFolder:
     def tensor(self, name: str) -> Tensor:
         if name not in self.tensors:
             raise ConversionError(f"{self.weights_path}: no weight {name}")
+        tensor = self.tensors[name]
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            # what loading the imported model would refuse, found before it is written
+            raise ConversionError(f"{self.weights_path}: weight {name} holds NaN or infinity")
         self._used.add(name)
-        return self.tensors[name]
+        return tensor
 
     def _first(self, *names: str) -> Tensor:
         for name in names:
@@ -204,8 +210,9 @@ class MarianFolder:
         model = Transformer(cfg)
         try:
             to_aiayn(model, self.tensor, tables)
-        except ConversionError as e:  # a weight of the wrong shape, named
-            raise ConversionError(f"{self.weights_path}: {e}") from None
+        except ConversionError as e:  # a weight of the wrong shape, named; or from tensor()
+            named = str(e).startswith(f"{self.weights_path}: ")
+            raise ConversionError(str(e) if named else f"{self.weights_path}: {e}") from None
         except RuntimeError as e:  # a tensor of the wrong shape
             first = str(e).strip().splitlines()[0]
             raise ConversionError(
@@ -258,7 +265,9 @@ def import_marian(folder: str | Path, out_dir: str | Path) -> Path:
     """Convert the Marian model folder ``folder`` into the aiayn model directory
     ``out_dir`` (which must not exist, or be empty). Returns ``out_dir``."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConversionError(f"{out_dir}: is a file, not a folder; choose a new folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
         raise ConversionError(f"{out_dir}: exists and is not empty; choose another folder")
     source = MarianFolder(folder)  # reads and checks everything before writing
     state = {

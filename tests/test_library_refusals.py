@@ -86,6 +86,21 @@ def test_a_prefix_the_vocabulary_cannot_write_is_refused_not_forced_as_unk(trans
     assert all(out[0].startswith("A") for out in translator.translate(lines, prefix="A", beam=1))
 
 
+def test_a_long_prefix_with_an_unknown_character_is_looked_at_once_per_character(
+    translator, monkeypatch
+):
+    """Each character was encoded once per occurrence: seconds for a long prefix (a
+    server request's), while other requests waited for the tokenizer."""
+    calls = []
+    encode = translator.tokenizer.encode_target
+    monkeypatch.setattr(
+        translator.tokenizer, "encode_target", lambda t: calls.append(t) or encode(t)
+    )
+    with pytest.raises(AiaynError, match=r"prefix: .*no piece for '中'"):
+        translator.translate(["Ein Hund."], prefix="ab " * 10_000 + "中", beam=1)
+    assert len(calls) <= 5, len(calls)  # the whole text, then "a", "b", " " and "中"
+
+
 @pytest.mark.parametrize(
     ("change", "name"),
     [({"eos_id": 5}, "eos_id"), ({"tgt_vocab_size": 400, "share_embeddings": False}, "tgt_vocab")],

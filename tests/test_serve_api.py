@@ -191,6 +191,20 @@ def test_a_streamed_body_over_the_limit(client):
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
 
 
+def test_a_list_too_long_is_counted_before_its_items_are_checked(translator):
+    """A million items of the wrong type were refused after seconds on the event loop
+    (pydantic listed an error for each), stalling every other client; the length is
+    checked first."""
+    items = b"[" + b",".join([b"1"] * 300_000) + b"]"
+    with TestClient(create_app(translator, ServeConfig(worker="thread"))) as c:
+        for body, message in [
+            (b'{"src": ' + items + b"}", "src: 300000 sentences, at most 64"),
+            (b'{"src": ["a"], "prefix": ' + items + b"}", "prefix: 300000 prefixes, at most 64"),
+        ]:
+            r = post(c, body)
+            assert r.status_code == 422 and r.json()["error"]["message"] == message, r.text
+
+
 def test_api_key(translator, monkeypatch):
     with TestClient(create_app(translator, ServeConfig(api_key="s3cret"))) as c:
         body = b'{"src": ["Ein Hund."], "beam": 1}'
@@ -200,6 +214,8 @@ def test_api_key(translator, monkeypatch):
         assert post(c, body, authorization="Bearer nope").status_code == 403
         assert post(c, body, **{"x-api-key": "s3cret"}).status_code == 200
         assert post(c, body, authorization="Bearer s3cret").status_code == 200
+        # An empty X-API-Key (a proxy's) beside the key as a Bearer token: it was a 401.
+        assert post(c, body, authorization="Bearer s3cret", **{"x-api-key": ""}).status_code == 200
         for path in ("/info", "/metrics"):  # what the server runs, and its traffic
             assert c.get(path).status_code == 401
             assert c.get(path, headers={"x-api-key": "wrong"}).status_code == 403

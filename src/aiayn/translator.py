@@ -260,7 +260,7 @@ def prefix_ids(tokenizer: Tokenizer, text: str, name: str = "prefix") -> list[in
     ids = tokenizer.encode_target(text) if text else []
     unk = tokenizer.unk_id
     if unk in ids:
-        lacking = sorted({c for c in text if unk in tokenizer.encode_target(c)})
+        lacking = sorted(c for c in set(text) if unk in tokenizer.encode_target(c))
         what = " ".join(map(repr, lacking)) if lacking else repr(text)
         raise AiaynError(
             f"{name + ': ' if name else ''}the model's vocabulary has no piece for {what}; "

@@ -103,9 +103,9 @@ def check_json(request: Request) -> None:
 def check_key(request: Request, key: str | None) -> None:
     if key is None:
         return
-    given = request.headers.get("x-api-key")
+    given = request.headers.get("x-api-key")  # empty: as absent (a proxy may add one)
     auth = request.headers.get("authorization", "")
-    if given is None and auth.lower().startswith("bearer "):
+    if not given and auth.lower().startswith("bearer "):
         given = auth[7:].strip()
     if not given:
         raise ApiError(401, "an API key is required", {"WWW-Authenticate": "Bearer"})
@@ -222,6 +222,11 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
         raise ApiError(400, f"the body is not valid JSON ({e})") from None
     except RecursionError:  # deep nesting: json's C parser recurses
         raise ApiError(400, "the body is not valid JSON (nested too deeply)") from None
+    # Counted before validating: a million items of the wrong type took seconds to refuse.
+    for field, what in (("src", "sentences"), ("prefix", "prefixes")):
+        items = data.get(field) if isinstance(data, dict) else None
+        if isinstance(items, list) and len(items) > max_sentences:
+            raise ApiError(422, f"{field}: {len(items)} {what}, at most {max_sentences}")
     try:
         req = TranslateRequest.model_validate(data)
     except ValidationError as e:
@@ -236,8 +241,6 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
         raise ApiError(422, f"{where or 'body'}: {first['msg']}") from None
     if not req.src:
         raise ApiError(422, "src: the list of sentences is empty")
-    if len(req.src) > max_sentences:
-        raise ApiError(422, f"src: {len(req.src)} sentences, at most {max_sentences}")
     one_prefix = isinstance(req.prefix, str)
     prefixes = [req.prefix] if isinstance(req.prefix, str) else req.prefix or []
     for field, texts in (("src", req.src), ("prefix", prefixes)):

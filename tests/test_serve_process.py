@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.errors import AiaynError
-from aiayn.serve import ServeConfig, create_app
+from aiayn.serve import ServeConfig, create_app, process
 from aiayn.serve.server import WorkerDiedError, serve
 from aiayn.translator import Translator
 from sample_data import PAIRS
@@ -126,6 +126,50 @@ def test_a_killed_worker_fails_the_8_requests_in_flight_and_health_says_why(part
         r = client.post("/translate", json={"src": ["Ein Hund."]})
         assert r.status_code == 503  # refused at once, not hanging
     assert deaths == [reason]  # once; stopping the server afterwards is no death
+
+
+def test_a_stopped_worker_stalls_no_request_and_health_says_so(parts, monkeypatch):
+    """A worker process that stops reading (SIGSTOP here; a frozen machine) while requests
+    pour in: the server's sends to it filled the pipe and blocked the event loop, so every
+    request and /health hung. Now the server answers throughout, /health and /ready are
+    503 once the worker has been silent for STALLED_S, new requests are refused at once,
+    and all is well again when the worker goes on."""
+    monkeypatch.setattr(process, "STALLED_S", 2.0)
+    translator = Translator(*parts)
+    sentences = [de for de, _ in PAIRS[:64]]
+    app = create_app(translator, ServeConfig(request_timeout_s=4, max_queue=100_000))
+    with serving(app) as base, httpx.Client(base_url=base, timeout=8) as client:
+        pid = _worker_pid(base)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            answers: list[int] = []
+            body = {"src": sentences, "beam": 1}
+            send = lambda: answers.append(client.post("/translate", json=body).status_code)  # noqa: E731
+            threads = [threading.Thread(target=send) for _ in range(60)]  # 200 KB of jobs
+            for t in threads:
+                t.start()
+            health = client.get("/health", timeout=1)  # at once, beside the full pipe
+            assert health.status_code in (200, 503), health.text
+            stalled = wait_for(
+                lambda: (r := client.get("/health", timeout=1)).status_code == 503 and r.json(),
+                "health says the worker is stalled",
+            )
+            assert stalled["status"] == "stalled" and "has not answered for" in stalled["reason"]
+            assert client.get("/ready", timeout=1).status_code == 503
+            refused = client.post("/translate", json={"src": ["Ein Hund."]}, timeout=1)
+            assert refused.status_code == 503 and "stopped or hung" in refused.text
+            for t in threads:
+                t.join(30)
+            assert not any(t.is_alive() for t in threads), "a request was left hanging"
+            assert set(answers) <= {503, 504} and len(answers) == 60, answers
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: client.get("/health").status_code == 200, "the worker answers again")
+        r = client.post("/translate", json={"src": sentences[:3], "beam": 1})
+        assert r.status_code == 200
+        assert r.json()["translations"] == [
+            t[0] for t in translator.translate(sentences[:3], beam=1)
+        ]
 
 
 def test_a_worker_that_dies_fails_the_waiting_requests(parts, tmp_path):

@@ -322,21 +322,30 @@ def create_app(
             )
         return body_out
 
+    def unwell() -> str | None:
+        """Why the model worker cannot serve: it has died, or its process is stalled."""
+        if not worker.alive:
+            return worker.failure or "the batching worker has stopped"
+        return worker.stalled() if isinstance(worker, ProcessWorker) else None
+
     @app.get("/health", responses={503: {}})
     async def health() -> Any:
         """200 while the model worker lives (it may still be warming up: see /ready); 503
-        with the reason once it has died (the server then exits: see create_app)."""
-        if worker.alive:
+        with the reason once it has died (the server then exits: see create_app) or while
+        its process answers nothing (stopped or hung)."""
+        if (reason := unwell()) is None:
             return {"status": "ok"}
-        reason = worker.failure or "the batching worker has stopped"
-        return JSONResponse({"status": "failed", "reason": reason}, status_code=503)
+        status = "failed" if not worker.alive else "stalled"
+        return JSONResponse({"status": status, "reason": reason}, status_code=503)
 
     @app.get("/ready", responses={503: {}})
     async def ready() -> Any:
-        """200 once the model is loaded and a real translation went through the worker."""
-        if not worker.alive:
-            reason = worker.failure or "the batching worker has stopped"
-            state.update(ready=False, reason=reason)
+        """200 once the model is loaded and a real translation went through the worker,
+        while the worker can serve."""
+        if (reason := unwell()) is not None:
+            if not worker.alive:
+                state.update(ready=False, reason=reason)
+            return JSONResponse({"ready": False, "reason": reason}, status_code=503)
         if state["ready"]:
             return {"ready": True}
         return JSONResponse({"ready": False, "reason": state["reason"]}, status_code=503)

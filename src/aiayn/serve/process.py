@@ -9,7 +9,7 @@ no copy of the model. They talk over a pipe in small pickled messages:
     server -> worker:  ("job", id, src, settings, prefix, attention) | ("cancel", id, status)
                        | ("metrics",) | ("stop",)
     worker -> server:  ("finished", id, outcome) | ("metrics", state) | ("died", reason)
-                       | ("failed", reason) | ("stopped",)
+                       | ("failed", reason) | ("stopped",) | ("alive",) every HEARTBEAT_S
 
 Every job sent is answered with one "finished" message, whatever its ending (done,
 failed, cancelled, timed out): the child's :meth:`BatchWorker.finish` sends it, and the
@@ -19,7 +19,10 @@ processes forget it. :class:`ProcessWorker` has the BatchWorker's interface (``s
 the model runs. Errors keep their type across the pipe (a queue over its limit is still a
 :class:`QueueFullError`). If the child dies, its worker thread dies, or either end's pipe
 reader raises, every waiting request gets a :class:`StoppedError` and ``alive`` turns
-False, with the reason in ``failure``.
+False, with the reason in ``failure``. If the child stops answering (it sends "alive"
+every second), :meth:`ProcessWorker.stalled` says so: ``/health`` and ``/ready`` answer
+503 and new requests are refused, until it answers again. The server's messages never
+wait for the child (:class:`~aiayn.serve.channel.Channel`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import multiprocessing as mp
 import pickle
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -42,9 +46,15 @@ import torch
 
 from aiayn.errors import AiaynError
 from aiayn.serve.batching import BatchWorker
+from aiayn.serve.channel import Channel
 from aiayn.serve.jobs import CacheBudget, Job, Outcome, Reply, Status, StoppedError, future_reply
 from aiayn.serve.metrics import Metrics
 from aiayn.translator import Translator
+
+# The worker process says it is alive this often; silent for STALLED_S, it is taken for
+# stopped or hung (SIGSTOP, a frozen machine): /health says so and requests are refused.
+HEARTBEAT_S = 1.0
+STALLED_S = 10.0
 
 
 class WorkerProcessError(AiaynError):
@@ -77,23 +87,6 @@ def _portable(outcome: Outcome) -> Outcome:
         return replace(outcome, error=RuntimeError(f"{type(error).__name__}: {error}"))
 
 
-class _Pipe:
-    """One end of the pipe: whole pickled messages, sends serialized by a lock (several
-    threads send). Plain pickle, not multiprocessing's: tensors in attention maps are
-    copied, not moved to shared memory."""
-
-    def __init__(self, conn: Connection):
-        self.conn, self._lock = conn, threading.Lock()
-
-    def send(self, *message: Any) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._lock:
-            self.conn.send_bytes(data)
-
-    def recv(self) -> tuple[Any, ...]:
-        return pickle.loads(self.conn.recv_bytes())
-
-
 def _child(
     conn: Connection,
     worker_kwargs: dict,
@@ -107,13 +100,20 @@ def _child(
     # the server process decides when this one stops (a "stop" message, or its exit).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    pipe = _Pipe(conn)
+    pipe = Channel(conn)
     torch.set_num_threads(threads)
     metrics = Metrics()
 
     def tell(*message: Any) -> None:
         with contextlib.suppress(OSError):  # the server is gone: nobody to tell
             pipe.send(*message)
+
+    def beat() -> None:  # while this process runs, the server hears from it
+        while True:
+            tell("alive")
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, name="aiayn-worker-heartbeat", daemon=True).start()
 
     try:
         translator = pickle.loads(conn.recv_bytes())
@@ -194,7 +194,8 @@ class ProcessWorker:
         self._stopping = False
         self.failure: str | None = None  # why the worker stopped serving, if it did
         self._process: BaseProcess | None = None
-        self._pipe: _Pipe | None = None
+        self._pipe: Channel | None = None
+        self._heard: float | None = None  # when the worker last sent a message
         self._reader = threading.Thread(target=self._read, name="aiayn-worker-pipe", daemon=True)
 
     def start(self) -> None:
@@ -214,7 +215,7 @@ class ProcessWorker:
         with contextlib.suppress(OSError):  # it died already: the reader says so
             ours.send_bytes(self._translator_bytes)
         self._translator_bytes = b""
-        self._pipe = _Pipe(ours)
+        self._pipe = Channel(ours)
         self._reader.start()
         # A forced quit (a second Ctrl-C) skips the app's shutdown and so stop(); then
         # multiprocessing's own exit hook sends the child a SIGTERM, which it ignores, and
@@ -235,6 +236,14 @@ class ProcessWorker:
             and self._reader.is_alive()
         )
 
+    def stalled(self) -> str | None:
+        """Why the worker process is taken for stopped or hung, or None: it has sent no
+        message (it sends one every HEARTBEAT_S) for STALLED_S, since it first spoke."""
+        silent = time.monotonic() - self._heard if self._heard is not None else 0.0
+        if silent < STALLED_S:
+            return None
+        return f"the model worker process has not answered for {silent:.0f} s (stopped or hung)"
+
     @property
     def pid(self) -> int | None:
         """The worker process's id (None before :meth:`start`)."""
@@ -252,15 +261,12 @@ class ProcessWorker:
         with self._lock:
             if self._stopping or self._pipe is None:
                 raise StoppedError(self.failure or "the server is shutting down")
+            if stalled := self.stalled():  # an answer at once, not at the deadline
+                raise StoppedError(stalled)
             self._pending[job.id] = job
             self.metrics.set_jobs_pending(len(self._pending))
-        try:
-            self._pipe.send("job", job.id, job.src, job.settings, job.prefix, job.attention)
-        except OSError:
-            with self._lock:
-                self._pending.pop(job.id, None)
-                self.metrics.set_jobs_pending(len(self._pending))
-            raise StoppedError("the model worker process has stopped") from None
+            # Never blocks (see Channel); a pipe found closed fails every pending job.
+            self._pipe.post("job", job.id, job.src, job.settings, job.prefix, job.attention)
 
     def cancel(self, job: Job, why: Status = Status.CANCELLED) -> None:
         """Nobody waits for ``job`` any more: the worker drops it from its queue or batch,
@@ -268,8 +274,7 @@ class ProcessWorker:
         with self._lock:
             if job.id not in self._pending or self._pipe is None:
                 return
-        with contextlib.suppress(OSError):
-            self._pipe.send("cancel", job.id, why.value)
+        self._pipe.post("cancel", job.id, why.value)
 
     def finish(self, job_id: int, outcome: Outcome) -> None:
         """This side's end of a job: forget it and answer its request."""
@@ -286,13 +291,13 @@ class ProcessWorker:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
-            if not self.alive or self._pipe is None:
+            if not self.alive or self._pipe is None or self.stalled():
                 return
             self._metric_waiters.append(future_reply(loop, future))
+            self._pipe.post("metrics")
         try:
-            self._pipe.send("metrics")
             outcome = await asyncio.wait_for(future, timeout)
-        except (OSError, asyncio.TimeoutError):
+        except asyncio.TimeoutError:
             return
         if outcome.status is Status.DONE:
             self.metrics.set_worker_state(outcome.value)
@@ -303,9 +308,9 @@ class ProcessWorker:
             self._stopping = True
         if self._process is None or self._pipe is None:
             return
-        with contextlib.suppress(OSError):
-            self._pipe.send("stop")
+        self._pipe.post("stop")
         self._reader.join(timeout)
+        self._pipe.close()
         self._process.join(5)
         if self._process.is_alive():
             self._process.kill()
@@ -331,8 +336,10 @@ class ProcessWorker:
 
     def _handle(self, message: tuple[Any, ...]) -> bool:
         """Act on one message from the worker; False when it has stopped."""
-        kind = message[0]
-        if kind == "finished":
+        kind, self._heard = message[0], time.monotonic()
+        if kind == "alive":
+            pass
+        elif kind == "finished":
             self.finish(message[1], message[2])
         elif kind == "metrics":
             with self._lock:  # none left when a failure answered them already
@@ -341,9 +348,8 @@ class ProcessWorker:
                 reply(Outcome.done(message[1]))
         elif kind == "died":  # its worker thread failed every job it held; it goes
             self._fail(message[1])
-            with contextlib.suppress(OSError):
-                assert self._pipe is not None
-                self._pipe.send("stop")
+            assert self._pipe is not None
+            self._pipe.post("stop")
         elif kind == "failed":
             self._fail(f"the model worker process failed to start: {message[1]}")
             return False

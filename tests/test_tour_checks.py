@@ -214,17 +214,47 @@ def test_check_split_heads():
     assert tour.check_split_heads(both_thrown_away).bug == "result_thrown_away"
     assert tour.check_split_heads(lambda x, h: x.unflatten(-1, (h, -1)).permute(0, 2, 1, 3))
 
+    no_transpose = lambda x, h: x.view(x.size(0), x.size(1), h, -1)  # noqa: E731
+    report = tour.check_split_heads(no_transpose)
+    assert report.bug == "split_without_transpose" and "transpose(1, 2)" in report.message
+
+
+def test_check_split_heads_gives_merge_a_contiguous_tensor():
+    """split's transposed view transposes back to contiguous memory, so a merge that calls
+    .view() on it passed; on what attention returns, a fresh [B, h, T, d_k], it raises."""
+
+    def split(x, h):
+        return x.view(x.size(0), x.size(1), h, -1).transpose(1, 2)
+
+    def merge_view(x):
+        B, h, T, d_k = x.shape
+        return x.transpose(1, 2).view(B, T, h * d_k)
+
+    report = tour.check_split_heads(split, merge_view)
+    assert report.bug == "view_on_non_contiguous", str(report)
+    assert ".reshape" in report.message and ".contiguous().view" in report.message
+
+    def merge_contiguous(x):
+        B, h, T, d_k = x.shape
+        return x.transpose(1, 2).contiguous().view(B, T, h * d_k)
+
+    assert tour.check_split_heads(split, merge_contiguous)
+    assert tour.check_split_heads(split, lambda x: x.permute(0, 2, 1, 3).flatten(2))
+
 
 class LearnerMHA(nn.Module):
-    """Separate W^Q, W^K, W^V, W^O; the three bugs are switches."""
+    """Separate W^Q, W^K, W^V, W^O (or one fused W^QKV); the bugs are switches."""
 
     def __init__(
         self, d_model, n_heads, bare_reshape=False, kv_from_query=False, bug=None, fused=False
     ):
         super().__init__()
         self.d_model, self.h, self.bug, self.fused = d_model, n_heads, bug, fused
-        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
-        self.qkv = nn.Linear(d_model, 3 * d_model)  # used instead when fused
+        self.w_o = nn.Linear(d_model, d_model)
+        if fused:  # only the weights it uses: one without a gradient is a bug
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+        else:
+            self.w_q, self.w_k, self.w_v = (nn.Linear(d_model, d_model) for _ in range(3))
         self.bare_reshape, self.kv_from_query = bare_reshape, kv_from_query
 
     def split(self, x):
@@ -250,9 +280,20 @@ class LearnerMHA(nn.Module):
             out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), -2) @ v
         elif self.bug == "dropout_always":
             out = F.dropout(learner_attention(q, k, v, mask), 0.1)
+        elif self.bug in SCALES:
+            out = attention_with(scale=SCALES[self.bug])(q, k, v, mask)
         else:
             out = learner_attention(q, k, v, mask)
-        return self.w_o(out.transpose(1, 2).reshape(x.shape))
+        out = out.transpose(1, 2).reshape(x.shape)
+        return out if self.bug == "no_w_o" else self.w_o(out)
+
+
+SCALES = {  # each a slip of the scale, as check_attention names them
+    "missing_scale": lambda q, k: 1.0,
+    "divides_by_d_k": lambda q, k: q.size(-1),
+    "scale_by_d_model": lambda q, k: math.sqrt(q.size(1) * q.size(-1)),
+    "wrong_scale": lambda q, k: 3.0,
+}
 
 
 class LayerNormInForward(nn.Module):
@@ -317,6 +358,32 @@ def test_check_positional_encoding():
     assert tour.check_positional_encoding(doubled).bug == "doubled_exponent"
 
 
+def blog_table(max_len, d_model):
+    """The widely copied loop: the cosine of dimension i + 1 uses exponent 2(i+1)/d_model."""
+    pe = torch.zeros(max_len, d_model)
+    for pos in range(max_len):
+        for i in range(0, d_model, 2):
+            pe[pos, i] = math.sin(pos / (10000 ** ((2 * i) / d_model)))
+            pe[pos, i + 1] = math.cos(pos / (10000 ** ((2 * (i + 1)) / d_model)))
+    return pe
+
+
+def per_dimension_table(max_len, d_model):
+    """Exponent j/d_model for every dimension j: the cosine of pair i uses (2i+1)/d_model."""
+    angle = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(d_model) / d_model)
+    return torch.where(torch.arange(d_model) % 2 == 0, angle.sin(), angle.cos())
+
+
+def test_check_positional_encoding_measures_sin_and_cos_apart():
+    """A pair whose sine and cosine have different frequencies has no one angle: the
+    checker said the longest wavelength was 198691772 positions."""
+    for fn, cosine in ((blog_table, "0.5623"), (per_dimension_table, "0.7499")):
+        report = tour.check_positional_encoding(fn)
+        assert report.bug == "sin_cos_frequencies_differ", str(report)
+        assert "pair 0" in report.message and f"the cosine's {cosine}" in report.message
+        assert "wavelength" not in report.message
+
+
 def test_check_feed_forward():
     assert tour.check_feed_forward(FeedForward(8, 16), 8)
     linear = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
@@ -374,6 +441,11 @@ class CrossOverTargetMasked(DecoderLayer):
 
     def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
         return super().forward(x, x, self_mask, cross_mask, cache, need_weights)
+
+
+class SelfMaskInCross(DecoderLayer):
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        return super().forward(x, memory, self_mask, self_mask, cache, need_weights)  # the bug
 
 
 class DecoderNoResidual(DecoderLayer):
@@ -443,6 +515,9 @@ def test_check_decoder_layer():
     }
     report = tour.check_decoder_layer(CrossOverTargetMasked(CFG), 12)
     assert report.bug == "kv_from_query", str(report)
+    report = tour.check_decoder_layer(SelfMaskInCross(CFG), 12)  # was: raises, and a k.T hint
+    assert report.bug == "self_mask_in_cross_attention", str(report)
+    assert "cross_mask" in report.message and "k.T" not in report.message
     for bug, module in cases.items():
         report = tour.check_decoder_layer(module, 12)
         assert report.bug == bug, str(report)

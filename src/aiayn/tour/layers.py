@@ -4,17 +4,21 @@ layer and the decoder layer, each called as aiayn's own."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from aiayn.tour.modules import (
+    check_deterministic,
+    check_gradients,
+    check_no_modules_built_in_forward,
+)
 from aiayn.tour.report import (
     Check,
     FoundBugError,
     Report,
-    check_no_modules_built_in_forward,
     close,
     evaluating,
     expect_shape,
@@ -23,6 +27,7 @@ from aiayn.tour.report import (
     run_checks,
 )
 from aiayn.tour.residual import check_residual
+from aiayn.tour.scale import check_scales
 
 B, T, S = 2, 5, 7
 
@@ -35,12 +40,21 @@ class _Run(Protocol):
 
 def check_feed_forward(module: nn.Module, d_model: int) -> Report:
     """Check a learner's ``module(x [B, T, d_model]) -> [B, T, d_model]``, the position-wise
-    FFN: each position's output depends on that position alone."""
+    FFN: each position's output depends on that position alone. Bugs: ``wrong_shape``,
+    ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
+    ``unused_parameters``, ``not_position_wise``, ``no_relu``,
+    ``relu_after_second_layer``, ``raises``."""
     x = torch.randn(B, T, d_model, generator=torch.Generator().manual_seed(0))
 
     def run(x: Tensor) -> Tensor:
         with evaluating(module):
             return first_tensor(module(x), "the module")
+
+    def gradients() -> None:
+        def loss() -> Tensor:
+            return first_tensor(module(x), "the module").pow(2).sum()
+
+        check_gradients(module, loss, "network")
 
     def position_wise() -> None:
         one_by_one = torch.cat([run(x[:, t : t + 1]) for t in range(T)], dim=1)
@@ -76,6 +90,11 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
                 "nothing built in forward",
                 lambda: check_no_modules_built_in_forward(module, lambda: run(x)),
             ),
+            (
+                "eval mode is deterministic (dropout off)",
+                lambda: check_deterministic(lambda: run(x)),
+            ),
+            ("every parameter gets a gradient", gradients),
             ("each position on its own", position_wise),
             ("a ReLU between the two maps", nonlinear),
             ("no ReLU after the second map", linear_output),
@@ -95,6 +114,37 @@ def _kv_from_query(shape: list[int]) -> FoundBugError:
     )
 
 
+def _explain_raise(call: Callable[[Any, Any], object], causal: Tensor, sources: Tensor) -> None:
+    """A decoder layer raised when called with the masks ``causal`` and ``sources``: raise
+    the bug that other calls, ``call(cross_mask, self_mask)``, find, if any (the learner's
+    own error stands otherwise)."""
+    # Keys from the query make [.., T, T] scores, which the [.., 1, S] source mask cannot
+    # meet: without the mask, such a layer runs and shows it.
+    try:
+        again = call(None, causal)
+    except Exception:
+        again = None
+    if isinstance(again, (tuple, list)) and len(again) == 3:
+        cross = again[2]
+        if isinstance(cross, Tensor) and cross.dim() >= 2 and cross.shape[-1] == T:
+            raise _kv_from_query(list(cross.shape)) from None
+    # A [.., T, T] self mask given to the encoder-decoder attention cannot meet its
+    # [.., T, S] scores: a self mask that broadcasts to any scores lets the layer run.
+    try:
+        call(sources, torch.ones(1, 1, 1, 1, dtype=torch.bool))
+    except Exception:
+        return
+    raise FoundBugError(
+        "self_mask_in_cross_attention",
+        f"the layer raises with the causal self_mask [1, 1, T, T] = {[1, 1, T, T]} and "
+        "runs when self_mask is [1, 1, 1, 1]: self_mask reaches the encoder-decoder "
+        f"attention, whose scores are [B, h, T, S] (S = {S} source positions). Its mask "
+        "is cross_mask, the source padding mask [B, 1, 1, S]; the causal self_mask belongs "
+        "to the self-attention only.",
+        "10-decoder.md",
+    ) from None
+
+
 def _with_weights(layer: nn.Module, *args: object) -> object:
     """Call ``layer`` asking for attention weights when its forward takes need_weights."""
     if "need_weights" in inspect.signature(layer.forward).parameters:
@@ -103,46 +153,30 @@ def _with_weights(layer: nn.Module, *args: object) -> object:
 
 
 def _common_checks(layer: nn.Module, run: _Run, x: Tensor, d: int) -> list[Check]:
-    def deterministic() -> None:
-        if not close(run(x), run(x), atol=0):
-            raise FoundBugError(
-                "dropout_in_eval",
-                "two calls in eval mode give different outputs: dropout is still on. "
-                "Use nn.Dropout modules (or F.dropout(x, p, training=self.training)).",
-                "08-residual-layernorm.md",
-            )
-
-    def gradients() -> None:
-        was = layer.training
-        layer.eval()
-        try:
-            layer.zero_grad()
-            run(x, grad=True).pow(2).sum().backward()
-        finally:
-            layer.train(was)
-        idle = [n for n, p in layer.named_parameters() if p.requires_grad and p.grad is None]
-        if idle:
-            raise FoundBugError(
-                "unused_parameters",
-                f"no gradient reaches {', '.join(idle[:4])}: "
-                "a weight the layer defines but never uses",
-                "08-residual-layernorm.md",
-            )
-
     return [
         ("returns [B, T, d_model]", lambda: expect_shape(run(x), (*x.shape[:2], d), "The output")),
         (
             "nothing built in forward (a LayerNorm made in forward)",
             lambda: check_no_modules_built_in_forward(layer, lambda: run(x)),
         ),
-        ("eval mode is deterministic (dropout off)", deterministic),
-        ("every parameter gets a gradient", gradients),
+        ("eval mode is deterministic (dropout off)", lambda: check_deterministic(lambda: run(x))),
+        (
+            "every parameter gets a gradient",
+            lambda: check_gradients(layer, lambda: run(x, grad=True).pow(2).sum(), "layer"),
+        ),
     ]
 
 
 def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
     """Check a learner's encoder layer, called as aiayn's ``EncoderLayer``:
-    ``layer(x [B, S, d_model], src_mask [B, 1, 1, S])`` returning x or ``(x, weights)``."""
+    ``layer(x [B, S, d_model], src_mask [B, 1, 1, S])`` returning x or ``(x, weights)``.
+    The scale of its attention is fitted against its own projections (see
+    :func:`aiayn.tour.scale.measure_scales`; one inside nn.MultiheadAttention is torch's
+    and passes unmeasured). Bugs: ``wrong_shape``, ``module_built_in_forward``,
+    ``modules_in_plain_list``, ``dropout_in_eval``, ``unused_parameters``,
+    ``mixes_positions``, ``padding_leaks``, ``missing_scale``, ``divides_by_d_k``,
+    ``scale_by_d_model``, ``wrong_scale``, ``missing_residual``,
+    ``residual_on_normalized_input``, ``raises``."""
     x = torch.randn(B, S, d_model, generator=torch.Generator().manual_seed(0))
     everyone = torch.ones(B, 1, 1, S, dtype=torch.bool)
 
@@ -180,6 +214,10 @@ def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
     checks += [
         ("positions treated alike (no mask)", permutation),
         ("pads do not reach real positions", padding),
+        (
+            "each head scales its scores by 1/sqrt(d_k)",
+            lambda: check_scales(lambda: run(x), B, d_model),
+        ),
         ("the residual connections (post-LN or pre-LN)", residual),
     ]
     return run_checks(f"check_encoder_layer({name_of(layer)})", checks, "09-encoder.md")
@@ -190,19 +228,22 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     ``layer(x [B, T, d_model], memory [B, S, d_model], self_mask [.., T, T], cross_mask
     [B, 1, 1, S])`` returning ``(x, self-attention weights [B, h, T, T], encoder-decoder
     weights [B, h, T, S])`` (with ``need_weights=True`` when forward takes it). Bugs:
-    ``returns_self_attention_twice``, ``future_leaks``, ``ignores_memory``,
-    ``source_padding_leaks``, and those of the encoder layer."""
+    ``self_mask_in_cross_attention``, ``kv_from_query``, ``returns_self_attention_twice``,
+    ``wrong_cross_weights``, ``future_leaks``, ``ignores_memory``, ``source_padding_leaks``,
+    ``wrong_return``, and those of the encoder layer."""
     g = torch.Generator().manual_seed(0)
     x, memory = torch.randn(B, T, d_model, generator=g), torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     sources = torch.ones(B, 1, 1, S, dtype=torch.bool)
     sources[1, ..., 5:] = False  # sentence 1: 5 real source tokens, then 2 pads
 
-    def call(x: Tensor, memory: Tensor, grad: bool, module: nn.Module, mask: Any) -> object:
+    def call(
+        x: Tensor, memory: Tensor, grad: bool, module: nn.Module, mask: Any, self_mask: Any = causal
+    ) -> object:
         if grad:
-            return _with_weights(module, x, memory, causal, mask)
+            return _with_weights(module, x, memory, self_mask, mask)
         with evaluating(module):
-            return _with_weights(module, x, memory, causal, mask)
+            return _with_weights(module, x, memory, self_mask, mask)
 
     def outputs(
         x: Tensor, memory: Tensor = memory, grad: bool = False, module: nn.Module = layer
@@ -210,16 +251,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
         try:
             result = call(x, memory, grad, module, sources)
         except RuntimeError:
-            # Keys from the query make [.., T, T] scores, which the [.., 1, S] source mask
-            # cannot meet: without the mask, such a layer runs and shows it.
-            try:
-                again = call(x, memory, grad, module, None)
-            except Exception:
-                again = None
-            if isinstance(again, (tuple, list)) and len(again) == 3:
-                cross = again[2]
-                if isinstance(cross, Tensor) and cross.dim() >= 2 and cross.shape[-1] == T:
-                    raise _kv_from_query(list(cross.shape)) from None
+            _explain_raise(lambda *masks: call(x, memory, grad, module, *masks), causal, sources)
             raise
         if not (isinstance(result, (tuple, list)) and len(result) == 3):
             raise FoundBugError(
@@ -271,6 +303,10 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
                 "04-masks.md",
             )
 
+    def scales() -> None:  # with masks that allow every key: a masked one has no log-weight
+        allow_all = torch.ones(B, 1, 1, S, dtype=torch.bool), torch.ones(1, 1, T, T).bool()
+        check_scales(lambda: call(x, memory, False, layer, *allow_all), B, d_model)
+
     def causality() -> None:
         later = x.clone()
         later[:, 3:] += 1.0
@@ -305,6 +341,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
         ("the weights: [B, h, T, T] over the target, [B, h, T, S] over the source", weights),
         ("the causal mask keeps the future out", causality),
         ("the source enters, its padding does not", source),
+        ("each head scales its scores by 1/sqrt(d_k)", scales),
         (
             "the residual connections (post-LN or pre-LN)",
             lambda: check_residual(layer, lambda m, x: outputs(x, module=m)[0], x),

@@ -11,12 +11,45 @@ from torch import Tensor
 from aiayn.tour.report import FoundBugError, Report, expect_shape, name_of, run_checks
 
 
+def _exponent(w: float, d: int) -> str:
+    """Frequency ``w`` as the formula writes it, 1/10000^(e/d_model): ``e/d_model``."""
+    return f"{round(-math.log(w) / math.log(10000.0) * d, 2) + 0.0:.2f}/d_model" if w > 0 else "?"
+
+
+def _one_angle_per_pair(pe: Tensor) -> None:
+    """Raise ``sin_cos_frequencies_differ`` unless the sin and cos of every pair take one
+    angle: then sin^2 + cos^2 = 1 at every position. Each column's frequency is measured
+    on its own (at position 1: the sine's is asin, the cosine's acos) for the message."""
+    off = (pe[:, 0::2].square() + pe[:, 1::2].square() - 1).abs()  # [max_len, d/2]
+    if float(off.max()) < 1e-4:
+        return
+    i = int((off.amax(0) >= 1e-4).nonzero()[0])
+    pos = int(off[:, i].argmax())
+    d = pe.size(1)
+    w_sin = math.asin(max(-1.0, min(1.0, float(pe[1, 2 * i]))))
+    w_cos = math.acos(max(-1.0, min(1.0, float(pe[1, 2 * i + 1]))))
+    raise FoundBugError(
+        "sin_cos_frequencies_differ",
+        f"the sine and cosine of a pair take one angle, so PE(pos, 2i)^2 + PE(pos, 2i+1)^2 "
+        f"= 1 at every position; in pair {i} (dimensions {2 * i} and {2 * i + 1}) it is "
+        f"{float(pe[pos, 2 * i] ** 2 + pe[pos, 2 * i + 1] ** 2):.3f} at position "
+        f"{pos}. Measured column by column, the sine's frequency is {w_sin:.4f} = "
+        f"1/10000^({_exponent(w_sin, d)}) and the cosine's {w_cos:.4f} = "
+        f"1/10000^({_exponent(w_cos, d)}); the formula gives both 1/10000^({2 * i}/d_model). "
+        "The exponent was computed per dimension (the cosine's from its own index, 2i+1, "
+        "or the next pair's, 2(i+1)): compute the angle once per pair, "
+        "pos / 10000^(2i/d_model), and take its sin and its cos.",
+        "06-positional-encoding.md",
+    )
+
+
 def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
     """Check a learner's ``fn(max_len, d_model) -> [max_len, d_model]`` table:
     PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same). The frequency
-    of every (sin, cos) pair is measured from the table. Bugs: ``sin_cos_swapped``,
-    ``halves_not_interleaved``, ``halved_exponent``, ``wrong_frequencies``,
-    ``wrong_values``."""
+    of every (sin, cos) pair is measured from the table, after checking that the two take
+    one angle. Bugs: ``wrong_shape``, ``sin_cos_swapped``, ``halves_not_interleaved``,
+    ``positions_start_at_1``, ``sin_cos_frequencies_differ``, ``halved_exponent``,
+    ``doubled_exponent``, ``wrong_frequencies``, ``wrong_values``, ``raises``."""
     L, d = 50, 32
 
     def table() -> Tensor:
@@ -70,6 +103,7 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
 
     def frequencies() -> None:
         pe = table()
+        _one_angle_per_pair(pe)
         # At position 1, pair i holds (sin w_i, cos w_i): its angle is the frequency w_i.
         w = torch.atan2(pe[1, 0::2], pe[1, 1::2])
         i = torch.arange(d // 2, dtype=torch.float64)

@@ -86,6 +86,11 @@ def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
                     "\n(Two shapes that do not fit. If the scores use k.T: on 4-D tensors "
                     "it reverses every axis; transpose the last two with k.transpose(-2, -1).)"
                 )
+            if "view size is not compatible" in str(error):
+                report.message += (
+                    "\n(.view() on a non-contiguous tensor, a transposed one say, which view "
+                    "cannot reshape in place: use .reshape(...) or .contiguous().view(...).)"
+                )
             return report
         report.passed.append(name)
     return report
@@ -111,38 +116,6 @@ def expect_shape(t: Tensor, shape: tuple[int, ...], what: str, page: str | None 
     if tuple(t.shape) != shape:
         raise FoundBugError(
             "wrong_shape", f"{what} has shape {list(t.shape)}, expected {list(shape)}", page
-        )
-
-
-@contextmanager
-def modules_called() -> Iterator[list[nn.Module]]:
-    """Every nn.Module whose forward runs inside the block, in call order."""
-    seen: list[nn.Module] = []
-    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, _: seen.append(m))
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
-def check_no_modules_built_in_forward(module: nn.Module, call: Callable[[], object]) -> None:
-    """Every module that runs during ``call()`` must belong to ``module``: one built inside
-    ``forward`` (a fresh ``nn.LayerNorm(d)`` there, say) gets new weights on every call
-    that no optimizer ever sees, and no checkpoint saves."""
-    own = {id(m) for m in module.modules()}
-    with modules_called() as seen:
-        call()
-    strangers = [m for m in seen if id(m) not in own]
-    if strangers:
-        kinds = sorted({type(m).__name__ for m in strangers})
-        params = sum(p.numel() for m in strangers for p in m.parameters(recurse=False))
-        raise FoundBugError(
-            "module_built_in_forward",
-            f"{', '.join(kinds)} built inside forward: a new one ({params} parameters) on "
-            "every call, not in .parameters(), so the optimizer never trains its weights "
-            "and state_dict() never saves them. Build it in __init__ and keep it as an "
-            "attribute.",
-            "08-residual-layernorm.md",
         )
 
 

@@ -1,0 +1,171 @@
+"""The checker of a whole multi-head attention module (tour pages 5, 8 and 10), used as
+self- and as cross-attention: positions, masks, where queries, keys and values come
+from, every weight in use, and the scale of its scores."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.tour.modules import (
+    check_deterministic,
+    check_gradients,
+    check_no_modules_built_in_forward,
+)
+from aiayn.tour.report import (
+    FoundBugError,
+    Report,
+    close,
+    evaluating,
+    expect_shape,
+    first_tensor,
+    name_of,
+    run_checks,
+)
+from aiayn.tour.scale import check_scales
+
+B, T, S = 2, 5, 7  # T != S: a query axis and a key axis cannot be confused
+
+
+def check_multi_head_attention(module: nn.Module, d_model: int | None = None) -> Report:
+    """Check a learner's multi-head attention module, called as aiayn's is:
+    ``module(x [B, T, d_model], memory=None, mask=None)`` for self-attention and with
+    ``memory [B, S, d_model]`` for encoder-decoder attention (queries from x, keys and
+    values from memory); it returns ``[B, T, d_model]`` or a tuple starting with it.
+    ``d_model`` defaults to ``module.d_model``.
+
+    The scale of the scores is fitted against the module's own projections as it runs
+    (see :func:`aiayn.tour.scale.measure_scales`); attention inside nn.MultiheadAttention
+    is torch's own and passes unmeasured. Bugs: ``wrong_shape``,
+    ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
+    ``unused_parameters``, ``mixes_positions``, ``future_leaks``, ``query_from_memory``,
+    ``kv_from_query``, ``queries_interact``, ``ignores_memory``, ``source_padding_leaks``,
+    ``missing_scale``, ``divides_by_d_k``, ``scale_by_d_model``, ``wrong_scale``,
+    ``raises``."""
+    d = d_model or getattr(module, "d_model", None)
+    if d is None:
+        raise TypeError("pass d_model=... (the module has no d_model attribute)")
+    g = torch.Generator().manual_seed(0)
+    x, memory = torch.randn(B, T, d, generator=g), torch.randn(B, S, d, generator=g)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+
+    def attend(x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        with evaluating(module):
+            return first_tensor(module(x, memory=memory, mask=mask), "the module")
+
+    def self_shape() -> None:
+        expect_shape(attend(x), (B, T, d), f"The output for x {[B, T, d]}")
+
+    def built_in_forward() -> None:
+        check_no_modules_built_in_forward(module, lambda: attend(x, memory))
+
+    def gradients() -> None:
+        def loss() -> Tensor:  # both uses: a weight used in either one counts
+            own = first_tensor(module(x), "the module")
+            cross = first_tensor(module(x, memory=memory), "the module")
+            return own.pow(2).sum() + cross.pow(2).sum()
+
+        check_gradients(module, loss, "module")
+
+    def scales() -> None:
+        check_scales(lambda: (attend(x), attend(x, memory)), B, d)
+
+    def permutation() -> None:
+        perm = torch.tensor([3, 0, 4, 1, 2])
+        if not close(attend(x[:, perm]), attend(x)[:, perm], atol=1e-4):
+            raise FoundBugError(
+                "mixes_positions",
+                "without a mask, self-attention treats positions alike: shuffling the input "
+                "positions must shuffle the outputs the same way, and here it does not. "
+                "The usual cause is the head split: a reshape to [B, h, T, d_k] without "
+                "the transpose.",
+                "05-multi-head.md",
+            )
+
+    def causality() -> None:
+        later = x.clone()
+        later[:, 3:] += 1.0
+        a, b = attend(x, mask=causal), attend(later, mask=causal)
+        if not close(a[:, :3], b[:, :3], atol=1e-5):
+            raise FoundBugError(
+                "future_leaks",
+                "with a causal mask, changing positions 3.. changed the output at positions "
+                "0..2: the future leaks into the past. A head split without transpose does "
+                "this, or a mask applied with the wrong convention (True = may attend), or "
+                "after the softmax instead of to the scores, or a softmax over the queries "
+                "(dim -2) instead of the keys (dim -1).",
+                "05-multi-head.md",
+            )
+
+    def cross_shape() -> None:
+        out = attend(x, memory)
+        if tuple(out.shape) == (B, S, d):
+            raise FoundBugError(
+                "query_from_memory",
+                f"for x {[B, T, d]} and memory {[B, S, d]} the output has one row per "
+                "memory position: the queries come from memory. Queries come from x (the "
+                "decoder), keys and values from memory (the encoder).",
+                "10-decoder.md",
+            )
+        expect_shape(out, (B, T, d), f"The output for x {[B, T, d]}, memory {[B, S, d]}")
+
+    def kv_from_memory() -> None:
+        bumped = x.clone()
+        bumped[:, 0] += 1.0  # change query position 0 only
+        a, b = attend(x, memory), attend(bumped, memory)
+        other = torch.randn(B, S, d, generator=torch.Generator().manual_seed(1))
+        reads_memory = not close(a, attend(x, other), atol=1e-6)
+        if not close(a[:, 1:], b[:, 1:], atol=1e-5):
+            if not reads_memory:
+                raise FoundBugError(
+                    "kv_from_query",
+                    "in encoder-decoder attention, changing query position 0 changed the "
+                    "output at the other positions: keys and values are computed from x (the "
+                    "query side), so the decoder attends to itself and never reads the source. "
+                    "Project K and V from memory.",
+                    "10-decoder.md",
+                )
+            raise FoundBugError(
+                "queries_interact",
+                "in encoder-decoder attention, changing query position 0 changed the output "
+                "at the other positions: each query must read only memory. Either K or V is "
+                "projected from x instead of memory, or the softmax runs over the queries "
+                "(dim -2) instead of the keys (dim -1).",
+                "10-decoder.md",
+            )
+        if not reads_memory:
+            raise FoundBugError(
+                "ignores_memory", "the output does not change when memory changes", "10-decoder.md"
+            )
+
+    def source_padding() -> None:
+        keys = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        keys[..., -2:] = False  # the last two source positions are padding
+        changed = memory.clone()
+        changed[:, -2:] = 100.0
+        if not close(attend(x, memory, keys), attend(x, changed, keys), atol=1e-5):
+            raise FoundBugError(
+                "source_padding_leaks",
+                "changing masked memory positions changed the output",
+                "04-masks.md",
+            )
+
+    return run_checks(
+        f"check_multi_head_attention({name_of(module)})",
+        [
+            ("self-attention returns [B, T, d_model]", self_shape),
+            ("every module that runs belongs to it (nothing built in forward)", built_in_forward),
+            (
+                "eval mode is deterministic (dropout off)",
+                lambda: check_deterministic(lambda: attend(x)),
+            ),
+            ("self-attention treats positions alike (no mask)", permutation),
+            ("a causal mask keeps the future out", causality),
+            ("cross-attention returns one row per query position", cross_shape),
+            ("cross-attention: keys and values come from memory", kv_from_memory),
+            ("cross-attention: masked memory positions are ignored", source_padding),
+            ("every parameter gets a gradient (W^O included)", gradients),
+            ("each head scales its scores by 1/sqrt(d_k)", scales),
+        ],
+        "05-multi-head.md",
+    )

@@ -451,3 +451,24 @@ def test_options_replace_names_an_unknown_field():
     with pytest.raises(DecodeError, match="DecodeOptions has no field beem"):
         options.given(beem=3, alpha=None)
     assert options.given(beam=3, alpha=None).beam == 3
+
+
+def test_a_setting_given_replaces_the_rule_of_the_models_defaults(translator):
+    """As the command line and the server do it: a keyword given to translate() replaces
+    the rule it belongs to in an imported model's generation settings. It was refused:
+    cut_at_limit against the folder's forced EOS, sampling=False against its top_k 50, and
+    beam 4 against its sampling."""
+    lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde."]
+    model, tok = translator.model, translator.tokenizer
+    opus = Translator(model, tok, {"num_beams": 4, "max_length": 64, "forced_eos_token_id": 2})
+    cut = opus.options(None, {"cut_at_limit": True})
+    assert cut.cut_at_limit and not cut.forced_eos and cut.beam == 4
+    assert opus.translate(lines, cut_at_limit=True) == translator.translate(lines, cut.replace())
+    sampler = Translator(model, tok, {"do_sample": True, "top_k": 50, "max_length": 64})
+    searched = DecodeOptions(beam=1, alpha=1.0, length_penalty="hf", max_len_a=0.0,
+                             max_len_b=63, cut_at_limit=True, early_stopping=False)  # fmt: skip
+    assert sampler.options(None, {"sampling": False}) == searched
+    assert sampler.options(None, {"beam": 4}) == searched.replace(beam=4)
+    assert sampler.translate(lines, beam=4) == translator.translate(lines, searched.replace(beam=4))
+    drawn = sampler.options(None, {"seed": 3})  # what is not given keeps the model's rule
+    assert drawn.sampling and drawn.top_k == 50 and drawn.beam == 1

@@ -450,6 +450,10 @@ def test_a_seed_needs_sampling_on_in_the_request_or_the_models_defaults():
         with pytest.raises(ApiError, match="seed=3 only applies with sampling") as e:
             request_options(TranslateRequest(src=["x"], seed=3, **body), defaults, 16, 10.0)
         assert e.value.status == 422
+    # A beam given to a model that samples by default searches (it was a 422 "takes no
+    # beam"), as the command line and Translator.translate(beam=4) do.
+    got = request_options(TranslateRequest(src=["x"], beam=4, n_best=2), sampler, 16, 10.0)
+    assert not got.sampling and (got.beam, got.n_best, got.top_k) == (4, 2, 0)
 
 
 def test_cors_lets_the_named_origins_call_from_a_browser(translator, client):

@@ -86,16 +86,10 @@ def decode_options(
     args: argparse.Namespace, defaults: DecodeOptions, n_best: int = 1
 ) -> DecodeOptions:
     """``defaults`` (a :class:`~aiayn.decode.DecodeOptions`) with the decoding flags that
-    were given; checked there. Sampling without a beam flag samples (beam 1); a seed
-    without sampling (given, or the model's default) would be ignored, and is refused."""
+    were given, each replacing the rule it is part of (:meth:`DecodeOptions.given`: e.g.
+    --sampling without --beam samples); checked there. A seed without sampling (given, or
+    the model's default) would be ignored, and is refused."""
     given = {name: getattr(args, name, None) for name in OPTION_FLAGS}
-    if given["sampling"] and given["beam"] is None:
-        given["beam"] = 1
-    # The two rules for the length limit exclude each other: the one given replaces the
-    # model's default (an imported model's folder may set either).
-    for flag, other in (("forced_eos", "cut_at_limit"), ("cut_at_limit", "forced_eos")):
-        if given[flag] and given[other] is None:
-            given[other] = False
     options = defaults.given(n_best=n_best, **given)
     if given["seed"] is not None and not options.sampling:  # as the server's 422
         raise AiaynError("--seed seeds sampling, which is off: give --sampling too")

@@ -95,8 +95,8 @@ def length_limits(
     src_len = (src != cfg.pad_id).sum(dim=1)
     cap = cfg.max_len if max_new_tokens is None else min(max_new_tokens, cfg.max_len)
     # In float64, as fairseq (and Python) compute the rule: in float32 ``a`` itself rounds,
-    # and 1.3 * 90 gave 116. Capped as a Python int: a huge rule cannot wrap around.
-    limits = [min(int(n * max_len_a + max_len_b), cap) for n in src_len.tolist()]
+    # and 1.3 * 90 gave 116. Capped before int(): a huge rule is infinite, not an error.
+    limits = [int(min(n * max_len_a + max_len_b, cap)) for n in src_len.tolist()]
     return torch.tensor(limits, dtype=torch.long, device=src.device)
 
 

@@ -132,9 +132,24 @@ class DecodeOptions:
         return replace(self, **changes) if changes else self
 
     def given(self, **settings: Any) -> DecodeOptions:
-        """A copy with the ``settings`` that are not None (flags or request fields that
-        were given; the others keep these options' values), checked like a new one."""
-        return self.replace(**{k: v for k, v in settings.items() if v is not None})
+        """A copy with the ``settings`` that are not None (flags, request fields or keywords
+        that were given; the others keep these options' values, e.g. a model's defaults),
+        checked like a new one. A setting given replaces the rule it is part of: sampling
+        turned on without a beam samples (beam 1); sampling turned off, or a beam over 1
+        without sampling given, turns these options' sampling off with its temperature,
+        top_k and top_p; forced_eos and cut_at_limit each turn the other off."""
+        given = {k: v for k, v in settings.items() if v is not None}
+        if given.get("sampling") and "beam" not in given:
+            given["beam"] = 1
+        beams = given.get("beam", 1)
+        if "sampling" not in given and isinstance(beams, int) and beams > 1:
+            given["sampling"] = False
+        if self.sampling and given.get("sampling") is False:
+            given = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, **given}
+        for rule, other in (("forced_eos", "cut_at_limit"), ("cut_at_limit", "forced_eos")):
+            if given.get(rule) is True and other not in given:
+                given[other] = False
+        return self.replace(**given)
 
     @classmethod
     def from_generation(cls, settings: dict[str, Any]) -> DecodeOptions:

@@ -261,31 +261,25 @@ def request_options(
         raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
     if req.alpha is not None and not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
         raise ApiError(422, f"alpha: {req.alpha} is out of range 0..{max_alpha}")
-    # An explicit false wins over the model's default (an imported model may sample):
-    # None is "not set", False is "off".
-    sampling = defaults.sampling if req.sampling is None else req.sampling
-    beam = 1 if req.sampling and req.beam is None else req.beam
-    if defaults.sampling and not sampling:  # the model's sampling settings go with it
-        defaults = defaults.replace(sampling=False, temperature=1.0, top_k=0, top_p=1.0)
-    if sampling:  # n_best samples: as many rows as a beam of that size
+    try:  # each field given replaces the rule it is part of (DecodeOptions.given)
+        options = defaults.given(
+            beam=req.beam, alpha=req.alpha, n_best=1, sampling=req.sampling,
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+        )  # fmt: skip
+    except DecodeError as e:
+        raise ApiError(422, str(e)) from None
+    if options.sampling:  # n_best samples: as many rows as a beam of that size
         if not 1 <= req.n_best <= max_beam:
             raise ApiError(422, f"n_best: {req.n_best} samples is out of range 1..{max_beam}")
     else:
-        limit = beam if beam is not None else defaults.beam
-        if not 1 <= req.n_best <= limit:
-            raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({limit})")
+        if not 1 <= req.n_best <= options.beam:
+            raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({options.beam})")
         # Refused like temperature, top_k and top_p: a seed without sampling changes
         # nothing, and the client that sent it expected samples. (DecodeOptions lets it
         # pass, as the CLI's --seed does: a library caller may keep one options object.)
         if req.seed is not None:
             raise ApiError(422, f"seed={req.seed} only applies with sampling, which is off")
-    try:
-        return defaults.given(
-            beam=beam, alpha=req.alpha, n_best=req.n_best, sampling=req.sampling,
-            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
-        )  # fmt: skip
-    except DecodeError as e:
-        raise ApiError(422, str(e)) from None
+    return options.replace(n_best=req.n_best)
 
 
 def request_prefixes(

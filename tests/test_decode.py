@@ -226,6 +226,8 @@ def test_one_length_rule_for_both_searches(tiny_model):
     assert length_limits(cfg, src, max_new_tokens=10).tolist() == [10, 10]
     assert length_limits(cfg, src, max_new_tokens=1000).tolist() == [56, 52]
     assert length_limits(cfg, src, max_len_b=500).tolist() == [cfg.max_len] * 2
+    # A rule too large for a float is the model's positions (it was an OverflowError).
+    assert length_limits(cfg, src, max_len_a=1e308).tolist() == [cfg.max_len] * 2
     # fairseq's int(a * n + b) in float64: in float32, 1.3 * 90 gave 116, not 117.
     long_cfg = dataclasses.replace(cfg, max_len=65536)
     for a in (1.05, 1.3, 2.6, 3.1, 0.7, 1.0):

@@ -14,7 +14,7 @@ from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
-from aiayn.inspect.attention import text_heatmap
+from aiayn.inspect.attention import attention_map, text_heatmap
 from aiayn.inspect.maps import add_alignments, attention, attention_maps
 from aiayn.translator import Translator
 
@@ -72,6 +72,23 @@ def test_an_output_that_fills_max_len_has_its_maps_and_alignment(translator):
         assert w.shape == (cfg.n_heads, cfg.max_len, len(translator.encode(line)))
     add_alignments(translator, [translator.encode(line)], found)
     assert found[0][0].alignment and max(t for _, t in found[0][0].alignment) > 60
+
+
+def test_a_model_in_training_mode_is_left_in_it(sample_model_dir, translator):
+    """attention_map() and Translator(model) switched the caller's model to eval mode for
+    good (dropout off for the rest of a training run); each now decodes in eval mode and
+    leaves the mode as it was, with what an eval-mode model gives."""
+    model, tokenizer = load_model(resolve_checkpoint(sample_model_dir()))
+    model.train()
+    sentence = "Ein Mann fährt Fahrrad."
+    amap = attention_map(model, tokenizer, sentence, beam=2)
+    assert model.training
+    want = attention(translator, sentence, beam=2)
+    assert amap.target == want.target
+    assert all(torch.equal(a, b) for a, b in zip(amap.weights["cross"], want.weights["cross"]))
+    ours = Translator(model, tokenizer)
+    assert model.training and ours.translate([sentence]) == translator.translate([sentence])
+    assert model.training
 
 
 def test_attention_is_of_the_translation_it_shows(translator):

@@ -61,7 +61,7 @@ class Translator:
         tokenizer: Tokenizer,
         generation: dict[str, Any] | None = None,
     ):
-        self.models = [m.eval() for m in as_list(model)]
+        self.models = as_list(model)  # each call decodes in eval mode, leaving the mode as is
         self.model, self.tokenizer = self.models[0], tokenizer
         if tokenizer is not None:
             _check_fits(self.models, tokenizer)

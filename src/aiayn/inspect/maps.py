@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from aiayn.data.batching import check_batch_size, pad, shift_target
@@ -20,6 +19,7 @@ from aiayn.decode.alignment import (
     word_alignment,
     word_starts,
 )
+from aiayn.decode.core import inference
 from aiayn.errors import AiaynError
 from aiayn.translator import Translation, Translator
 
@@ -94,7 +94,7 @@ def attention_maps(
     start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
     maps: list[AttentionMap | None] = [None] * len(src_ids)
     for chunk, src, dec_in in _batches(translator, src_ids, out_ids, batch_size):
-        with torch.inference_mode():
+        with inference(translator.model):
             _, weights = translator.model.forward_with_attention(src, dec_in)
         for b, i in enumerate(chunk):
             S, o_ids = len(src_ids[i]), out_ids[i]

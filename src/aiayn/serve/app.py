@@ -145,6 +145,8 @@ def create_app(
     for origin in cfg.cors_origins:
         if problem := origin_problem(origin):
             raise AiaynError(f"cors_origins: {origin!r} {problem}")
+    for model in translator.models:  # for good: the batch and the attention maps run at once
+        model.eval()
     info = ModelInfo.of(translator, cfg.worker_device)
     state = {"ready": False, "reason": "warming up: the first translation has not finished"}
 

@@ -93,6 +93,8 @@ def _usage(action: argparse.Action) -> str:
         value = f"[{value}]"
     elif action.nargs == "*":
         value = f"[{value} ...]"
+    elif action.nargs == "+":
+        value = f"{value} [{value} ...]"
     names[-1] = f"`{action.option_strings[-1]} {value}`"
     return ", ".join(names)
 

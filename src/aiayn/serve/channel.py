@@ -28,7 +28,6 @@ class Channel:
         self._outbox: deque[bytes | None] = deque()  # None: the writer stops there
         self._ready = threading.Condition()
         self._writer: threading.Thread | None = None
-        self.broken = False  # a post could not be written: the other end is gone
 
     def send(self, *message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -39,9 +38,9 @@ class Channel:
         return pickle.loads(self.conn.recv_bytes())
 
     def post(self, *message: Any) -> None:
-        """Queue ``message``; the writer thread sends it after those posted before. A
-        message that cannot be written (the other end is gone) is dropped and sets
-        :attr:`broken`: the reader of this end finds the pipe closed and says so."""
+        """Queue ``message``; the writer thread sends it after those posted before. Once
+        one cannot be written (the other end is gone), the writer stops: the reader of
+        this end finds the pipe closed and says so."""
         self._put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     @property
@@ -76,7 +75,6 @@ class Channel:
                 with self._lock:
                     self.conn.send_bytes(data)
             except (OSError, ValueError):  # closed: the reader finds out too
-                self.broken = True
                 return
             finally:
                 with self._ready:

@@ -30,6 +30,7 @@ from aiayn.config import TransformerConfig
 from aiayn.data.folders import file_mode
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import AiaynError, CheckpointError, ConfigError, TokenizerError
+from aiayn.model.device import resolve_device
 from aiayn.model.transformer import Transformer
 from aiayn.quantize import quantize_dynamic_int8
 
@@ -119,8 +120,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
     Raises CheckpointError (never a bare torch/pickle traceback) when the file is missing,
     truncated, corrupt, or not an aiayn checkpoint, or when an entry is damaged (see
-    :func:`check_entries`: a NaN weight among them).
+    :func:`check_entries`: a NaN weight among them), and when ``map_location`` names no
+    device this machine has (``"auto"``: a GPU if torch sees one, else the CPU).
     """
+    if isinstance(map_location, (str, torch.device)):  # torch would call the file corrupt
+        try:
+            map_location = resolve_device(map_location)
+        except AiaynError as e:
+            raise CheckpointError(f"map_location: {e}") from None
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
@@ -300,33 +307,6 @@ def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
         if path.is_file():
             return path
     raise CheckpointError(f"{model_dir}: no {' / '.join(CHECKPOINT_NAMES[n] for n in order)} found")
-
-
-def resolve_device(name: str | torch.device) -> torch.device:
-    """``auto`` (a GPU if torch sees one, else the CPU), ``cpu`` (or ``cpu:0``), ``cuda``,
-    ``cuda:N`` or ``mps``; AiaynError for a device this machine does not have, before
-    anything is loaded."""
-    if str(name) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise AiaynError(f"device {name!r}: not a device name (cpu, cuda, cuda:N, auto)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise AiaynError(f"device {name}: this machine has no CUDA GPU that torch can use")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise AiaynError(f"device {name}: only {torch.cuda.device_count()} GPU(s) here")
-    elif device.type == "cpu":
-        if device.index:  # cpu:0 is the CPU; torch would take cpu:1 and fail at loading
-            raise AiaynError(f"device {name}: the CPU has no index; use cpu")
-        return torch.device("cpu")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise AiaynError(f"device {name}: this machine has no MPS device that torch can use")
-    else:
-        raise AiaynError(f"device {name}: aiayn runs on cpu or cuda")
-    return device
 
 
 def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transformer, Tokenizer]:

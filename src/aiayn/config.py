@@ -7,6 +7,7 @@ n_layers (N). ``base()`` and ``big()`` are the two columns of Table 3.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
@@ -177,8 +178,12 @@ class TransformerConfig:
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
         """Build from a dict, naming any unknown or missing key instead of failing inside
         __init__."""
+        if not isinstance(data, Mapping):  # None or a list: no fields to read
+            raise ConfigError(
+                f"TransformerConfig.from_dict needs a dict of fields, got {type(data).__name__}"
+            )
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
             raise ConfigError(f"TransformerConfig: unknown field(s) {', '.join(unknown)}")
         required = [f.name for f in fields(cls) if f.default is MISSING]

@@ -198,10 +198,14 @@ class Tokenizer:
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         try:
-            return self.sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+            text = self.sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
         except (TypeError, IndexError):
             check_ids(ids, self.vocab_size)
             raise
+        if not isinstance(text, str):  # a list of lists, which SentencePiece takes as a batch
+            check_ids(ids, self.vocab_size)  # names the first item that is no id
+            raise TokenizerError("ids: one sequence of token ids, not a batch (decode_batch)")
+        return text
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
@@ -241,7 +245,14 @@ def unencodable(text: str) -> int | None:
 
 def id_list(ids: object) -> list:
     """``ids`` (a list, tuple, 1-D tensor or array of token ids) as a list; TokenizerError
-    for text or anything else that is no sequence (``decode("abc")`` would read letters)."""
+    for text or anything else that is no sequence (``decode("abc")`` would read letters),
+    and for a tensor or array of another rank than 1 (a 2-D one is a batch: decode_batch)."""
+    ndim = getattr(ids, "ndim", 1)
+    if ndim != 1 and hasattr(ids, "tolist"):
+        raise TokenizerError(
+            f"ids: one sequence of token ids (1-D), got a {ndim}-D {type(ids).__name__}"
+            + ("; decode_batch takes a batch" if ndim == 2 else "")
+        )
     ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")

@@ -10,6 +10,7 @@ the true alignment is known, and that choice is the default.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from torch import Tensor
@@ -33,13 +34,22 @@ def cross_attention(model: Transformer, src: Tensor, tgt_in: Tensor, layer: int)
 
 
 def layer_index(layer: int, n: int, what: str = "decoder layers") -> int:
-    """The 0-based index of ``layer`` (from 1; negative: from the last) of ``n`` ``what``."""
+    """The 0-based index of ``layer`` (from 1; negative: from the last) of ``n`` ``what``;
+    DecodeError naming ``layer`` unless it is an integer (not a bool) in that range."""
+    try:  # 1.0 or "1" would fail later as a list index, and True would read as layer 1
+        if isinstance(layer, bool):
+            raise TypeError
+        layer = operator.index(layer)
+    except TypeError:
+        raise DecodeError(f"layer {layer!r}: not an integer; {_layers(n, what)}") from None
     index = layer - 1 if layer > 0 else n + layer
     if not 0 <= index < n or layer == 0:
-        raise DecodeError(
-            f"layer {layer}: the model has {n} {what} (1..{n}, or -{n}..-1 from the last)"
-        )
+        raise DecodeError(f"layer {layer}: {_layers(n, what)}")
     return index
+
+
+def _layers(n: int, what: str) -> str:
+    return f"the model has {n} {what} (1..{n}, or -{n}..-1 from the last)"
 
 
 def hard_alignment(weights: Tensor, skip_src: Sequence[int] = ()) -> list[int]:

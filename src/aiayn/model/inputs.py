@@ -46,9 +46,16 @@ def check_ids(
             )
 
 
-def check_memory(memory: object, d_model: int) -> None:
+def check_memory(
+    memory: object,
+    d_model: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
     """ModelInputError unless ``memory`` is an encoder output ``[batch, src_len, d_model]``
-    (its dtype is not checked: under autocast it may differ from the weights')."""
+    on ``device`` and of ``dtype`` (the weights'), when given: comparisons, no
+    synchronisation. Under autocast its dtype may differ from the weights' and is not
+    checked."""
     if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.size(2) != d_model:
         got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
         raise ModelInputError(
@@ -56,6 +63,19 @@ def check_memory(memory: object, d_model: int) -> None:
         )
     if not memory.is_floating_point():
         raise ModelInputError(f"memory must be the encoder output (floats), got {memory.dtype}")
+    if device is not None and memory.device != device:
+        raise ModelInputError(
+            f"memory is on device {memory.device} but the model is on {device}; move one of them"
+        )
+    if (
+        dtype is not None
+        and memory.dtype != dtype
+        and not torch.is_autocast_enabled(memory.device.type)
+    ):
+        raise ModelInputError(
+            f"memory has dtype {memory.dtype} but the model's weights are {dtype}; "
+            "cast one of them (or run under torch.autocast)"
+        )
 
 
 def check_group(group: object) -> None:

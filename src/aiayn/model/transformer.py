@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import TransformerConfig
-from aiayn.errors import ModelInputError
+from aiayn.errors import ConfigError, ModelInputError
 from aiayn.model import projection
 from aiayn.model.cache import CrossAttentionCache, DecoderLayerCache, SelfAttentionCache
 from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
@@ -203,6 +203,8 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        if not isinstance(cfg, TransformerConfig):  # a dict would fail at its first field
+            raise _not_a_config(cfg)
         self.cfg = cfg
         scale = cfg.scale_embeddings
         self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, scale)
@@ -257,9 +259,11 @@ class Transformer(nn.Module):
         offset = state.offset if state is not None else 0
         padded = state is not None and state.positions is not None  # rows at their own steps
         room = self.cfg.max_len - (0 if padded else offset)
-        check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, room, values=offset == 0)
-        check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, values=False)
-        check_memory(memory, self.cfg.d_model)
+        weight = self.tgt_embed.weight  # its device and dtype: comparisons, no synchronisation
+        device = weight.device
+        check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, room, offset == 0, device)
+        check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, False, device)
+        check_memory(memory, self.cfg.d_model, device, weight.dtype)
         group = state.group if state is not None else 1  # target rows per source row
         rows = tgt_in.size(0)
         if memory.size(0) * group != rows or src.size(0) * group != rows:
@@ -268,6 +272,8 @@ class Transformer(nn.Module):
                 f"{tuple(memory.shape)}, src {tuple(src.shape)}"
                 + (f" ({group} target rows per source row)" if group > 1 else "")
             )
+        if state is not None and state.layers:
+            _check_state_rows(state, rows)
         if memory.size(1) != src.size(1):
             raise ModelInputError(
                 f"memory covers {memory.size(1)} source positions but src has {src.size(1)}"
@@ -287,7 +293,8 @@ class Transformer(nn.Module):
         [B, S, d_model]`` (B * group rows: the beams of each sentence, side by side), about
         to take their first step: encoder-decoder keys/values projected once per source,
         no self-attention keys yet. :meth:`DecoderState.join` adds it to a running batch."""
-        check_memory(memory, self.cfg.d_model)
+        weight = self.tgt_embed.weight
+        check_memory(memory, self.cfg.d_model, weight.device, weight.dtype)
         check_group(group)
         return DecoderState(self.decoder.start(memory, group), 0, group=group)
 
@@ -325,15 +332,7 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         """Teacher-forced logits ``[B, T, tgt_vocab]`` for src ``[B, S]``, tgt_in ``[B, T]``
         (decoder output ``[B, T, d_model]`` with ``project=False``)."""
-        both = isinstance(src, Tensor) and isinstance(tgt_in, Tensor)
-        if both and src.dim() == tgt_in.dim() and src.size(0) != tgt_in.size(0):
-            raise ModelInputError(
-                f"batch sizes differ: src has {src.size(0)} rows, tgt_in {tgt_in.size(0)}"
-            )
-        if both and tgt_in.device != src.device:  # src's is checked against the model's
-            raise ModelInputError(
-                f"tgt_in is on device {tgt_in.device} but src is on {src.device}; move one of them"
-            )
+        _check_pair(src, tgt_in)
         return self.decode(tgt_in, self.encode(src), src, project=project)
 
     def forward_with_attention(
@@ -344,6 +343,7 @@ class Transformer(nn.Module):
         Returns ``{"encoder": [B, h, S, S] per layer, "decoder_self": [B, h, T, T] per layer,
         "cross": [B, h, T, S] per layer}``.
         """
+        _check_pair(src, tgt_in)
         weights: dict[str, list[Tensor]] = {"encoder": [], "decoder_self": [], "cross": []}
         memory = self.encode(src, weights["encoder"])
         return self.decode(tgt_in, memory, src, weights=weights), weights
@@ -351,3 +351,42 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         """Trainable parameters, counting shared (tied) tables once."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def _not_a_config(cfg: object) -> ConfigError:
+    hint = "; make one with TransformerConfig.from_dict" if isinstance(cfg, dict) else ""
+    return ConfigError(f"cfg must be a TransformerConfig, got {type(cfg).__name__}{hint}")
+
+
+def _check_pair(src: object, tgt_in: object) -> None:
+    """Before the encoder runs: ModelInputError when ``src`` and ``tgt_in`` (each checked
+    fully later, src against the model's device) are batches of different sizes or on
+    different devices. A tensor that is not 2-D is left to those checks, which name it."""
+    if not (isinstance(src, Tensor) and isinstance(tgt_in, Tensor)):
+        return
+    if tgt_in.device != src.device:
+        raise ModelInputError(
+            f"tgt_in is on device {tgt_in.device} but src is on {src.device}; move one of them"
+        )
+    if src.dim() == tgt_in.dim() == 2 and src.size(0) != tgt_in.size(0):
+        raise ModelInputError(
+            f"batch sizes differ: src has {src.size(0)} rows, tgt_in {tgt_in.size(0)}"
+        )
+
+
+def _check_state_rows(state: DecoderState, rows: int) -> None:
+    """ModelInputError unless ``state`` (its caches begun) holds ``rows`` target rows, and
+    one encoder-decoder row per ``state.group`` of them: the rows it was started (or last
+    reordered) for. Sizes only: nothing is synchronised."""
+    cache = state.layers[0]
+    held, sources = cache.self_attn.rows, cache.cross_attn.keys.size(0)
+    if held != rows:
+        raise ModelInputError(
+            f"state holds {held} target rows but tgt_in has {rows}; start a state for these "
+            "rows (Transformer.start_state) or reorder it to them"
+        )
+    if sources * state.group != rows:
+        raise ModelInputError(
+            f"state holds the encoder-decoder keys of {sources} source rows, {state.group} "
+            f"target rows each, but tgt_in has {rows} rows"
+        )

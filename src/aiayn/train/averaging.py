@@ -20,6 +20,8 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     no optimizer state. All checkpoints must share one config, one tokenizer (or all have
     none: bare weights) and the same weights (names and shapes); CheckpointError naming the
     one that does not."""
+    if isinstance(paths, (str, Path)):  # its characters would be taken for paths
+        raise CheckpointError(f"paths: a list of checkpoint paths, not one path ({paths})")
     if not paths:
         raise CheckpointError("no checkpoints to average")
     # One checkpoint at a time beside a float64 running sum: a base model's checkpoint with

@@ -474,3 +474,13 @@ def test_validation_bleu_takes_the_recipes_tokenization(tmp_path, prepared, monk
     with pytest.raises(RecipeError) as refused:
         Recipe().override(["valid_tokenize=ja-mecab"])
     assert "'valid_tokenize' must be 13a | intl | zh | char | none" in str(refused.value)
+
+
+def test_the_encoding_processes_are_no_forks_of_the_caller():
+    """A fork copies the locks that the caller's other threads hold (a progress bar's, a
+    test runner's): a prepare under two test workers once waited forever on one. The
+    processes come from a fork server (or spawn), started clean."""
+    from aiayn.data.prepared import _pool_context
+
+    with _pool_context().Pool(1) as pool:
+        assert pool.apply(os.getppid) != os.getpid()

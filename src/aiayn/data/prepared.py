@@ -101,6 +101,18 @@ def _encode_chunk(
     return out, counts, (sides if text else ([], []))
 
 
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """Where the encoding processes come from: a fork server where there is one, else
+    spawn. Not a fork of this process: it may have threads (a progress bar's monitor, a
+    test runner's, torch's), and a fork copies the locks they hold, so a child could wait
+    forever on one (a prepare under two test workers hung so)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # imported once, by the server
+    return context
+
+
 def encode_split(
     pairs: Iterator[tuple[str, str]],
     writer: SplitWriter,
@@ -134,9 +146,7 @@ def encode_split(
         for chunk in chunks(pairs, chunk_pairs):
             write(_encode_chunk(chunk, *args))
     else:
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        with context.Pool(workers, initializer=_init_worker, initargs=(spm_bytes,)) as pool:
+        with _pool_context().Pool(workers, initializer=_init_worker, initargs=(spm_bytes,)) as pool:
             pending: deque = deque()
             for chunk in chunks(pairs, chunk_pairs):
                 pending.append(pool.apply_async(_encode_chunk, (chunk, *args)))

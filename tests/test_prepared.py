@@ -482,5 +482,28 @@ def test_the_encoding_processes_are_no_forks_of_the_caller():
     processes come from a fork server (or spawn), started clean."""
     from aiayn.data.prepared import _pool_context
 
-    with _pool_context().Pool(1) as pool:
-        assert pool.apply(os.getppid) != os.getpid()
+    context = _pool_context()
+    assert context.get_start_method() in ("forkserver", "spawn")
+    if context.get_start_method() == "forkserver":
+        with context.Pool(1) as pool:
+            assert pool.apply(os.getppid) != os.getpid()  # the server's child, not ours
+
+
+def test_prepare_in_a_script_without_a_main_guard_stops_with_one_line(corpus, tmp_path):
+    """Each encoding process imports the calling script; unguarded, it called prepare
+    again there, and the pool started dying processes again forever."""
+    script = tmp_path / "prepare_me.py"
+    paths = [str(corpus[k]) for k in ("train.de", "train.en", "val.de", "val.en")]
+    script.write_text(
+        "from aiayn.data.prepared import prepare\n"
+        f"prepare({paths[:2]!r}, {paths[2:]!r}, {str(tmp_path / 'out')!r}, vocab_size=400,\n"
+        "        workers=2, show_progress=False)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "prepare ran again in its encoding process: call it under" in done.stderr
+    assert done.stderr.rstrip().endswith("or out of memory)"), done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()

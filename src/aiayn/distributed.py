@@ -22,6 +22,21 @@ import torch.distributed as dist
 
 from aiayn.errors import AiaynError, CollectiveError
 
+
+def exit_if_bootstrapping(message: str) -> None:
+    """Exit with ``message`` in a process that multiprocessing started (spawn, fork server)
+    while it still imports the main module: that process imports the script which started
+    it, and a script without an ``if __name__ == "__main__":`` guard would do its work
+    again from inside it (load a model, start a server or more processes), which fails or
+    waits forever. ``message`` says to add the guard."""
+    import multiprocessing as mp
+    import sys
+
+    if getattr(mp.current_process(), "_inheriting", False):  # set while it imports main
+        print(message, file=sys.stderr, flush=True)  # a fork server's child drops SystemExit's
+        raise SystemExit(1)
+
+
 # How long a rank waits in a collective (or at start-up, for the others to join) before
 # the job fails. Long enough for rank 0 to prepare raw text while the others wait; a
 # recipe sets its own (``collective_timeout_minutes``).

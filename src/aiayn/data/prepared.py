@@ -19,6 +19,8 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from aiayn.data.shards import (
     token_dtype,
 )
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.distributed import exit_if_bootstrapping
 from aiayn.errors import AiaynError, CorpusError, TokenizerError
 from aiayn.progress import progress
 
@@ -146,14 +149,21 @@ def encode_split(
         for chunk in chunks(pairs, chunk_pairs):
             write(_encode_chunk(chunk, *args))
     else:
-        with _pool_context().Pool(workers, initializer=_init_worker, initargs=(spm_bytes,)) as pool:
-            pending: deque = deque()
-            for chunk in chunks(pairs, chunk_pairs):
-                pending.append(pool.apply_async(_encode_chunk, (chunk, *args)))
-                while pending and (len(pending) > 2 * workers or pending[0].ready()):
-                    write(pending.popleft().get())
-            while pending:
-                write(pending.popleft().get())
+        pool = ProcessPoolExecutor(workers, _pool_context(), _init_worker, (spm_bytes,))
+        try:
+            with pool:
+                pending: deque = deque()
+                for chunk in chunks(pairs, chunk_pairs):
+                    pending.append(pool.submit(_encode_chunk, chunk, *args))
+                    while pending and (len(pending) > 2 * workers or pending[0].done()):
+                        write(pending.popleft().result())
+                while pending:
+                    write(pending.popleft().result())
+        except (BrokenProcessPool, BrokenPipeError):  # not a Pool, which starts dead ones again
+            raise AiaynError(
+                "prepare: its encoding processes died (each imports the script that called "
+                'prepare: call it under `if __name__ == "__main__":`; or out of memory)'
+            ) from None
     bar.close()
     return counts, texts
 
@@ -184,8 +194,14 @@ def prepare(
     ``sample`` pairs drawn with ``seed``.
     Raises CorpusError (file and line) for unusable text, and when ``out`` exists;
     AiaynError naming ``out`` when its files cannot be written (a full disk), and when
-    another prepare is writing it (the second is refused; the first goes on).
+    another prepare is writing it (the second is refused; the first goes on). With
+    several ``workers`` each encoding process imports the calling script: call prepare
+    under ``if __name__ == "__main__":`` there (else it exits, saying so).
     """
+    exit_if_bootstrapping(  # in an encoding process importing an unguarded script
+        "aiayn: prepare ran again in its encoding process: call it under `if __name__ == "
+        '"__main__":` (each encoding process imports the script that called it)'
+    )
     out = Path(out)
     for name, value in (("workers", workers), ("sample", sample), ("chunk_pairs", chunk_pairs)):
         if value < 1:

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from aiayn.distributed import exit_if_bootstrapping
 from aiayn.errors import AiaynError
 from aiayn.serve.batching import BatchWorker
 from aiayn.serve.channel import Channel
@@ -66,12 +67,11 @@ def refuse_in_bootstrap() -> None:
     main module. A spawned worker imports the script that started the server: without an
     ``if __name__ == "__main__":`` guard, that script would load the model again and start
     a second server from inside the worker, which fails and leaves the first hanging."""
-    if getattr(mp.current_process(), "_inheriting", False):  # set while it imports main
-        raise SystemExit(
-            "aiayn: the model worker process ran the script that starts the server again: "
-            'start the server under `if __name__ == "__main__":` (a worker process '
-            "imports the main module; see docs/serving.md)"
-        )
+    exit_if_bootstrapping(
+        "aiayn: the model worker process ran the script that starts the server again: "
+        'start the server under `if __name__ == "__main__":` (a worker process '
+        "imports the main module; see docs/serving.md)"
+    )
 
 
 def _portable(outcome: Outcome) -> Outcome:

@@ -266,6 +266,12 @@ def test_inference_context_restores_training_mode_even_on_error(tiny_model):
         assert not tiny_model.training and not torch.is_grad_enabled()
         raise RuntimeError("boom")
     assert tiny_model.training and torch.is_grad_enabled()
+    tiny_model.encoder.eval()  # a part the caller froze stays so (train() set it training)
+    with inference(tiny_model):
+        assert not tiny_model.training
+    assert tiny_model.training and not tiny_model.encoder.training
+    assert not any(m.training for m in tiny_model.encoder.modules())
+    tiny_model.train()
     bad = torch.full((1, 3), 10_000, dtype=torch.long)  # ids outside the vocabulary
     with pytest.raises(ValueError, match="outside the vocabulary"):
         greedy(tiny_model, bad)

@@ -472,3 +472,10 @@ def test_a_setting_given_replaces_the_rule_of_the_models_defaults(translator):
     assert sampler.translate(lines, beam=4) == translator.translate(lines, searched.replace(beam=4))
     drawn = sampler.options(None, {"seed": 3})  # what is not given keeps the model's rule
     assert drawn.sampling and drawn.top_k == 50 and drawn.beam == 1
+    # Its number of samples goes with sampling: at most the beam (it was "n_best 4 > beam").
+    four = Translator(model, tok, {"do_sample": True, "num_return_sequences": 4})
+    assert (four.options(None, {"beam": 2}).n_best, four.options(None, {"beam": 5}).n_best) == (
+        2,
+        4,
+    )
+    assert four.options(None, {"sampling": False}).n_best == 1

@@ -52,17 +52,19 @@ def as_list(models: Models) -> list[Transformer]:
 @contextmanager
 def inference(models: Models) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the block, for one model or several;
-    each model's training flag is restored afterwards, even if decoding raises."""
+    each module's training flag is restored afterwards (a part the caller froze in eval
+    mode stays so), even if decoding raises."""
     # train()/eval() walk every module: only the models in training mode are switched.
     training = [m for m in ([models] if isinstance(models, Transformer) else models) if m.training]
+    flags = [(module, module.training) for model in training for module in model.modules()]
     for model in training:
         model.eval()
     try:
         with torch.inference_mode():
             yield
     finally:
-        for model in training:
-            model.train()
+        for module, flag in flags:
+            module.training = flag
 
 
 def check_src(src: object) -> None:

@@ -137,7 +137,8 @@ class DecodeOptions:
         checked like a new one. A setting given replaces the rule it is part of: sampling
         turned on without a beam samples (beam 1); sampling turned off, or a beam over 1
         without sampling given, turns these options' sampling off with its temperature,
-        top_k and top_p; forced_eos and cut_at_limit each turn the other off."""
+        top_k, top_p and number of samples (n_best, at most the beam then); forced_eos and
+        cut_at_limit each turn the other off."""
         given = {k: v for k, v in settings.items() if v is not None}
         if given.get("sampling") and "beam" not in given:
             given["beam"] = 1
@@ -145,7 +146,9 @@ class DecodeOptions:
         if "sampling" not in given and isinstance(beams, int) and beams > 1:
             given["sampling"] = False
         if self.sampling and given.get("sampling") is False:
-            given = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, **given}
+            beam = given.get("beam", self.beam)
+            n_best = min(self.n_best, beam) if isinstance(beam, int) else self.n_best
+            given = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "n_best": n_best, **given}
         for rule, other in (("forced_eos", "cut_at_limit"), ("cut_at_limit", "forced_eos")):
             if given.get(rule) is True and other not in given:
                 given[other] = False

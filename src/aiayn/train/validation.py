@@ -134,7 +134,7 @@ def translate_texts(
 ) -> list[str]:
     """``texts`` translated (greedy for ``beam=1``), in order, as :class:`Translator` gives
     them; the model is left in the mode it was in."""
-    with inference(model):  # a Translator puts its models in eval mode for good
+    with inference(model):  # once: each decoding step would switch the modes otherwise
         translator = Translator(model, tokenizer)
         found = translator.translate(texts, DecodeOptions(beam=beam), batch_size=batch_size)
     return [outputs[0] for outputs in found]

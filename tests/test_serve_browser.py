@@ -120,3 +120,70 @@ def test_page_translates_and_draws_attention(sample_model_dir, tmp_path):
         driver.quit()
     if os.environ.get("AIAYN_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["AIAYN_SCREENSHOT"])
+
+
+def test_page_errors_fallbacks_and_a_non_ascii_key(sample_model_dir, tmp_path):
+    """What the page did wrong: a blank source (attention null) left the old heatmap up
+    and the selects threw; an error left the old result on screen; a server whose limits
+    refuse attention maps translated nothing; a non-ASCII API key never matched (fetch
+    sends header bytes as ISO-8859-1); an empty beam box was sent as beam 0."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from aiayn.serve import ServeConfig
+
+    translator = Translator(*load_model(resolve_checkpoint(sample_model_dir())))
+    expected = translator.translate([SENTENCE], beam=4)[0][0]
+    driver = _browser(tmp_path)
+
+    def send(text: str, beam: str = "4") -> None:
+        driver.execute_script("document.getElementById('status').textContent = '…';")
+        for field, value in (("src", text), ("beam", beam)):
+            driver.find_element(By.ID, field).clear()
+            if value:
+                driver.find_element(By.ID, field).send_keys(value)
+        driver.find_element(By.ID, "go").click()
+        WebDriverWait(driver, 60).until(
+            lambda d: (
+                d.find_element(By.ID, "status").text != "translating…"
+                and d.find_element(By.ID, "go").is_enabled()
+                and d.find_element(By.ID, "status").text != "…"
+            )
+        )
+
+    def shown(element: str) -> bool:
+        return driver.find_element(By.ID, element).is_displayed()
+
+    try:
+        key = "schlüssel-ключ"
+        with live_server(translator, ServeConfig(api_key=key)) as base:
+            driver.get(base + "/")
+            driver.execute_script(
+                "window.errors = []; addEventListener('error', (e) => errors.push(e.message));"
+            )
+            WebDriverWait(driver, 30).until(EC.visibility_of_element_located((By.ID, "key")))
+            driver.find_element(By.ID, "key").send_keys(key)
+            send(SENTENCE, beam="")  # empty: the model's beam (4), not beam 0
+            assert driver.find_element(By.ID, "status").text == ""
+            assert driver.find_element(By.ID, "translation").text == expected
+            assert shown("maps")
+            send("\u200b")  # a blank source: a translation, no attention map
+            assert shown("result") and not shown("maps")
+            driver.execute_script(  # hidden now; its handler threw on the null map
+                "const k = document.getElementById('kind'); k.value = 'encoder';"
+                "k.dispatchEvent(new Event('change'));"
+            )
+            send("Ein Hund " * 40)  # over the model's positions: a 422
+            assert driver.find_element(By.ID, "status").text.startswith("error: src.0:")
+            assert not shown("result")
+            assert driver.execute_script("return errors;") == []
+        with live_server(translator, ServeConfig(max_attention_sentences=0)) as base:
+            driver.get(base + "/")
+            send(SENTENCE)
+            status = driver.find_element(By.ID, "status").text
+            assert status.startswith("no attention map: attention:"), status
+            assert driver.find_element(By.ID, "translation").text == expected
+            assert shown("result") and not shown("maps")
+    finally:
+        driver.quit()

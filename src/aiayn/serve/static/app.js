@@ -5,8 +5,29 @@ const $ = (id) => document.getElementById(id);
 let attention = null; // the "attention" entry of the last /translate answer, sentence 0
 
 async function loadInfo() {
-  const response = await fetch("/info"); // 401: the server wants a key for /info too
-  $("key-label").hidden = response.ok ? !(await response.json()).api_key_required : false;
+  try { // 401: the server wants a key for /info too
+    const response = await fetch("/info");
+    $("key-label").hidden = response.ok ? !(await response.json()).api_key_required : false;
+  } catch (e) { // unknown: offer the key field, so that a server that wants one is usable
+    $("key-label").hidden = false;
+  }
+}
+
+// A header carries bytes as ISO-8859-1 characters: the key's UTF-8 bytes, as the server
+// compares them (a non-ASCII key was refused, or made fetch() throw).
+const headerBytes = (text) => String.fromCharCode(...new TextEncoder().encode(text));
+
+async function post(body) {
+  const headers = { "Content-Type": "application/json" };
+  if ($("key").value) headers["X-API-Key"] = headerBytes($("key").value);
+  const response = await fetch("/translate", { method: "POST", headers, body: JSON.stringify(body) });
+  let answer = null;
+  try { answer = await response.json(); } catch (e) { /* a proxy's HTML page, a plain 500 */ }
+  if (response.ok && answer) return answer;
+  const message = answer && answer.error ? answer.error.message : "";
+  const error = new Error(message || `${response.status} ${response.statusText}`.trim());
+  error.status = response.status;
+  throw error;
 }
 
 function fillSelect(select, n, extra) {
@@ -71,6 +92,7 @@ function draw() {
 }
 
 function refresh() {
+  if (!attention) return;
   const kind = $("kind").value;
   fillSelect($("layer"), attention[kind].length);
   fillSelect($("head"), attention[kind][0].length, "mean of heads");
@@ -81,23 +103,26 @@ async function translate(event) {
   event.preventDefault();
   const text = $("src").value.trim() || $("src").placeholder;
   $("go").disabled = true;
+  $("result").hidden = true; // no earlier result under a new input's error
   $("status").className = "";
   $("status").textContent = "translating…";
-  const headers = { "Content-Type": "application/json" };
-  if ($("key").value) headers["X-API-Key"] = $("key").value;
+  const request = { src: [text], attention: true };
+  if ($("beam").value) request.beam = Number($("beam").value); // empty: the model's beam
   try {
-    const response = await fetch("/translate", {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ src: [text], beam: Number($("beam").value), attention: true }),
-    });
-    const body = await response.json();
-    if (!response.ok) throw new Error(body.error ? body.error.message : response.statusText);
+    let body, note = "";
+    try {
+      body = await post(request);
+    } catch (e) { // maps over the server's limits: the translation alone
+      if (e.status !== 413 || !e.message.startsWith("attention")) throw e;
+      body = await post({ ...request, attention: false });
+      note = "no attention map: " + e.message;
+    }
     $("translation").textContent = body.translations[0];
-    attention = body.attention[0];
+    attention = body.attention ? body.attention[0] : null; // null: a blank source
+    $("maps").hidden = !attention;
     $("result").hidden = false;
-    $("status").textContent = "";
-    if (attention) refresh();
+    $("status").textContent = note;
+    refresh();
   } catch (e) {
     $("status").className = "error";
     $("status").textContent = "error: " + e.message;
@@ -108,6 +133,6 @@ async function translate(event) {
 
 $("form").addEventListener("submit", translate);
 $("kind").addEventListener("change", refresh);
-$("layer").addEventListener("change", draw);
-$("head").addEventListener("change", draw);
+$("layer").addEventListener("change", () => attention && draw());
+$("head").addEventListener("change", () => attention && draw());
 loadInfo();

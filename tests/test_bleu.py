@@ -88,6 +88,8 @@ def test_a_none_reference_is_no_reference_as_in_sacrebleu():
     assert corpus_bleu(hyps, one_each).signature.startswith("nrefs:1|")
     with pytest.raises(AiaynError, match="hypothesis 2 has no reference"):
         corpus_bleu(["a", "b"], [["a", None], ["a", None]])
+    with pytest.raises(AiaynError, match="hypothesis 1 has no reference"):  # a TypeError
+        corpus_bleu(["a", "b"], [None, "b"])
 
 
 def test_lowercase_and_smoothing_edge_cases_match_sacrebleu():

@@ -17,6 +17,7 @@ from aiayn.errors import AiaynError
 from aiayn.inspect.attention import attention_map, text_heatmap
 from aiayn.inspect.maps import add_alignments, attention, attention_maps
 from aiayn.translator import Translator
+from cli_util import one_line_error
 
 # Only the tests that draw need matplotlib (a dev dependency: under `make test` nothing
 # may skip, see conftest.py).
@@ -220,6 +221,28 @@ def test_curves_keep_the_losses_logged_as_nan(tmp_path):
 
 
 @draws
+def test_plot_survives_huge_numbers_and_names_what_it_cannot_write(tmp_path, capsys):
+    """Tracebacks before: an integer of 400 digits (OverflowError), a loss.png that is a
+    folder (IsADirectoryError); and --run naming the metrics file put the plots under it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    good = {"step": 1, "kind": "train", "loss": 5.0, "lr": 0.001}
+    (run / "metrics.jsonl").write_text(
+        json.dumps(good) + '\n{"step": 2, "kind": "train", "loss": 1' + "0" * 400 + "}\n"
+    )
+    assert main(["plot", "--run", str(run / "metrics.jsonl")]) == 0  # the huge loss: a gap
+    assert (run / "plots" / "loss.png").stat().st_size > 1000
+    (run / "metrics.jsonl").write_text(
+        json.dumps(good) + '\n{"step": 1' + "0" * 400 + ', "kind": "train", "loss": 4.0}\n'
+    )
+    assert main(["plot", "--run", str(run)]) == 2
+    assert "metrics.jsonl:2: not a metrics record (no numeric 'step')" in capsys.readouterr().err
+    (run / "metrics.jsonl").write_text(json.dumps(good) + "\n")
+    (tmp_path / "out" / "loss.png").mkdir(parents=True)
+    err = one_line_error(["plot", "--run", str(run), "--out", str(tmp_path / "out")], capsys)
+    assert f"{tmp_path / 'out' / 'loss.png'}: cannot write (Is a directory)" in err
+
+
 def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert main(["plot", "--run", str(tmp_path / "none")]) == 2
     assert "no such metrics file" in capsys.readouterr().err

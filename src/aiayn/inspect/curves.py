@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TypeGuard
 
 from aiayn.errors import AiaynError
 
@@ -51,12 +52,23 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
                 break
             raise AiaynError(f"{path}:{number}: not a JSON line") from None
         step = record.get("step") if isinstance(record, dict) else None
-        if not isinstance(step, (int, float)) or isinstance(step, bool):
+        if not _number(step) or not math.isfinite(step):
             raise AiaynError(f"{path}:{number}: not a metrics record (no numeric 'step')")
         records.append(record)
     if not records:
         raise AiaynError(f"{path}: holds no metrics yet")
     return records
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    """A JSON number a float holds (an integer of 400 digits does not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def series(records: list[dict], kind: str, key: str) -> tuple[list[float], list[float]]:
@@ -69,7 +81,7 @@ def series(records: list[dict], kind: str, key: str) -> tuple[list[float], list[
         value = r.get(key) if r.get("kind") == kind else None
         if isinstance(value, str) and value.lower() in NOT_FINITE:
             value = float(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _number(value):
             points[r["step"]] = float(value)
     steps = sorted(points)
     return steps, [points[s] for s in steps]
@@ -90,14 +102,16 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw loss, validation BLEU, learning rate and tokens/s against the update step into
-    PNGs in ``out_dir`` (default ``run_dir/plots``); curves without data are skipped."""
+    PNGs in ``out_dir`` (default ``plots`` beside the metrics file); curves without data
+    are skipped. AiaynError naming the file it cannot read or write."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = read_metrics(run_dir)
-    out = Path(out_dir) if out_dir else Path(run_dir) / "plots"
+    run = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent  # or its file's
+    out = Path(out_dir) if out_dir else run / "plots"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -122,7 +136,11 @@ def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
+        try:
+            fig.savefig(out / name, dpi=100)
+        except OSError as e:  # a folder of that name, no permission, a full disk
+            raise AiaynError(f"{out / name}: cannot write ({e.strerror or e})") from None
+        finally:
+            plt.close(fig)
         written.append(out / name)
     return written

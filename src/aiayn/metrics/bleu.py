@@ -214,7 +214,7 @@ def corpus_bleu(
     "intl", "zh" (Chinese), "char" (Japanese and Korean without MeCab), "none".
     """
     streams: list[list[str | None]]
-    if references and isinstance(references[0], str):  # one stream
+    if references and all(r is None or isinstance(r, str) for r in references):  # one stream
         streams = [list(cast("Sequence[str]", references))]
     else:
         streams = [list(s) for s in references]

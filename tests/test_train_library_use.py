@@ -178,7 +178,7 @@ def test_an_empty_output_path_is_refused(tmp_path, sample_prepared, monkeypatch,
         Trainer(tiny(sample_prepared, "max_steps=1"), "", log=quiet)
     argv = ["train", "--data", str(sample_prepared), "--out", "", "--no-progress"]
     err = one_line_error([*argv, "--set", *TINY_RUN, "max_steps=1"], capsys)
-    assert "run directory: the path is empty" in err
+    assert "--out: the path is empty" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -104,8 +104,10 @@ def run(argv: list[str] | None) -> int:
     """:func:`main` but for Ctrl-C and the signals, which it turns into one line."""
     from aiayn.distributed import shutdown  # imports torch
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        _refuse_empty_paths(parser, args)
         processes = os.environ.get("WORLD_SIZE", "1")
         if args.command not in DISTRIBUTED and processes.isdigit() and int(processes) > 1:
             raise AiaynError(
@@ -124,3 +126,28 @@ def run(argv: list[str] | None) -> int:
         return EXIT_USER_ERROR
     finally:
         shutdown()  # leaves a torchrun process group, if one was joined
+
+
+# The flags that name a file, folder or URL: given as "" (a script's unset variable:
+# `--model "$MODEL"`), some would read as not given and quietly do something else.
+PATH_FLAGS = {
+    "model", "checkpoint", "out", "output", "data", "run", "src", "ref", "mirror",
+    "spm_model", "init_from", "config", "prefix_file", "closest_to",
+}  # fmt: skip
+
+
+def _refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """AiaynError for a path flag of the command run (``aiayn data get`` too) given as ""."""
+    actions, found = list(parser._actions), []
+    while actions:  # the chosen subcommand's actions, and those of its chosen subcommand
+        action = actions.pop()
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            actions += chosen._actions if chosen is not None else []
+        elif action.option_strings and action.dest in PATH_FLAGS:
+            found.append(action)
+    for action in found:
+        value = getattr(args, action.dest, None)
+        if "" in (value if isinstance(value, list) else [value]):
+            flag = max(action.option_strings, key=len)
+            raise AiaynError(f"{flag}: the path is empty (an unset variable in a script?)")

@@ -159,7 +159,8 @@ def _kind(value: object) -> str:
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
-def _finite(tensor: torch.Tensor) -> bool:
+def finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of a floating-point ``tensor`` is finite."""
     # A NaN or infinity makes the sum NaN or infinite: one pass that allocates nothing,
     # several times faster than isfinite(); only a sum that overflows is looked at closer.
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
@@ -187,7 +188,7 @@ def check_entries(state: dict[str, Any], path: str | Path) -> None:
     for name, tensor in weights.items():
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
             raise _malformed(path, "model", f"{name!r} is {_kind(tensor)}, not a tensor")
-        if tensor.is_floating_point() and not _finite(tensor):
+        if tensor.is_floating_point() and not finite(tensor):
             raise CheckpointError(f"{path}: weight {name!r} holds NaN or infinity")
     if "tokenizer" in state:
         checkpoint_tokenizer(state, path)

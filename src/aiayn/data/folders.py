@@ -224,7 +224,13 @@ def file_mode(path: str | Path) -> int:
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        return 0o666 & ~umask()
+        return new_file_mode()
+
+
+def new_file_mode() -> int:
+    """The permission bits a new file gets (open() gives them; mkstemp and safetensors
+    make theirs private)."""
+    return 0o666 & ~umask()
 
 
 def umask() -> int:

@@ -29,7 +29,7 @@ from aiayn.checkpoint import (
     resolve_checkpoint,
 )
 from aiayn.config import TransformerConfig
-from aiayn.data.folders import replaceable_folder, staged_folder, umask
+from aiayn.data.folders import new_file_mode, replaceable_folder, staged_folder
 from aiayn.data.marian_tokenizer import AIAYN_KEY, MarianTokenizer
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConversionError
@@ -140,7 +140,7 @@ def export_marian(
     with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
         try:
             save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-            (tmp / WEIGHTS).chmod(0o666 & ~umask())  # safetensors makes it private (0600)
+            (tmp / WEIGHTS).chmod(new_file_mode())  # safetensors makes it private (0600)
         except Exception as e:  # safetensors' own error type, a full disk among its causes
             raise ConversionError(f"{out_dir}: cannot write {WEIGHTS} ({e})") from None
         for name, text in texts.items():

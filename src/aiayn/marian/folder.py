@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import BEST, save_checkpoint
+from aiayn.checkpoint import BEST, finite, save_checkpoint
 from aiayn.data.folders import staged_folder
 from aiayn.data.marian_tokenizer import (
     AIAYN_KEY,
@@ -130,8 +130,9 @@ class MarianFolder:
         if name not in self.tensors:
             raise ConversionError(f"{self.weights_path}: no weight {name}")
         tensor = self.tensors[name]
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            # what loading the imported model would refuse, found before it is written
+        # What loading the imported model would refuse, found before it is written; each
+        # weight once (the shared tables are asked for three times).
+        if name not in self._used and tensor.is_floating_point() and not finite(tensor):
             raise ConversionError(f"{self.weights_path}: weight {name} holds NaN or infinity")
         self._used.add(name)
         return tensor
@@ -209,10 +210,7 @@ class MarianFolder:
             )
         model = Transformer(cfg)
         try:
-            to_aiayn(model, self.tensor, tables)
-        except ConversionError as e:  # a weight of the wrong shape, named; or from tensor()
-            named = str(e).startswith(f"{self.weights_path}: ")
-            raise ConversionError(str(e) if named else f"{self.weights_path}: {e}") from None
+            to_aiayn(model, self.tensor, tables, str(self.weights_path))
         except RuntimeError as e:  # a tensor of the wrong shape
             first = str(e).strip().splitlines()[0]
             raise ConversionError(

@@ -211,12 +211,16 @@ def _permute(t: Tensor, axis: str, order: Tensor) -> Tensor:
 
 
 def to_aiayn(
-    model: Transformer, tensors: Callable[[str], Tensor], embeddings: dict[str, Tensor]
+    model: Transformer,
+    tensors: Callable[[str], Tensor],
+    embeddings: dict[str, Tensor],
+    where: str,
 ) -> None:
     """Fill ``model`` (built from the converted config) with Marian's weights:
     ``tensors(name)`` gives each Marian weight (float32), ``embeddings`` the source and
     target tables and the output projection ("source", "target", "output") and, with an
-    output bias, "bias" ``[V]``."""
+    output bias, "bias" ``[V]``. ConversionError naming ``where`` (the weights' file) for a
+    weight of the wrong shape."""
     d = model.cfg.d_model
     order = torch.argsort(marian_order(d))  # aiayn[..., k] = marian[..., order[k]]
     ours = model.state_dict(keep_vars=True)
@@ -226,7 +230,7 @@ def to_aiayn(
         t = tensors(name)
         if tuple(t.shape) != shape:
             raise ConversionError(
-                f"weight {name} has shape {tuple(t.shape)}, the config makes it {shape}"
+                f"{where}: weight {name} has shape {tuple(t.shape)}, the config makes it {shape}"
             )
         return t
 

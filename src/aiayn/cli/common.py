@@ -156,7 +156,7 @@ def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
             yield lambda text: named(f.write, text)
             named(f.flush)
         return
-    from aiayn.data.folders import file_mode  # here: aiayn.data imports torch (slow)
+    from aiayn.data.folders import new_file_mode  # here: aiayn.data imports torch (slow)
 
     target = Path(os.path.realpath(path))  # a link's target: the link stays
     prefix, folder = f".{target.name}.", target.parent
@@ -165,7 +165,8 @@ def output_stream(path: str | None) -> Iterator[Callable[[str], object]]:
         with os.fdopen(fd, "w", encoding="utf-8") as f, _unflushed_on_error(f):
             yield lambda text: named(f.write, text)
             named(f.flush)  # a full disk shows here, named, not in close()
-        named(os.chmod, tmp, named(file_mode, target))
+        # The old file's permissions (stat above), else what the umask gives a new one.
+        named(os.chmod, tmp, stat.S_IMODE(mode) if mode is not None else new_file_mode())
         named(os.replace, tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)  # gone already when renamed

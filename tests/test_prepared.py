@@ -205,6 +205,41 @@ def test_every_streaming_error_names_the_file_and_line(tmp_path):
     assert not list(tmp_path.glob(".out*.tmp"))
 
 
+def test_unusable_validation_text_is_refused_before_the_training_text_is_read(tmp_path):
+    """A typo in a validation path (or a bad validation file) was reported after the
+    tokenizer was trained and the whole training text encoded: hours on a big corpus."""
+    good = write(tmp_path / "good.en", b"one\ntwo\nthree\n")
+    said: list[str] = []  # prepare logs as each stage of its work ends
+    cases = [
+        ((good, tmp_path / "missing.en"), r"missing\.en: no such file"),
+        ((good, write(tmp_path / "v.en", b"a\n\xff\nc\n")), r"v\.en, line 2: invalid UTF"),
+        ((good, write(tmp_path / "two.en", b"a\nb\n")), r"two\.en ends after line 2"),
+        ((good, write(tmp_path / "blank.en", b"\n \n\n")), "no usable pairs"),
+    ]
+    for i, (valid, message) in enumerate(cases):
+        with pytest.raises(CorpusError, match=message):
+            prepare(
+                (good, good), valid, tmp_path / f"o{i}", 40, log=said.append, show_progress=False
+            )
+        assert not (tmp_path / f"o{i}").exists()
+    assert said == []  # refused before the tokenizer was trained
+
+
+def test_a_sample_of_unusable_pairs_alone_does_not_refuse_the_corpus(tmp_path):
+    """The tokenizer's sample, not the corpus, was checked for usable pairs: a corpus of
+    200 empty pairs and 100 good ones was refused when the sample held only empty ones."""
+    src = "".join(f"Haus {i}\n" if i % 3 == 0 else "\n" for i in range(300))
+    tgt = "".join(f"house {i}\n" for i in range(300))
+    a, b = write(tmp_path / "a.de", src.encode()), write(tmp_path / "a.en", tgt.encode())
+    for seed in range(1, 6):  # whichever pair the sample of one draws
+        out = tmp_path / f"d{seed}"
+        m = prepare((a, b), (a, b), out, 60, sample=1, seed=seed, show_progress=False)
+        assert m["splits"]["train"]["pairs"] == 100
+    empty = write(tmp_path / "e.de", b"\n" * 300)
+    with pytest.raises(CorpusError, match=r"no usable pairs \(300 empty"):
+        prepare((empty, b), (a, b), tmp_path / "e", 60, sample=1, show_progress=False)
+
+
 def test_prepare_fills_an_empty_folder_but_never_one_with_files(tmp_path):
     """A folder made beforehand (``mkdir data``) is taken while it is empty; one holding
     anything is refused, and what it holds is left as it was."""

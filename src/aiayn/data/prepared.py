@@ -214,6 +214,7 @@ def prepare(
             f"({', '.join(SPECIAL)}), got {vocab_size}"
         )
     _check_new(out)  # before anything is written
+    _check_valid(*valid)  # before the work on the training text, which may take hours
     busy = f"another prepare is writing {out}; let it finish, or prepare into another directory"
     with held_output(out, busy):
         _check_new(out)  # again: a prepare that held it until now may have written it
@@ -233,6 +234,15 @@ def prepare(
             raise AiaynError(f"{out}: cannot write the prepared data ({why})") from None
     log(f"prepared {out}")
     return manifest
+
+
+def _check_valid(src: str | Path, tgt: str | Path) -> None:
+    """CorpusError (file and line) unless the validation text is usable (it is read
+    again, and encoded, after the training text)."""
+    counts = PairCounts()
+    for s, t in iter_line_pairs(src, tgt):
+        clean_pair(s, t, None, counts)
+    counts.check(src, tgt)
 
 
 def _check_new(out: Path) -> None:
@@ -288,10 +298,15 @@ def _prepare_into(
             iter_line_pairs(*train), desc="sample", unit="pairs", disable=not show_progress
         )
         chosen: list = sample_pairs(iter(pairs), sample, seed)
+        whole = len(chosen) < sample  # the corpus is smaller than the sample
         counts = PairCounts()
         for i, (s, t) in enumerate(chosen):  # in place: the raw lines go as they are cleaned
             chosen[i] = clean_pair(s, t, max_len_words, counts)
         chosen = [p for p in chosen if p is not None]
+        if not chosen and not whole:  # a sample of unusable pairs only: the rest may not be
+            counts = PairCounts()
+            usable = (clean_pair(s, t, max_len_words, counts) for s, t in iter_line_pairs(*train))
+            chosen = sample_pairs((p for p in usable if p is not None), sample, seed)
         counts.check(*train)
         tokenizer = _train_tokenizer(chosen, tmp / "spm", vocab_size, model_type)
         del chosen

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -300,11 +300,15 @@ def _with_every_language(
 
 
 def pair_files(
-    spec: str, *, show_progress: bool = True, log: Callable[[str], None] = print
+    spec: str,
+    *,
+    roles: Sequence[str] = ("train", "valid", "test"),
+    show_progress: bool = True,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Path]:
-    """``NAME`` or ``NAME/SRC-TGT`` (``multi30k/fr-en``) -> the recipe's train_src,
-    train_tgt, valid_src, valid_tgt and the test files, fetching what the cache lacks
-    (of Multi30k, only the two languages' train, val and test2016)."""
+    """``NAME`` or ``NAME/SRC-TGT`` (``multi30k/fr-en``) -> the files of ``roles``: the
+    recipe's train_src, train_tgt, valid_src, valid_tgt and test_src, test_tgt, fetching
+    what the cache lacks (of Multi30k, only those splits of the two languages)."""
     name, slash, direction = spec.partition("/")
     if name not in DATASETS:
         raise DownloadError(f"data set {spec!r}: unknown; known: {', '.join(DATASETS)}")
@@ -317,13 +321,13 @@ def pair_files(
     src, tgt = langs
     files = {
         f"{role}_{side}": f"{data.roles[role]}.{lang}{data.suffix}"
-        for role in ("train", "valid", "test")
+        for role in roles
         for side, lang in (("src", src), ("tgt", tgt))
     }
     folder = cache_dir() / data.name
     if not all((folder / f).is_file() for f in files.values()):
         if any(s.split for s in data.sources):
-            splits = [data.roles[r] for r in ("train", "valid", "test")]
+            splits = [data.roles[r] for r in roles]
             get(name, langs=[src, tgt], splits=splits, show_progress=show_progress, log=log)
         else:
             get(name, show_progress=show_progress, log=log)

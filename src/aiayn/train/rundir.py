@@ -292,7 +292,9 @@ class RunDirectory:
             directory = self.out_dir / "data"
             empty = [k for k in TEXT_FIELDS if not getattr(r, k)]
             if r.dataset and empty:  # fetched (when the cache lacks it) by rank 0 alone
-                named = self.on_main(lambda: pair_files(r.dataset, log=self.log))
+                named = self.on_main(  # training reads no test set: none is fetched
+                    lambda: pair_files(r.dataset, roles=("train", "valid"), log=self.log)
+                )
                 for key in empty:
                     setattr(r, key, str(named[key]))
 

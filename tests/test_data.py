@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from aiayn.config import UNK_ID
 from aiayn.data import (
     BOS_ID,
     EOS_ID,
@@ -169,6 +170,19 @@ def test_tokenizer_survives_bytes_and_rejects_garbage(tokenizer, tmp_path):
         Tokenizer.from_bytes(b"definitely not a model")
     with pytest.raises(TokenizerError, match=r"missing\.model: no such SentencePiece model"):
         Tokenizer.load(tmp_path / "missing.model")
+
+
+def test_tokenizer_training_keeps_lines_longer_than_sentencepieces_default(tmp_path):
+    """SentencePiece leaves out lines over 4192 bytes without a word: a joint vocabulary
+    of paragraph-long German lines beside short English ones learned no German (and only
+    long lines failed inside SentencePiece)."""
+    german = " ".join(f"Größe{i} Übermäßig{i}" for i in range(300))  # > 4192 bytes
+    assert len(german.encode()) > 4192
+    english = [f"a short line {i}" for i in range(20)]
+    tokenizer = Tokenizer.train([german, *english], tmp_path / "joint", vocab_size=200)
+    assert UNK_ID not in tokenizer.encode("Größe Übermäßig")
+    alone = Tokenizer.train([german], tmp_path / "alone", vocab_size=120)
+    assert UNK_ID not in alone.encode("Größe Übermäßig")
 
 
 # -- batching -------------------------------------------------------------------------------

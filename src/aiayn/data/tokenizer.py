@@ -16,6 +16,7 @@ import io
 import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -26,6 +27,7 @@ from aiayn.errors import TokenizerError
 # protocol buffer and never starts with them).
 ZIP_MAGIC = b"PK\x03\x04"
 SPM_FILE = "spm.model"  # the file a joint tokenizer is saved as in a model directory
+SPM_MAX_SENTENCE = 4192  # SentencePiece's default max_sentence_length, in bytes
 
 
 class Tokenizer:
@@ -60,6 +62,12 @@ class Tokenizer:
         texts = [t for t in texts if t.strip()]
         if not texts:
             raise TokenizerError("tokenizer: no text to train on")
+        # SentencePiece leaves out every line over max_sentence_length bytes without a
+        # word (one language of a joint vocabulary, say, if its lines are long paragraphs).
+        longest = max(len(t.encode()) for t in texts)
+        lengths: dict[str, Any] = {"max_sentence_length": longest}
+        if longest <= SPM_MAX_SENTENCE:  # the default, as before: the same model bytes
+            lengths = {}
         model = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
@@ -77,6 +85,7 @@ class Tokenizer:
                 input_sentence_size=2_000_000,
                 shuffle_input_sentence=True,
                 minloglevel=2,
+                **lengths,
             )
         except RuntimeError as e:
             raise TokenizerError(f"tokenizer: SentencePiece training failed: {e}") from None

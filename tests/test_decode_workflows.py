@@ -221,6 +221,16 @@ def test_alignments_are_word_pairs_in_range(sample_model_dir):
         add_alignments(translator, [translator.encode(lines[0])], found[:1], 3)
 
 
+def test_progress_counts_blank_lines_as_done(sample_model_dir):
+    """on_batch (translate's progress bar) was told only of the decoded lines: with 2 of 4
+    lines blank it ended at 2/4."""
+    translator = Translator.from_dir(sample_model_dir(False))
+    told: list[int] = []
+    lines = [PAIRS[0][0], "", "   ", PAIRS[1][0]]
+    out = translator.translate(lines, beam=1, batch_size=1, on_batch=told.append)
+    assert sum(told) == 4 and len(told) == 3 and out[1] == out[2] == [""]
+
+
 def test_word_starts_merge_pieces():
     assert word_starts(["▁A", "▁dog", "▁r", "un", "s", "."]) == [0, 1, 2, 2, 2, 2]
     assert word_starts(["un", "▁a"]) == [0, 1]

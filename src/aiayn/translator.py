@@ -226,9 +226,12 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         """The searches' hypotheses for each row of source ``ids`` (none for an empty row),
         with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples
-        (``scores=False``: see :func:`aiayn.decode.search`)."""
+        (``scores=False``: see :func:`aiayn.decode.search`). ``on_batch(n)`` is told of
+        each ``n`` rows done, the empty ones first, so the counts add up to ``len(ids)``."""
         results: list[list[Hypothesis]] = [[] for _ in ids]
         lines = range(len(ids)) if lines is None else lines
+        if on_batch is not None and (empty := sum(not row for row in ids)):
+            on_batch(empty)
         for index, src in sorted_batches(ids, batch_size, self.model.cfg.pad_id):
             found = search(
                 self.models,

@@ -473,7 +473,12 @@ def test_stdin_may_be_gzip_as_a_file_may(sample_model_dir, tmp_path, monkeypatch
     assert "<stdin>: bad gzip data (" in err
     evaluate = ["evaluate", "--model", model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
     err = one_line_error(evaluate, capsys)
-    assert "has 2 line(s) but" in err and "a line holds a carriage return" in err
+    assert "has 2 line(s) but" in err and "1 line(s) hold a carriage return" in err
+    # translate reads such a file as one line, and says why (it said nothing)
+    assert main(["translate", "--model", model, str(f["ref_en"])]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1
+    assert f"note: {f['ref_en']}: 1 line(s) hold a carriage return (CR alone" in err
     monkeypatch.setattr(sys, "stdin", _stdin("only one\n"))
     err = one_line_error(
         ["translate", "--model", model, "--prefix-file", "-", str(f["in_de"])], capsys

@@ -21,6 +21,7 @@ from aiayn.cli.common import (
     write_stdout,
 )
 from aiayn.cli.flags import add_decoding_flags, add_inference_flags, add_search_flags, text_arg
+from aiayn.data.corpus import cr_note
 from aiayn.errors import AiaynError
 from aiayn.metrics.bleu import TOKENIZERS
 
@@ -43,6 +44,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         lines, prefixes, references, chunk = typed_lines(), None, None, 1
     else:
         lines, chunk = read_input(args.input), None
+        if cr := sum("\r" in line for line in lines):
+            print(cr_note(cr, f"note: {named(args.input)}: "), file=sys.stderr)
         prefixes = read_prefixes(args, len(lines))
         references = read_closest_to(args, len(lines))
     n_best = 1 if references is not None else args.n_best
@@ -209,10 +212,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     src_name = named(args.src)
     for path, ref in zip(args.ref, refs):
         if len(src) != len(ref):
-            cr = any("\r" in line for text in (src, ref) for line in text)
+            cr = sum("\r" in line for text in (src, ref) for line in text)
             raise AiaynError(
-                f"{src_name} has {len(src)} line(s) but {named(path)} has {len(ref)}"
-                + ("; a line holds a carriage return (CR alone ends no line: use LF)" if cr else "")
+                f"{src_name} has {len(src)} line(s) but {named(path)} has {len(ref)}{cr_note(cr)}"
             )
     if not src:
         raise AiaynError(f"{src_name} and {named(args.ref[0])}: no lines to score")

@@ -63,6 +63,14 @@ def check_readable_file(path: Path, pipe: bool = False) -> bool:
     return stat.S_ISFIFO(mode)
 
 
+def cr_note(lines: int, before: str = "; ") -> str:
+    """ "" or, for ``lines`` > 0 that hold a carriage return inside them, ``before`` and a
+    note saying why that matters (a file of the CR line ends of old Macs is one line)."""
+    if not lines:
+        return ""
+    return f"{before}{lines} line(s) hold a carriage return (CR alone ends no line: use LF)"
+
+
 def decode_line(line: bytes, name: str, number: int) -> str:
     """One line's bytes (no newline) as text, without a trailing CR.
 
@@ -184,12 +192,14 @@ class PairCounts:
     kept: int = 0
     dropped_empty: int = 0
     dropped_long: int = 0
+    with_cr: int = 0  # pairs with a carriage return inside a line: a file of CR line ends?
 
     def __iadd__(self, other: PairCounts) -> PairCounts:
         self.lines += other.lines
         self.kept += other.kept
         self.dropped_empty += other.dropped_empty
         self.dropped_long += other.dropped_long
+        self.with_cr += other.with_cr
         return self
 
     def check(self, src_path: str | Path, tgt_path: str | Path) -> None:
@@ -199,7 +209,7 @@ class PairCounts:
         if not self.kept:
             raise CorpusError(
                 f"{src_path} and {tgt_path}: no usable pairs ({self.dropped_empty} empty, "
-                f"{self.dropped_long} too long)"
+                f"{self.dropped_long} too long){cr_note(self.with_cr)}"
             )
 
 
@@ -208,6 +218,7 @@ def clean_pair(
 ) -> tuple[str, str] | None:
     """The pair normalised, or None when :func:`keep_pair` drops it; counted in ``counts``."""
     counts.lines += 1
+    counts.with_cr += "\r" in src or "\r" in tgt
     src, tgt = normalize(src), normalize(tgt)
     why = keep_pair(src, tgt, max_len_words)
     if why == "empty":

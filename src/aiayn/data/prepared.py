@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.data.corpus import PairCounts, clean_pair, iter_line_pairs
+from aiayn.data.corpus import PairCounts, clean_pair, cr_note, iter_line_pairs
 from aiayn.data.folders import held_output, staged_folder, staged_leftovers
 from aiayn.data.shards import (
     FORMAT,
@@ -341,7 +341,7 @@ def _prepare_into(
         log(
             f"{split}: {n['pairs']} pairs of {n['lines']} lines, {n['src_tokens']} + "
             f"{n['tgt_tokens']} tokens ({n['dropped_empty']} empty, {n['dropped_long']} long "
-            "dropped)"
+            f"dropped){cr_note(counts.with_cr)}"
         )
     inputs = {
         name: {

@@ -240,6 +240,18 @@ def test_a_sample_of_unusable_pairs_alone_does_not_refuse_the_corpus(tmp_path):
         prepare((empty, b), (a, b), tmp_path / "e", 60, sample=1, show_progress=False)
 
 
+def test_text_with_carriage_returns_for_line_ends_is_named_so(tmp_path):
+    """A file with the CR line ends of old Macs is one long line: prepare said only "no
+    usable pairs (0 empty, 1 too long)", and nothing when such a line was kept."""
+    cr = write(tmp_path / "cr.de", "".join(f"Satz {i}.\r" for i in range(200)).encode())
+    en = write(tmp_path / "cr.en", "".join(f"Sentence {i}.\r" for i in range(200)).encode())
+    with pytest.raises(CorpusError, match=r"1 too long\); 1 line\(s\) hold a carriage return"):
+        prepare((cr, en), (cr, en), tmp_path / "a", 60, show_progress=False)
+    said: list[str] = []
+    prepare((cr, en), (cr, en), tmp_path / "b", 60, max_len_words=0, log=said.append)
+    assert sum("1 line(s) hold a carriage return (CR alone" in x for x in said) == 2, said
+
+
 def test_prepare_fills_an_empty_folder_but_never_one_with_files(tmp_path):
     """A folder made beforehand (``mkdir data``) is taken while it is empty; one holding
     anything is refused, and what it holds is left as it was."""
@@ -359,6 +371,53 @@ def test_a_damaged_index_file_is_named(tmp_path, prepared):
             index.write_bytes(junk)
         with pytest.raises(CorpusError, match=f"^{re.escape(str(index))}: not a valid index file"):
             PreparedData(damaged)
+
+
+def test_an_index_whose_rows_leave_the_token_file_is_refused_when_read(tmp_path, prepared):
+    """A negative offset was accepted and failed at the first batch (os.pread's EINVAL,
+    a traceback); one past the end read as padding; a length of 10**12 wrapped to a
+    negative size in int32. Each is now refused when the data is read, naming the row."""
+    damaged = tmp_path / "data"
+    shutil.copytree(prepared, damaged)
+    path = damaged / "train.src.idx.npy"
+    good = np.load(path)
+    cases = [
+        ((5, 0), -50, f"row 5 has offset -50, the lengths before it put it at {good[5, 0]}"),
+        ((5, 0), 10**6, "row 5 has offset 1000000"),
+        ((0, 0), 1, "row 0 has offset 1, the lengths before it put it at 0"),
+        ((5, 1), 10**12, "row 5 has length 1000000000000"),
+        ((7, 1), -3, "row 7 has length -3"),
+    ]
+    for (row, column), value, message in cases:
+        index = good.copy()
+        index[row, column] = value
+        np.save(path, index)
+        with pytest.raises(CorpusError) as raised:
+            PreparedData(damaged)
+        said = str(raised.value)
+        assert said.startswith(f"{path}: {message}") and said.endswith("prepare it again"), said
+    np.save(path, good.astype(np.uint64))  # another integer type, right values: still read
+    assert PreparedData(damaged).train.ids("src", 5).tolist() == (
+        PreparedData(prepared).train.ids("src", 5).tolist()
+    )
+
+
+def test_a_validation_text_that_is_not_utf8_names_its_file_and_line(tmp_path, prepared, capsys):
+    """It said "prepared data is incomplete ('utf-8' codec can't decode byte 0xff in
+    position 3609 ...)", naming neither the file nor the line."""
+    damaged = tmp_path / "data"
+    shutil.copytree(prepared, damaged)
+    text = damaged / "valid.src.txt"
+    lines = text.read_bytes().split(b"\n")
+    lines[2] = lines[2][:3] + b"\xff" + lines[2][3:]
+    text.write_bytes(b"\n".join(lines))
+    message = f"{text}, line 3: invalid UTF-8 (byte 0xff at column 4)"
+    with pytest.raises(CorpusError, match=f"^{re.escape(message)}"):
+        PreparedData(damaged)
+    train = ["train", "--data", str(damaged), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main([*train, "--set", *TINY, "max_steps=1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsys):

@@ -31,6 +31,7 @@ import torch
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
 from aiayn.data.batching import Batch, plan_batches, special_ids
+from aiayn.data.corpus import decode_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CorpusError
 
@@ -113,6 +114,34 @@ def _load_index(path: Path) -> np.ndarray:
     return index
 
 
+def _checked_index(path: Path, tokens: Path, itemsize: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (offsets, lengths) of the index ``path``, as int64 and int32, once every row is
+    known to address its own slice of ``tokens``: lengths >= 0 that fit int32 and sum to
+    the file's size, offsets the running sum of the lengths before them (as
+    :class:`SplitWriter` writes them). CorpusError naming the file and row otherwise: an
+    offset out of place failed only at the first batch (os.pread's EINVAL) or silently
+    read as padding, and a huge length wrapped to a negative size."""
+    index = _load_index(path).astype(np.int64, copy=False)  # a uint64 past int64 turns < 0
+    offsets, lengths = np.ascontiguousarray(index[:, 0]), index[:, 1]
+    bad = (lengths < 0) | (lengths > np.iinfo(np.int32).max)
+    if bad.any():
+        row = int(bad.argmax())
+        raise CorpusError(f"{path}: row {row} has length {int(lengths[row])}; {DAMAGED}")
+    # Bounded lengths: neither the sum nor the running sums can overflow int64.
+    size, expected = tokens.stat().st_size, int(lengths.sum()) * itemsize
+    if size != expected:
+        raise CorpusError(f"{tokens}: {size} bytes, the index says {expected}; {DAMAGED}")
+    starts = np.cumsum(lengths) - lengths
+    bad = offsets != starts
+    if bad.any():
+        row = int(bad.argmax())
+        raise CorpusError(
+            f"{path}: row {row} has offset {int(offsets[row])}, the lengths before it put it "
+            f"at {int(starts[row])}; {DAMAGED}"
+        )
+    return offsets, lengths.astype(np.int32)
+
+
 class PreparedSplit:
     """One split, read from disk when a batch needs it: memory holds the index (12 bytes per
     sentence and side), not the corpus.
@@ -135,17 +164,10 @@ class PreparedSplit:
         self.offsets: dict[str, np.ndarray] = {}
         lengths: dict[str, np.ndarray] = {}
         for side in SIDES:
-            index = _load_index(directory / f"{split}.{side}.idx.npy")
-            self.offsets[side] = np.ascontiguousarray(index[:, 0])
-            lengths[side] = index[:, 1].astype(np.int32)
-            del index
             path = directory / f"{split}.{side}.bin"
-            expected = int(lengths[side].sum(dtype=np.int64)) * dtype.itemsize
-            if path.stat().st_size != expected:
-                raise CorpusError(
-                    f"{path}: {path.stat().st_size} bytes, the index says {expected}; the "
-                    "prepared data is damaged, prepare it again"
-                )
+            self.offsets[side], lengths[side] = _checked_index(
+                directory / f"{split}.{side}.idx.npy", path, dtype.itemsize
+            )
             self.fds[side] = os.open(path, os.O_RDONLY)
         self.src_lens, self.tgt_lens = lengths["src"], lengths["tgt"]
         if len(self.src_lens) != len(self.tgt_lens):
@@ -230,8 +252,7 @@ class PreparedData:
             self.train = PreparedSplit(self.directory, "train", self.dtype, special)
             self.valid = PreparedSplit(self.directory, "valid", self.dtype, special)
             self.valid_src, self.valid_tgt = (
-                (self.directory / f"valid.{side}.txt").read_text("utf-8").splitlines()
-                for side in SIDES
+                _read_text(self.directory / f"valid.{side}.txt") for side in SIDES
             )
         except CorpusError:  # names the damaged file itself
             raise
@@ -267,6 +288,15 @@ class PreparedData:
             f"{s['pairs']} pairs, {s['src_tokens']} + {s['tgt_tokens']} tokens, from "
             f"{self.directory} ({s['dropped_empty']} empty{long}, dropped when prepared)"
         )
+
+
+def _read_text(path: Path) -> list[str]:
+    """The lines of a validation text as written (a byte order mark kept); CorpusError
+    naming the file and line of a byte that is not UTF-8."""
+    try:
+        return decode_lines(path.read_bytes(), str(path), keep_bom=True)
+    except CorpusError as e:
+        raise CorpusError(f"{e}; {DAMAGED}") from None
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

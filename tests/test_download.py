@@ -133,6 +133,38 @@ def test_a_stalled_server_times_out(mirror, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_a_stall_mid_file_keeps_every_byte_that_arrived_and_says_how_many(mirror, tmp_path):
+    """read(CHUNK) waited for a whole chunk: at the timeout it dropped what it had gathered
+    (65536 of 128000 bytes kept, and a file smaller than a chunk kept nothing) yet said
+    "after 0 bytes ... the part is kept" of a part it had deleted."""
+    dest, url = tmp_path / "a.bin", mirror.url + "data/a.bin"
+    mirror.hold.add("data/a.bin")  # half of the file, then silence
+    with pytest.raises(DownloadError) as e:
+        fetch(url, dest, SHA, timeout=0.5, show_progress=False)
+    half, part = len(BODY) // 2, tmp_path / "a.bin.part"
+    assert f"broke off after {half} bytes (timed out); the part is kept in {part}" in str(e.value)
+    assert part.read_bytes() == BODY[:half]
+    mirror.hold.clear()
+    assert fetch(url, dest, SHA, show_progress=False) is True
+    assert dest.read_bytes() == BODY and mirror.requests[-1] == ("data/a.bin", f"bytes={half}-")
+    mirror.files["data/one.bin"] = b"1"  # half of it is nothing: the headers, then silence
+    mirror.hold.add("data/one.bin")
+    with pytest.raises(DownloadError) as e:
+        fetch(mirror.url + "data/one.bin", tmp_path / "one.bin", timeout=0.5, show_progress=False)
+    assert "broke off after 0 bytes (timed out). Offline" in str(e.value), str(e.value)
+    assert leftovers(tmp_path) == ["a.bin"]  # no empty part, and none claimed
+
+
+def test_an_empty_file_is_refused_without_a_checksum_too(mirror, tmp_path):
+    """With no checksum pinned (recorded on first use), a server's empty 200 was renamed
+    into place as the finished file: gzip reads an empty file as empty data."""
+    for name in ("empty.gz", "empty.tar"):
+        mirror.files[f"data/{name}"] = b""
+        with pytest.raises(DownloadError, match=f"data/{name}: the server sent an empty file"):
+            fetch(mirror.url + f"data/{name}", tmp_path / name, None, show_progress=False)
+    assert leftovers(tmp_path) == []
+
+
 def test_a_cache_folder_that_cannot_be_written(mirror, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")

@@ -156,6 +156,9 @@ def _download(url: str, dest: Path, sha256: str | None, timeout: float, show: bo
             if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
                 part.unlink()
         raise
+    if part.stat().st_size == 0:  # no data file is empty: with no checksum, it passed
+        part.unlink()
+        raise DownloadError(f"{url}: the server sent an empty file. {_by_hand(url, dest)}")
     if sha256 is None and dest.name.endswith((".gz", ".tgz")):
         _check_gzip(part, url, dest)
     if sha256 is not None:
@@ -214,23 +217,32 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
                 unit_scale=True,
                 disable=not show_progress,
             ) as bar:
-                while block := response.read(CHUNK):
+                # read1: what has arrived, at most CHUNK. read(CHUNK) waited for a whole
+                # chunk (the bar stood still on a slow link) and a timeout dropped the
+                # bytes it had gathered.
+                while block := response.read1(CHUNK):
                     out.write(block)
                     received += len(block)
                     bar.update(len(block))
         except (OSError, http.client.HTTPException) as e:
             raise DownloadError(
-                f"{url}: the transfer broke off after {received} bytes ({_reason(e)}); the "
-                f"part is kept in {part} and the next call resumes it. {_by_hand(url, dest)}"
+                f"{url}: the transfer broke off after {received} bytes ({_reason(e)})"
+                f"{_resumes(received, part)}. {_by_hand(url, dest)}"
             ) from None
         finally:
             out.flush()
             os.fsync(out.fileno())
     if total is not None and received != total:
         raise DownloadError(
-            f"{url}: the server closed the connection after {received} of {total} bytes; the "
-            f"part is kept in {part} and the next call resumes it. {_by_hand(url, dest)}"
+            f"{url}: the server closed the connection after {received} of {total} bytes"
+            f"{_resumes(received, part)}. {_by_hand(url, dest)}"
         )
+
+
+def _resumes(received: int, part: Path) -> str:
+    """What becomes of ``part`` after a failure with ``received`` bytes in it: an empty
+    one is deleted (see :func:`_download`), so only a non-empty one is said to be kept."""
+    return f"; the part is kept in {part} and the next call resumes it" if received else ""
 
 
 def _check_gzip(part: Path, url: str, dest: Path) -> None:

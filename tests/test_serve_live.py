@@ -5,6 +5,7 @@ one still running when the grace period ends gets a 503."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -203,6 +205,28 @@ def test_a_request_still_running_when_the_grace_period_ends_gets_a_503(sample_mo
         message = response.json()["error"]["message"]
         assert message == "the server stopped before this translation finished"
         (gate / "open").touch()  # the worker finishes its step and stops
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+
+
+def test_a_body_still_arriving_when_the_grace_period_ends_gets_a_503(sample_model_dir, tmp_path):
+    """Cancelled while it read a slow client's body (not while it waited for the model),
+    the request got uvicorn's bare text/plain 500, and the log a traceback."""
+    with gated_server(sample_model_dir(), tmp_path, graceful_s=0.5) as (proc, base, _):
+        body = json.dumps({"src": ["Ein Hund."], "beam": 1}).encode()
+        head = "POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(body)}\r\n\r\n"
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as client:
+            client.sendall(head.encode() + body[:5])  # the rest never comes
+            time.sleep(1)  # the request is read: its handler waits for the body
+            proc.send_signal(signal.SIGTERM)
+            reply = b""
+            while chunk := client.recv(65536):
+                reply += chunk
+        status, _, rest = reply.partition(b"\r\n")
+        assert status.startswith(b"HTTP/1.1 503"), reply
+        error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+        assert error["message"] == "the server stopped before this translation finished"
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
 
 

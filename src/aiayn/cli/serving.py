@@ -14,7 +14,7 @@ MAX_THREADS = 1024
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from aiayn.serve import ServeConfig, serve
-        from aiayn.serve.app import origin_problem
+        from aiayn.serve.protocol import origin_problem
     except ImportError as e:
         raise AiaynError(
             f"serving needs the serve extra: pip install 'aiayn[serve]' ({e})"

@@ -61,6 +61,7 @@ from aiayn.serve.protocol import (
     check_key,
     client_gone,
     error_response,
+    origin_problem,
     parse_request,
     read_body,
     request_options,
@@ -97,17 +98,6 @@ class ServeConfig:
     # Web pages of other origins that may call the API from a browser (CORS), e.g.
     # "http://localhost:3000"; "*": any. None: only the server's own page.
     cors_origins: tuple[str, ...] = ()
-
-
-def origin_problem(origin: str) -> str | None:
-    """What keeps ``origin`` from being a CORS origin (a browser sends
-    ``scheme://host[:port]``, no path; or "*" for any), or None."""
-    if origin == "*":
-        return None
-    scheme, sep, rest = origin.partition("://")
-    if not sep or scheme not in ("http", "https") or not rest or "/" in rest or "*" in rest:
-        return "is not an origin: scheme://host[:port] (http or https, no path), or *"
-    return None
 
 
 def create_app(
@@ -198,10 +188,7 @@ def create_app(
             )
         except asyncio.CancelledError:  # the server stops, past its grace period
             worker.cancel(job)
-            # uvicorn cancels the request's task and would log a traceback and send a bare
-            # 500: answer, as a dead worker's requests are answered. (uvicorn cancels
-            # no request task for any other reason: see client_gone.)
-            raise ApiError(503, "the server stopped before this translation finished") from None
+            raise  # answered by translate()
         finally:
             left = gone is not None and gone.done()
             if gone is not None:
@@ -276,6 +263,15 @@ def create_app(
     async def translate(request: Request) -> dict[str, Any]:
         """Translate ``src``; with ``attention`` also every layer's attention weights of the
         best translation (``[layer][head][row][col]`` per kind, with the pieces)."""
+        try:
+            return await translation(request)
+        except asyncio.CancelledError:  # the server stops, past its grace period
+            # uvicorn cancels the request's task, wherever it is (reading the body too), and
+            # would log a traceback and send a bare 500: answer, as a dead worker's requests
+            # are answered. (It cancels no request task for any other reason: client_gone.)
+            raise ApiError(503, "the server stopped before this translation finished") from None
+
+    async def translation(request: Request) -> dict[str, Any]:
         deadline = asyncio.get_running_loop().time() + cfg.request_timeout_s
         check_key(request, cfg.api_key)
         check_json(request)

@@ -321,3 +321,14 @@ def request_prefixes(
             )  # fmt: skip
         found.append(ids)
     return found if any(found) else None
+
+
+def origin_problem(origin: str) -> str | None:
+    """What keeps ``origin`` from being a CORS origin (a browser sends
+    ``scheme://host[:port]``, no path; or "*" for any), or None."""
+    if origin == "*":
+        return None
+    scheme, sep, rest = origin.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or "/" in rest or "*" in rest:
+        return "is not an origin: scheme://host[:port] (http or https, no path), or *"
+    return None

@@ -178,16 +178,24 @@ def test_embeddings_scaled_shared_and_tied():
     assert untied.tgt_embed is not untied.src_embed and untied.out_proj is not None
 
 
-def test_every_layer_norm_is_a_registered_trained_parameter(tiny_model):
-    # A LayerNorm built inside forward() would be re-initialised each call and never trained.
-    names = [n for n, _ in tiny_model.named_parameters() if "norm" in n]
-    assert len(names) == 2 * (2 * 2 + 3 * 2)  # weight+bias; 2 per encoder, 3 per decoder layer
-    cfg = tiny_model.cfg
-    src, tgt = random_batch(cfg, [5], [4])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_every_layer_norm_is_a_registered_trained_parameter(norm_first):
+    """A LayerNorm built inside forward() would be re-initialised each call and never
+    trained: the registered one beside it would shape nothing. Each is perturbed in turn
+    (one of them alone was, so the other nine could be built in forward unseen)."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(norm_first=norm_first)).eval()
+    norms = {n: m for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)}
+    final = 2 if norm_first else 0  # pre-LN: the encoder's and the decoder's last norm
+    assert len(norms) == 2 * 2 + 3 * 2 + final  # 2 per encoder and 3 per decoder layer
+    src, tgt = random_batch(model.cfg, [5], [4])
     with torch.no_grad():
-        before = tiny_model(src, tgt)
-        tiny_model.decoder.layers[-1].ffn_norm.weight.mul_(2.0)
-        assert not torch.allclose(tiny_model(src, tgt), before)
+        before = model(src, tgt)
+        for name, norm in norms.items():
+            kept = norm.weight.clone()
+            norm.weight.add_(torch.randn_like(kept))
+            assert not torch.allclose(model(src, tgt), before), f"{name} shapes nothing"
+            norm.weight.copy_(kept)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

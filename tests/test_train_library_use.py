@@ -45,6 +45,16 @@ def held(directory: Path) -> bool:
     return False
 
 
+def test_the_trainers_optimizer_takes_the_recipes_adam_settings(tmp_path, sample_prepared):
+    settings = ("adam_betas=[0.85, 0.95]", "adam_eps=1e-6")
+    trainer = Trainer(tiny(sample_prepared, "max_steps=1", *settings), tmp_path / "r", log=quiet)
+    try:
+        groups = trainer.optimizer.param_groups
+        assert [(g["betas"], g["eps"]) for g in groups] == [((0.85, 0.95), 1e-6)] * len(groups)
+    finally:
+        trainer.run.release()
+
+
 def test_train_again_after_an_interrupt_holds_the_run_directory(
     tmp_path, sample_prepared, monkeypatch
 ):

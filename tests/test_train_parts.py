@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from aiayn.errors import RecipeError
 from aiayn.train.loss import label_smoothed_cross_entropy, token_losses
 from aiayn.train.optim import make_optimizer
+from aiayn.train.recipe import Recipe
 from aiayn.train.schedule import NoamSchedule, noam_rate, scheduled_rate
 
 
@@ -134,6 +135,18 @@ def test_a_budgeted_schedule_reads_the_budget_and_resumes():
     assert steps.rate() == pytest.approx(0.5 * noam_rate(10, 64, 10))
     with pytest.raises(RecipeError, match="schedule must be one of"):
         NoamSchedule(opt, 64, 10, kind="step")
+
+
+def test_the_optimizer_is_section_5_3s_adam_and_takes_the_settings_given():
+    """No test looked at the optimizer's settings: torch's default beta2 0.999 in place of
+    0.98, or the betas dropped on the way to torch.optim.Adam, trained on unnoticed."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    assert (Recipe().adam_betas, Recipe().adam_eps) == ((0.9, 0.98), 1e-9)
+    for decay in (0.0, 0.1):  # Adam, and AdamW's two groups
+        paper = make_optimizer(model, weight_decay=decay).param_groups
+        assert [(g["betas"], g["eps"]) for g in paper] == [((0.9, 0.98), 1e-9)] * len(paper)
+        given = make_optimizer(model, (0.8, 0.9), 1e-7, decay).param_groups
+        assert [(g["betas"], g["eps"]) for g in given] == [((0.8, 0.9), 1e-7)] * len(given)
 
 
 def test_weight_decay_is_decoupled_and_spares_the_1d_parameters():

@@ -12,3 +12,10 @@ def one_line_error(argv: list[str], capsys) -> str:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     return err
+
+
+def with_settings(base: list[str], *more: str) -> list[str]:
+    """The KEY=VALUE settings ``base`` with ``more`` in place of those of the same key:
+    `aiayn train` refuses a key that its --set gives twice."""
+    keys = {item.split("=", 1)[0] for item in more}
+    return [*(item for item in base if item.split("=", 1)[0] not in keys), *more]

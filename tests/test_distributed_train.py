@@ -23,6 +23,7 @@ from torch.distributed import TCPStore
 from aiayn.checkpoint import LAST, load_checkpoint, load_model
 from aiayn.cli import main
 from aiayn.data.shards import PreparedData
+from cli_util import with_settings
 from conftest import small_corpus
 from serve_util import wait_for
 
@@ -81,7 +82,7 @@ def torchrun_command(*launcher: str) -> list[str]:
 def train_args(data: Path, out: Path, max_tokens: int, *overrides: str) -> list[str]:
     return [
         "--data", str(data), "--out", str(out), "--no-progress",
-        "--set", *RECIPE, f"max_tokens={max_tokens}", *overrides,
+        "--set", *with_settings(RECIPE, f"max_tokens={max_tokens}", *overrides),
     ]  # fmt: skip
 
 

@@ -348,6 +348,25 @@ def test_the_recipe_page_lists_every_field():
     )
 
 
+def test_the_recipe_page_says_which_model_defaults_a_recipe_gets():
+    """The `model:` table lists TransformerConfig's defaults; a recipe that leaves a model
+    field out gets MODEL_DEFAULTS, which differ (share_embeddings true, not false; max_len
+    256, not 1024): the page's own text says what a recipe gets."""
+    from dataclasses import fields
+
+    from aiayn.config import TransformerConfig
+    from aiayn.train.recipe import MODEL_DEFAULTS
+
+    page = (DOCS / "recipe.md").read_text(encoding="utf-8")
+    hand_written = page.replace(reference.generated_part(DOCS / "recipe.md"), "")
+    config = {f.name: f.default for f in fields(TransformerConfig)}
+    differ = {k: v for k, v in MODEL_DEFAULTS.items() if v != config[k]}
+    assert differ, "MODEL_DEFAULTS agrees with TransformerConfig: this test checks nothing"
+    for key, value in differ.items():
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        assert f"`{key}: {shown}`" in hand_written, f"docs/recipe.md: say a recipe gets {key}"
+
+
 def test_the_readme_is_short():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 160, f"README.md has {lines} lines; the rest belongs on the docs pages"

@@ -155,3 +155,33 @@ def test_a_flag_of_one_model_given_twice_is_refused(argv, capsys):
         main(argv)
     assert e.value.code == 2
     assert "given twice: this command takes one" in capsys.readouterr().err
+
+
+PREPARE = "prepare --train-src a --train-tgt b --valid-src c --valid-tgt d --out o"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "train --out a --out b --data d",
+        "train --out a --config r.yaml --config s.yaml",
+        "train --out a --data d --data e",
+        "train --out a --train-src x --train-src y",
+        "train --out a --data d --init-from m --init-from n",
+        "train --out a --data d --resume --resume auto",
+        f"{PREPARE} --train-src e",
+        f"{PREPARE} --out p",
+        f"{PREPARE} --vocab-size 100 --vocab-size 200",
+        "average --model m --out a.pt --out b.pt",
+        "average --model m --last 2 --last 3",
+        "demo --steps 1 --steps 2 --min-accuracy 2",
+    ],
+)
+def test_a_flag_of_one_value_given_twice_is_refused(command, capsys, tmp_path, monkeypatch):
+    """`train --out A --out B` trained into B, `--config` twice read the last recipe alone,
+    and so on: argparse lets the last win without a word."""
+    monkeypatch.chdir(tmp_path)  # the relative paths above name nothing there
+    with pytest.raises(SystemExit) as e:
+        main(command.split())
+    assert e.value.code == 2
+    assert "given twice: this command takes one" in capsys.readouterr().err

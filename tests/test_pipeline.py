@@ -19,6 +19,7 @@ import torch
 
 from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
+from cli_util import with_settings
 from conftest import small_corpus
 
 pytestmark = pytest.mark.multi30k  # reads Multi30k where it is; CI runs it again without
@@ -46,7 +47,7 @@ def train_argv(paths: dict, out: Path, *overrides: str, resume: bool = False) ->
     argv += ["--train-src", str(paths["train.de"]), "--train-tgt", str(paths["train.en"])]
     argv += ["--valid-src", str(paths["val.de"]), "--valid-tgt", str(paths["val.en"])]
     argv += ["--resume"] if resume else []
-    return [*argv, "--set", *TINY, *overrides]
+    return [*argv, "--set", *with_settings(TINY, *overrides)]
 
 
 def records(out: Path, kind: str) -> list[dict]:

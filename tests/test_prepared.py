@@ -354,7 +354,8 @@ def test_settings_out_of_range_and_an_output_that_cannot_be_made_are_one_line(tm
         (["--out", str(text / "out")], f"{text / 'out'}: cannot create"),  # under a file
     ]
     for flags, message in cases:
-        assert main([*argv, "--out", str(tmp_path / "out"), *flags]) == 2
+        out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]  # given once
+        assert main([*argv, *out, *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err and "INTERNAL" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]

@@ -27,6 +27,7 @@ from aiayn.train.model_checks import (
 )
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
+from cli_util import with_settings
 from conftest import small_corpus
 from test_pipeline import TINY, fail, records, train_argv
 
@@ -210,7 +211,8 @@ def test_the_data_settings_of_a_resumed_run_cannot_change(tmp_path, corpus, caps
     assert main(train_argv(corpus, out, "max_steps=2", "vocab_size=300")) == 0
     changes = {"vocab_size": "400", "spm_model_type": "unigram", "max_len_words": "7"}
     for key, value in changes.items():
-        argv = train_argv(corpus, out, "max_steps=3", "vocab_size=300", f"{key}={value}")
+        settings = with_settings(["max_steps=3", "vocab_size=300"], f"{key}={value}")
+        argv = train_argv(corpus, out, *settings)
         err = fail([*argv, "--resume"], capsys)
         assert f"recipe field {key}=" in err and "prepared with the run's own" in err
     argv = train_argv(corpus, out, "max_steps=3", "vocab_size=300", resume=True)
@@ -293,6 +295,6 @@ def test_a_run_of_a_prepared_directory_ignores_the_data_settings_on_resume(tmp_p
     valid = (corpus["val.de"], corpus["val.en"])
     prepare((corpus["train.de"], corpus["train.en"]), valid, data, 300, show_progress=False)
     out = tmp_path / "run"
-    argv = ["train", "--out", str(out), "--data", str(data), "--no-progress", "--set", *TINY]
-    assert main([*argv, "max_steps=2"]) == 0
-    assert main([*argv, "max_steps=3", "vocab_size=123", "--resume"]) == 0
+    argv = ["train", "--out", str(out), "--data", str(data), "--no-progress", "--set"]
+    assert main([*argv, *TINY, "max_steps=2"]) == 0
+    assert main([*argv, *with_settings(TINY, "max_steps=3", "vocab_size=123"), "--resume"]) == 0

@@ -15,7 +15,7 @@ from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
 from aiayn.errors import RecipeError
 from aiayn.train.recipe import Recipe
-from cli_util import one_line_error
+from cli_util import one_line_error, with_settings
 
 # A model that trains an update in milliseconds, on the built-in sample (no Multi30k).
 TINY_RUN = [
@@ -42,6 +42,12 @@ TINY_RUN = [
         ("data:\n", "field 'data' must be a string, got None"),
         ("seed: 1\nmax_steps: 3\nseed: 2\n", ", line 3: key 'seed' given twice (first on line 1)"),
         ("model:\n  d_model: 8\n  d_model: 16\n", ", line 3: key 'd_model' given twice"),
+        ("model:\n  dropout: abc\n", ": field 'model.dropout' must be float, got 'abc'"),
+        ("model:\n  d_ff: 1e3\n", ": field 'model.d_ff' must be int, got '1e3'"),
+        ("model:\n  norm_first: 1\n", ": field 'model.norm_first' must be true or false"),
+        ("device: tpu\n", ": field 'device' must name a device (auto, cpu, cuda, cuda:N or mps)"),
+        ("device: cpu:1\n", ": field 'device' must name a device"),
+        ("device: 'cuda:'\n", ": field 'device' must name a device"),
         ("", ": holds no recipe"),
         ("# all commented out\n", ": holds no recipe"),
     ],
@@ -101,12 +107,13 @@ def test_a_refused_train_writes_nothing_and_keeps_what_was_there(tmp_path, sampl
     keep = tmp_path / "run_keep"
     keep.mkdir()
     (keep / "recipe.yaml").write_text("mine\n")
-    argv = ["train", "--data", str(sample_prepared), "--no-progress", "--set", *TINY_RUN]
+    run = ["train", "--data", str(sample_prepared), "--no-progress", "--set"]
     bad_settings = ("update_freq=0", "model.n_heads=3", "model.no_such_field=1")
     for bad in (*bad_settings, "model.max_len=2.5", "model.dropout=abc"):
-        one_line_error([*argv, bad, "--out", str(keep)], capsys)
+        one_line_error([*run, *with_settings(TINY_RUN, bad), "--out", str(keep)], capsys)
         assert [p.name for p in keep.iterdir()] == ["recipe.yaml"], bad
         assert (keep / "recipe.yaml").read_text() == "mine\n"
+    argv = [*run, *TINY_RUN]
     new = tmp_path / "new" / "run"
     err = one_line_error([*argv, "--out", str(new), "--init-from", str(tmp_path / "no")], capsys)
     assert "no such model directory" in err and not (tmp_path / "new").exists()
@@ -119,11 +126,12 @@ def test_a_refused_train_writes_nothing_and_keeps_what_was_there(tmp_path, sampl
     assert "--data and --train-src name two data sets" in err and not new.parent.exists()
 
 
-def _tiny_train(prepared: Path, out: Path) -> list[str]:
-    """The argv of a TINY_RUN training on ``prepared`` into ``out``; ``max_steps=N`` and
-    more settings follow (they extend its --set)."""
+def _tiny_train(prepared: Path, out: Path, *settings: str) -> list[str]:
+    """The argv of a TINY_RUN training on ``prepared`` into ``out``, with ``settings`` in
+    place of TINY_RUN's of the same key; ``max_steps=N`` and more settings of other keys
+    may follow (they extend its --set)."""
     argv = ["train", "--data", str(prepared), "--out", str(out), "--no-progress"]
-    return [*argv, "--set", *TINY_RUN]
+    return [*argv, "--set", *with_settings(TINY_RUN, *settings)]
 
 
 def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
@@ -138,12 +146,14 @@ def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
     assert main([*argv, "max_steps=2", "--resume"]) == 0  # nothing more, not step 3
     assert "nothing to do: the run already reached its max_steps" in capsys.readouterr().out
     assert last.read_bytes() == saved
-    err = one_line_error([*argv, "max_steps=3", "model.d_model=32", "--resume"], capsys)
+    bigger = _tiny_train(sample_prepared, out, "model.d_model=32")
+    err = one_line_error([*bigger, "max_steps=3", "--resume"], capsys)
     assert "model.d_model=32 differs from the run being resumed" in err and "d_model=16" in err
     err = one_line_error([*argv, "max_steps=3", "adam_betas=[0.8,0.98]", "--resume"], capsys)
     assert "adam_betas=[0.8, 0.98] differs from the run being resumed" in err
     assert last.read_bytes() == saved
-    assert main([*argv, "max_steps=3", "model.n_heads=2", "--resume"]) == 0  # the same: fine
+    same = _tiny_train(sample_prepared, out, "model.n_heads=2")  # the model's own: fine
+    assert main([*same, "max_steps=3", "--resume"]) == 0
     assert load_checkpoint(last)["step"] == 3
 
 
@@ -343,12 +353,15 @@ def test_validation_pairs_longer_than_max_len_are_counted_or_refused(
     1 (and a "best" model) when none fit. Now it says how many it leaves out, and a run of
     which no validation pair fits is refused before it trains, naming the files."""
     out = tmp_path / "run"
-    argv = [*_tiny_train(sample_prepared, out), "max_steps=1"]
-    err = one_line_error([*argv, "model.max_len=13"], capsys)  # 5 training pairs fit
+
+    def argv(max_len: int) -> list[str]:
+        return [*_tiny_train(sample_prepared, out, f"model.max_len={max_len}"), "max_steps=1"]
+
+    err = one_line_error(argv(13), capsys)  # 5 training pairs fit
     assert "valid: all 10 pairs of " in err and "model.max_len=13 tokens" in err
     assert f"{Path(sample_prepared).parent / 'text' / 'val.de'} and " in err
     assert not out.exists()  # refused before the run writes anything (it left a recipe)
-    assert main([*argv, "model.max_len=17"]) == 0
+    assert main(argv(17)) == 0
     said = capsys.readouterr().out
     assert said.count("valid: 4 of 10 pairs longer than 17 tokens, left out of the validation") == 1
     valid = [json.loads(line) for line in (out / "metrics.jsonl").open()]
@@ -372,3 +385,73 @@ def test_a_validation_loss_of_no_pair_is_nan_not_0(sample_prepared):
     v = validate(Transformer(cfg), PreparedData(sample_prepared).valid, same, same, 400, 0.1)
     assert math.isnan(v["loss"]) and math.isnan(v["ppl"])
     assert v["bleu"] == pytest.approx(100.0)
+
+
+def test_model_numbers_in_scientific_notation_are_read_as_the_other_fields_are(
+    tmp_path, sample_prepared
+):
+    """PyYAML reads 1e-6 (no dot) as text: top-level fields took it as a number (adam_eps:
+    1e-9), model fields were refused where the model was made ("recipe field
+    model.layer_norm_eps: must be a finite number, got '1e-6'", naming no file)."""
+    from aiayn.train.model_checks import check_new_model
+
+    path = tmp_path / "sci.yaml"
+    path.write_text("adam_eps: 1e-9\nmodel:\n  layer_norm_eps: 1e-6\n  n_encoder_layers: null\n")
+    recipe = Recipe.from_yaml(path, ["model.dropout=1e-1", "model={attention_dropout: 5e-2}"])
+    assert (recipe.adam_eps, recipe.model["layer_norm_eps"]) == (1e-9, 1e-6)
+    assert (recipe.model["dropout"], recipe.model["attention_dropout"]) == (0.1, 0.05)
+    assert recipe.given_model_fields == {
+        "layer_norm_eps", "n_encoder_layers", "dropout", "attention_dropout"
+    }  # fmt: skip
+    check_new_model(recipe)  # the model takes them
+    with pytest.raises(RecipeError, match=r"^override 'model.dropout=x': field 'model.dropout'"):
+        Recipe().override(["model.dropout=x"])
+    out = tmp_path / "run"
+    settings = [*TINY_RUN, "max_steps=1", "model.layer_norm_eps=1e-6", "model.dropout=1e-1"]
+    argv = ["train", "--data", str(sample_prepared), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--set", *settings]) == 0
+    saved = Recipe.from_yaml(out / "recipe.yaml").model
+    assert (saved["layer_norm_eps"], saved["dropout"]) == (1e-6, 0.1)
+
+
+def test_a_device_name_is_checked_by_its_form_not_by_this_machine(tmp_path, monkeypatch):
+    """``device: tpu`` was read without a word, and refused only when the run began, naming
+    no file or field. Its form is checked when the recipe is read, without asking torch
+    for a GPU: a recipe written for cuda:1 reads on a machine without one."""
+
+    def no_query(*args):
+        raise AssertionError("the recipe asked torch about this machine's devices")
+
+    monkeypatch.setattr("torch.cuda.is_available", no_query)
+    monkeypatch.setattr("torch.cuda.device_count", no_query)
+    path = tmp_path / "device.yaml"
+    for name in ("auto", "cpu", "cpu:0", "cuda", "cuda:1", "mps"):
+        path.write_text(f"device: {name}\n")
+        assert Recipe.from_yaml(path).device == name
+    with pytest.raises(RecipeError, match=r"^override 'device=tpu': field 'device' must name"):
+        Recipe.from_yaml(path, ["device=tpu"])
+    recipe = Recipe()
+    recipe.device = "gpu0"  # set in code: checked with the rest
+    with pytest.raises(RecipeError, match=r"^recipe: field 'device' must name a device"):
+        recipe.check()
+
+
+def test_every_set_is_applied_and_a_key_given_twice_is_refused(tmp_path, sample_prepared, capsys):
+    """A second --set replaced the first: `--set max_steps=3 --set log_every=1` trained the
+    whole budget. Every --set is applied now, and a key given twice, in one --set or across
+    them (``model={...}`` naming a model field too), is refused as a recipe file's is."""
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(sample_prepared), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--set", "max_steps=1", "--set", *TINY_RUN, "max_epochs=1"]) == 0
+    saved = Recipe.from_yaml(out / "recipe.yaml")
+    assert (saved.max_steps, saved.max_epochs, saved.model["d_model"]) == (1, 1, 16)
+    again = tmp_path / "again"
+    argv = ["train", "--data", str(sample_prepared), "--out", str(again), "--no-progress"]
+    for more, key in [
+        (["max_steps=1", "max_steps=2"], "max_steps"),
+        (["max_steps=1", "--set", "max_steps=2"], "max_steps"),
+        (["max_steps=1", "model={dropout: 0.2}", "--set", "model.dropout=0.3"], "model.dropout"),
+    ]:
+        err = one_line_error([*argv, "--set", *TINY_RUN, *more], capsys)
+        assert f"--set: key {key!r} given twice" in err, more
+        assert not again.exists()

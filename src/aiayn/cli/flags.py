@@ -30,7 +30,7 @@ def text_arg(value: str) -> str:
 class Once(argparse.Action):
     """A flag that takes one value and refuses a second: argparse lets the last win, so
     ``--model A --model B`` to a command of one model (as translate's ensemble) would
-    silently use B alone."""
+    silently use B alone, and ``train --out A --out B`` train into B."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:  # fmt: skip

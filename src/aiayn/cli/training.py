@@ -64,6 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aiayn.train.recipe import TEXT_FIELDS, Recipe
     from aiayn.train.trainer import Trainer
 
+    _refuse_repeated_keys(args.set or [])
     overrides = [*_replaced_data(args), *_absolute_set(args.set), *_flag_overrides(args)]
     recipe = (
         Recipe.from_yaml(args.config, overrides) if args.config else Recipe().override(overrides)
@@ -116,6 +117,35 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
             flag = f"--{key.replace('_', '-')}"
             raise AiaynError(f"{flag} and --set {key}=... both set {key}: give one")
     return overrides
+
+
+def _refuse_repeated_keys(items: list[str]) -> None:
+    """AiaynError naming a key that --set gives twice, in one --set or across several:
+    applied in turn, the first setting would be lost without a word (a recipe file that
+    gives a key twice is refused too). ``model={...}`` gives the model keys it holds."""
+    first: dict[str, str] = {}
+    for item in items:
+        for key in _set_keys(item):
+            if key in first:
+                raise AiaynError(
+                    f"--set: key {key!r} given twice ({first[key]!r}, then {item!r}): give it once"
+                )
+            first[key] = item
+
+
+def _set_keys(item: str) -> list[str]:
+    """The recipe keys ``item`` (KEY=VALUE) sets, a model field as ``model.KEY``."""
+    import yaml
+
+    key, _, raw = item.partition("=")
+    if key == "model":
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:  # Recipe.override names it
+            value = None
+        if isinstance(value, dict):
+            return [f"model.{name}" for name in value]
+    return [key]
 
 
 def _absolute_set(items: list[str] | None) -> list[str]:
@@ -191,11 +221,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser(
         "demo", help="train on the built-in numbers-to-words task (about 80 s on 2 CPU cores)"
     )
-    p.add_argument("--steps", type=int, default=800, help="training updates (default 800)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--steps", type=int, default=800, action=Once, help="training updates (default 800)"
+    )
+    p.add_argument("--seed", type=int, default=0, action=Once)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
-        "--min-accuracy", type=float, default=0.0, help="exit 1 below this exact-match (0..1)"
+        "--min-accuracy",
+        type=float,
+        default=0.0,
+        action=Once,
+        help="exit 1 below this exact-match (0..1)",
     )
     p.set_defaults(func=cmd_demo)
 
@@ -203,40 +239,69 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "prepare", help="stream, check and encode parallel text once, for `train --data`"
     )
     for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
-        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
-    p.add_argument("--out", required=True, help="a new (or empty) directory for the prepared data")
-    p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
+        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True, action=Once)
+    p.add_argument(
+        "--out",
+        required=True,
+        action=Once,
+        help="a new (or empty) directory for the prepared data",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8000,
+        action=Once,
+        help="joint SentencePiece vocabulary",
+    )
     p.add_argument(
         "--spm-model",
+        action=Once,
         help="use this tokenizer instead of training one: a SentencePiece model, or a model "
         "directory (e.g. an imported Marian model, to fine-tune it with `train --init-from`)",
     )
-    p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
+    p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"], action=Once)
     p.add_argument(
-        "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"
+        "--spm-sample",
+        type=int,
+        default=500_000,
+        action=Once,
+        help="pairs the tokenizer is trained on",
     )
     p.add_argument(
-        "--max-len-words", type=int, default=100, help="drop longer training pairs (0: keep)"
+        "--max-len-words",
+        type=int,
+        default=100,
+        action=Once,
+        help="drop longer training pairs (0: keep)",
     )
-    p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--seed", type=int, default=1, help="seed of the tokenizer's sample")
+    p.add_argument("--workers", type=int, default=1, action=Once, help="encoding processes")
+    p.add_argument(
+        "--seed", type=int, default=1, action=Once, help="seed of the tokenizer's sample"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train a translation model on parallel text")
-    p.add_argument("--config", help="YAML recipe, e.g. recipes/multi30k.yaml")
-    p.add_argument("--out", required=True, help="model directory (checkpoints, logs)")
-    p.add_argument("--data", help="a directory from `aiayn prepare` (instead of --train-src...)")
-    p.add_argument("--train-src", dest="train_src")
-    p.add_argument("--train-tgt", dest="train_tgt")
-    p.add_argument("--valid-src", dest="valid_src")
-    p.add_argument("--valid-tgt", dest="valid_tgt")
+    p.add_argument("--config", action=Once, help="YAML recipe, e.g. recipes/multi30k.yaml")
+    p.add_argument("--out", required=True, action=Once, help="model directory (checkpoints, logs)")
     p.add_argument(
-        "--set", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. max_tokens=3000"
+        "--data",
+        action=Once,
+        help="a directory from `aiayn prepare` (instead of --train-src...)",
+    )
+    for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
+        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), action=Once)
+    p.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",  # --set a=1 --set b=2 and --set a=1 b=2 alike
+        metavar="KEY=VALUE",
+        help="recipe overrides (a key at most once), e.g. max_tokens=3000",
     )
     p.add_argument(
         "--init-from",
         dest="init_from",
+        action=Once,
         metavar="MODEL_DIR[:CHECKPOINT]",
         help="fine-tune: start from this model's config, weights and tokenizer (e.g. one from "
         "`aiayn import marian`); fresh optimizer and schedule",
@@ -246,6 +311,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         nargs="?",
         const="yes",
         choices=["yes", "auto"],
+        action=Once,
         help="continue from checkpoint_last.pt; `--resume auto`: only if there is one (for "
         "torchrun --max-restarts)",
     )
@@ -261,8 +327,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--last",
         type=int,
         default=5,
+        action=Once,
         help="how many of the newest checkpoint_epochNNN.pt and checkpoint_stepNNNNNNN.pt, "
         "by the time they were written (default 5)",
     )
-    p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
+    p.add_argument("--out", action=Once, help="default: MODEL/checkpoint_averaged.pt")
     p.set_defaults(func=cmd_average)

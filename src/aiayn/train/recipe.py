@@ -246,7 +246,7 @@ class Recipe:
             if model is not None:
                 # Onto the recipe's model, as model.KEY=VALUE each: the class default (the
                 # base model) would drop the fields the recipe file set.
-                values.check_model_names(model, f"override {item!r}: model")
+                model = values.model_fields(model, f"override {item!r}")
                 self.model = {**self.model, **model}
                 self.given_model_fields.update(model)
             else:
@@ -298,6 +298,8 @@ class Recipe:
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise RecipeError(f"{source}: field {key!r} must be a string, got {value!r}")
+            if key == "device":
+                values.device_name(value, f"{source}: field 'device'")
         elif isinstance(default, (int, float)):
             value = values.number(type(default), value, f"{source}: field {key!r}")
         if key in RANGES and not RANGES[key][0](value):

@@ -9,7 +9,8 @@ from dataclasses import fields
 from typing import Any
 
 from aiayn.config import TransformerConfig
-from aiayn.errors import RecipeError
+from aiayn.errors import AiaynError, RecipeError
+from aiayn.model.device import named_device
 
 
 def number(kind: type, value: Any, what: str) -> int | float:
@@ -40,12 +41,37 @@ def check_names(data: Mapping, source: str) -> None:
             raise RecipeError(f"{source}: field names are text, got {key!r}")
 
 
+# Each model field's type as TransformerConfig annotates it ("int", "float", "bool", "str";
+# "int | None" may be null).
+MODEL_TYPES = {f.name: str(f.type) for f in fields(TransformerConfig)}
+# The model fields the tokenizer sets: left as given, for the check where the model is made
+# to say so (model_checks.SET_BY_TOKENIZER), which a type error here would hide.
+TOKENIZER_SET = ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id")
+
+
 def check_model_names(data: Mapping, source: str) -> None:
     """RecipeError naming ``source`` unless every key of ``data`` is a model field (the
-    model's own check comes later, where no file is known to name)."""
+    model's own check of ranges comes later, where no file is known to name)."""
     check_names(data, source)
-    if unknown := sorted(set(data) - {f.name for f in fields(TransformerConfig)}):
+    if unknown := sorted(set(data) - MODEL_TYPES.keys()):
         raise RecipeError(f"{source}: unknown field(s): {', '.join(unknown)}")
+
+
+def model_value(key: str, value: Any, source: str) -> Any:
+    """``value`` of model field ``key`` as its type, a number read from text as the other
+    number fields are (YAML reads 1e-6 as text, which TransformerConfig would refuse):
+    RecipeError naming ``source`` and the field for a value of another type."""
+    kind = MODEL_TYPES[key].removesuffix(" | None")
+    what = f"{source}: field 'model.{key}'"
+    if key in TOKENIZER_SET or (value is None and MODEL_TYPES[key].endswith(" | None")):
+        return value
+    if kind in ("int", "float"):
+        return number(int if kind == "int" else float, value, what)
+    if kind == "bool" and not isinstance(value, bool):
+        raise RecipeError(f"{what} must be true or false, got {value!r}")
+    if kind == "str" and not isinstance(value, str):
+        raise RecipeError(f"{what} must be a string, got {value!r}")
+    return value
 
 
 def adam_betas(value: Any, source: str) -> tuple[float, float]:
@@ -62,11 +88,23 @@ def adam_betas(value: Any, source: str) -> tuple[float, float]:
     return betas[0], betas[1]
 
 
+def device_name(value: str, what: str) -> None:
+    """RecipeError naming ``what`` unless ``value`` names a device aiayn runs on by its form
+    (:func:`~aiayn.model.device.named_device`); whether this machine has it is for the run
+    to find, so that a recipe written on a GPU machine still reads on a CPU one."""
+    try:
+        named_device(value)
+    except AiaynError:
+        raise RecipeError(
+            f"{what} must name a device (auto, cpu, cuda, cuda:N or mps), got {value!r}"
+        ) from None
+
+
 def model_fields(value: Any, source: str) -> dict[str, Any]:
     """``value`` as a recipe's ``model``, a new dict: a mapping whose keys are all
-    TransformerConfig field names (:func:`check_model_names`); RecipeError naming
-    ``source`` otherwise."""
+    TransformerConfig field names (:func:`check_model_names`), each value of its field's
+    type (:func:`model_value`); RecipeError naming ``source`` otherwise."""
     if not isinstance(value, Mapping):
         raise RecipeError(f"{source}: 'model' must be a mapping of model fields, got {value!r}")
     check_model_names(value, f"{source}: model")
-    return dict(value)
+    return {key: model_value(key, v, source) for key, v in value.items()}

@@ -1,5 +1,7 @@
 """`aiayn train` meeting faults a user's own run meets: a kill between checkpoints and
---resume, a full disk, non-finite numbers in the log, data changed under a resume."""
+--resume (TensorBoard's points too), a full disk, non-finite numbers in the log, data
+changed under a resume, a run refused once its text is prepared; and the final
+validation of a run that ends at max_epochs."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
 from aiayn.errors import CheckpointError, TrainingError
 from aiayn.train.metrics_log import MetricsLog
-from cli_util import one_line_error
+from cli_util import one_line_error, with_settings
 from test_train_refusals import TINY_RUN
 
 
@@ -29,7 +31,7 @@ def train_text(text: dict[str, Path], out: Path, *settings: str) -> list[str]:
     files = ["--train-src", text["train.de"], "--train-tgt", text["train.en"]]
     files += ["--valid-src", text["val.de"], "--valid-tgt", text["val.en"]]
     argv = ["train", *map(str, files), "--out", str(out), "--no-progress"]
-    return [*argv, "--set", *TINY_RUN, "vocab_size=120", *settings]
+    return [*argv, "--set", *with_settings([*TINY_RUN, "vocab_size=120"], *settings)]
 
 
 def logged(out: Path, kind: str = "train") -> list[int]:
@@ -319,3 +321,87 @@ def test_a_resume_removes_the_checkpoints_a_killed_run_saved_after_its_last(tmp_
     assert not (out / "checkpoint_step0000003.pt").exists()
     assert (out / "checkpoint_step0000001.pt").exists()
     assert (out / "checkpoint_epoch001-good.pt").exists()
+
+
+def test_a_run_that_ends_at_max_epochs_validates_its_final_model(tmp_path, text):
+    """With valid_every_steps set, a run stopped by max_steps validated its final model,
+    one that reached max_epochs did not (the best checkpoint never saw it). 3 updates an
+    epoch: validated at 2 and at the end, 3, as when max_steps=3 stops it."""
+    for stop in ("max_epochs=1", "max_steps=3"):
+        out = tmp_path / stop
+        assert main(train_text(text, out, stop, "valid_every_steps=2")) == 0
+        assert logged(out) == [1, 2, 3] and logged(out, "valid") == [2, 3], stop
+        assert load_checkpoint(out / "checkpoint_last.pt")["epoch"] == 1
+
+
+def test_a_run_refused_after_preparing_its_text_leaves_no_data_behind(tmp_path, text, capsys):
+    """A new run refused by a check of the pairs it prepared (none fits model.max_len, for
+    training or for validation) left OUT/data/, without a recipe.yaml beside it: the
+    corrected run, of other text, into the same --out was then refused ("prepared data of
+    other text"). It removes its data/ and the directories it made; a folder that was there
+    keeps what it held, and a resumed run its data/."""
+    out = tmp_path / "new" / "run"
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "README").write_text("mine\n")
+    for bad, words in [
+        ("model.max_len=3", "train: all 50 pairs are longer than model.max_len=3"),
+        ("model.max_len=13", "valid: all 10 pairs of "),
+    ]:
+        assert words in one_line_error(train_text(text, out, "max_steps=1", bad), capsys)
+        assert not (tmp_path / "new").exists(), bad
+        one_line_error(train_text(text, keep, "max_steps=1", bad), capsys)
+        assert [p.name for p in keep.iterdir()] == ["README"], bad
+        assert (keep / "README").read_text() == "mine\n"
+    other = dict(text)
+    for name in ("train.de", "train.en"):  # the corrected run's text: one pair more
+        other[name] = tmp_path / f"other.{name}"
+        other[name].write_text(text[name].read_text() + "Ein Satz mehr.\n")
+    assert main(train_text(other, out, "max_steps=1")) == 0
+    prepared = sorted(p.name for p in (out / "data").iterdir())
+    err = one_line_error([*train_text(text, out, "max_steps=2"), "--resume"], capsys)
+    assert "is not the file the run being resumed" in err
+    assert sorted(p.name for p in (out / "data").iterdir()) == prepared
+
+
+def test_tensorboard_keeps_one_point_a_step_when_a_resume_validates_again(
+    tmp_path, text, monkeypatch
+):
+    """Killed after the validation of a step saved pending (checkpoint_last.pt first), a
+    run resumed validates that step again: TensorBoard, purged from the next step only,
+    kept both points. Now it holds what the run not killed holds, the step's update too."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import aiayn.train.trainer as trainer
+
+    def points(out: Path) -> dict[str, list]:
+        events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+        events.Reload()
+        timed = ("seconds", "speed/")  # differ from run to run: their steps only
+        return {
+            tag: [(e.step, None if any(t in tag for t in timed) else e.value) for e in points]
+            for tag in events.Tags()["scalars"]
+            for points in [events.Scalars(tag)]
+        }
+
+    settings = ("max_steps=4", "save_every_steps=2", "valid_every_steps=2", "log_every=1")
+    assert main(train_text(text, tmp_path / "alone", *settings)) == 0
+    argv = train_text(text, tmp_path / "run", *settings)
+    update, updates = trainer.Updater.update, []
+
+    def killed(self: object, *args: object) -> object:
+        updates.append(1)
+        if len(updates) == 3:  # after step 2: saved pending, then validated and logged
+            raise KeyboardInterrupt
+        return update(self, *args)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer.Updater, "update", killed)
+        assert main(argv) == 130
+    assert logged(tmp_path / "run", "valid") == [2]
+    assert main([*argv, "--resume"]) == 0
+    assert logged(tmp_path / "run", "valid") == [2, 4]
+    wanted = points(tmp_path / "alone")
+    assert [s for s, _ in wanted["valid/bleu"]] == [2, 4] and wanted["train/loss"][1][0] == 2
+    assert points(tmp_path / "run") == wanted

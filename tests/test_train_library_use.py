@@ -1,13 +1,15 @@
 """Training driven from Python, as a notebook drives it: train() again after an interrupt
-holds the run directory again, a Trainer that fails lets go of it while its traceback
-lives on, a run's weights do not depend on what drew from the global random streams
-between Trainer() and train(), a Recipe built in code is the one from_dict builds, and an
-empty output path or a model field the tokenizer sets is refused in words that fit."""
+holds the run directory again and finishes the duties of the step it was cut short in, a
+Trainer that fails lets go of it while its traceback lives on, a run's weights do not
+depend on what drew from the global random streams between Trainer() and train(), a
+Recipe built in code is the one from_dict builds, and an empty output path or a model
+field the tokenizer sets is refused in words that fit."""
 
 from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import load_checkpoint
 from aiayn.errors import AiaynError, RecipeError
 from aiayn.train.model_checks import check_new_model
 from aiayn.train.recipe import MODEL_DEFAULTS, Recipe
@@ -90,6 +93,95 @@ def test_train_again_after_an_interrupt_holds_the_run_directory(
     monkeypatch.setattr(trainer, "_run_epoch", watched)
     assert trainer.train(progress=False).step == 4
     assert seen and all(seen) and not held(out)
+
+
+def outcome(out: Path) -> tuple[list[dict], dict[str, tuple]]:
+    """What a run left in ``out``: its log (without its times) and, per checkpoint, the
+    position it holds and whether it is pending."""
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    log = [{k: v for k, v in r.items() if k != "seconds"} for r in lines if r["kind"] != "speed"]
+    keys = ("step", "epoch", "batch_in_epoch", "duties_pending", "best_bleu")
+    saved = {p.name: load_checkpoint(p) for p in sorted(out.glob("checkpoint*.pt"))}
+    return log, {name: tuple(state[k] for k in keys) for name, state in saved.items()}
+
+
+@pytest.mark.parametrize(
+    ("cut", "at", "settings"),
+    [
+        ("validation", 5, ("max_steps=5", "save_every_steps=2", "valid_every_steps=100")),
+        ("validation", 2, ("max_steps=5", "valid_every_steps=2")),  # mid-run
+        ("checkpoint_best.pt", 2, ("max_steps=2", "valid_every_steps=2")),
+        ("checkpoint_last.pt", 3, ("max_steps=3", "save_every_steps=3")),  # at the epoch's end
+    ],
+)
+def test_train_again_after_an_interrupt_in_a_steps_duties_does_them(
+    tmp_path, sample_prepared, monkeypatch, cut, at, settings
+):
+    """Ctrl-C in a validation (or a save) of a step, then train() again: the step's duties
+    were left undone (a resume does them, from the pending checkpoint). At the stop,
+    "nothing to do": no final validation, best or epoch checkpoint, and checkpoint_last.pt
+    of an earlier step; mid-run, the step was never validated. Now the run ends as one that
+    was not interrupted: the same log, checkpoints and weights."""
+    import aiayn.train.trainer as trainer_module
+
+    alone = Trainer(tiny(sample_prepared, *settings), tmp_path / "alone", log=quiet)
+    alone.train(progress=False)
+    out = tmp_path / "run"
+    trainer = Trainer(tiny(sample_prepared, *settings), out, log=quiet)
+    validate, save, cuts = trainer.validate, trainer_module.save_checkpoint, []
+
+    def cut_once() -> None:
+        if not cuts:
+            cuts.append(trainer.step)
+            raise KeyboardInterrupt
+
+    def validated() -> dict[str, float]:
+        if cut == "validation":
+            cut_once()
+        return validate()
+
+    def saved(state: dict, path: Path) -> Path:
+        if Path(path).name == cut and not state["duties_pending"]:
+            cut_once()
+        return save(state, path)
+
+    monkeypatch.setattr(trainer, "validate", validated)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", saved)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(progress=False)
+    assert cuts == [at]
+    result = trainer.train(progress=False)
+    assert outcome(out) == outcome(tmp_path / "alone")
+    assert same(weights(trainer), weights(alone))
+    assert result.best_bleu == alone.best_bleu > -1
+
+
+def test_train_again_keeps_what_a_resumed_trainer_logged(tmp_path, sample_prepared, monkeypatch):
+    """A resumed trainer cut its log back to its checkpoint at every train(): called again
+    after an interrupt, it cut away what the first call had logged (steps 3 and on)."""
+    runs = []
+    for name in ("alone", "run"):
+        Trainer(tiny(sample_prepared, "max_steps=2"), tmp_path / name, log=quiet).train(
+            progress=False
+        )
+        recipe = tiny(sample_prepared, "max_steps=5")
+        runs.append(Trainer(recipe, tmp_path / name, resume=True, log=quiet))
+    alone, resumed = runs
+    alone.train(progress=False)
+    validate = resumed.validate
+
+    def interrupted() -> dict[str, float]:  # in its first validation (step 3: epoch end)
+        monkeypatch.setattr(resumed, "validate", validate)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resumed, "validate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        resumed.train(progress=False)
+    resumed.train(progress=False)
+    assert outcome(tmp_path / "run") == outcome(tmp_path / "alone")
+    assert [r["step"] for r in outcome(tmp_path / "run")[0] if r["kind"] == "train"] == [
+        *range(1, 6)
+    ]
 
 
 def test_a_trainer_that_fails_lets_go_of_the_run_directory(tmp_path, sample_prepared):

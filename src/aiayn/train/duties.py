@@ -4,9 +4,9 @@ validations and its stop (:class:`Duties`, for :class:`~aiayn.train.trainer.Trai
 After each update, in this order: checkpoint_last.pt every ``save_every_steps``
 updates, a timed checkpoint when one is due (``save_every_minutes``), a validation every
 ``valid_every_steps``. At the end of an epoch, and at a stop (the ``max_steps`` or time
-limit reached): a validation (at every epoch's end when ``valid_every_steps`` is 0, and
-at a stop, unless that step was just validated), the epoch's checkpoint, and
-checkpoint_last.pt once more.
+limit reached, or the end of the last epoch): a validation (at every epoch's end when
+``valid_every_steps`` is 0, and at a stop, unless that step was just validated), the
+epoch's checkpoint, and checkpoint_last.pt once more.
 
 checkpoint_last.pt is saved after an update but before that update's validation and
 stop, so that a run killed in a long validation keeps its updates; it is then marked
@@ -14,13 +14,18 @@ pending (:data:`PENDING` in the state), and a run resumed from it does that vali
 and that stop first. Without the mark, a run killed (or failing: a full disk) in its
 final validation or saves would find its budget spent when resumed, and never have its
 final validation, best or epoch checkpoint.
+
+A run driven from Python keeps its duties across ``train()`` calls: one cut short in the
+duties of its step (an interrupt in a validation, a save) leaves them pending too, and the
+next call does what is left of them first, as a run resumed from a pending checkpoint.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, cast
 
 from aiayn.checkpoint import (
     BEST,
@@ -45,13 +50,23 @@ KEPT_NAME = re.compile(r"checkpoint_(epoch\d{3,}|step\d{7,})\.pt")
 class Duties:
     """The saves, validations and stop of ``trainer``'s run, from the position it starts
     at (a new run's, or a resumed one's); ``pending`` when that position is a checkpoint
-    marked :data:`PENDING`."""
+    marked :data:`PENDING`. Each duty of a step is done once: those that a call cut short
+    had done already are not done again."""
 
     def __init__(self, trainer: Trainer, pending: bool = False):
-        self.t, self.pending = trainer, pending
-        self.validated_at = -1  # the step validated last
+        # Weak: the trainer keeps its duties between train() calls, and a cycle would hold
+        # the lock on the run directory (let go with the trainer) until the collector runs.
+        self.t = cast("Trainer", weakref.proxy(trainer))
+        self.done_at = -1 if pending else trainer.step  # the step whose duties are all done
+        self.saved_at = trainer.step if pending else -1  # checkpoint_last.pt, pending
+        self.validated_at = -1  # the step validated (and logged) last
         period = trainer.recipe.save_every_minutes * 60  # its next multiple, after a resume
         self.timed_save_at = (math.floor(trainer.elapsed / period) + 1) * period if period else 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether duties of the trainer's current step are still to be done."""
+        return self.done_at != self.t.step
 
     def keep(self, name: str) -> None:
         """Save an epoch or timed checkpoint; only the last ``keep_last`` stay on disk."""
@@ -66,61 +81,81 @@ class Duties:
             (t.out_dir / t.epoch_checkpoints.pop(0)).unlink(missing_ok=True)
 
     def validate(self, metrics: MetricsLog) -> None:
-        """Every rank validates its share; rank 0 logs, and saves the best."""
+        """Every rank validates its share; rank 0 saves the best, then logs. Cut short
+        before it is logged, it is done again whole by the step's next try."""
         t = self.t
         v = t.validate()
-        self.validated_at = t.step
-        metrics.write("valid", t.step, epoch=t.epoch + 1, seconds=round(t.elapsed, 2), **v)
         # A model whose validation loss is not finite is broken, whatever its BLEU says.
         improved = math.isfinite(v["loss"]) and v["bleu"] > t.best_bleu
+        if improved:
+            best, t.best_bleu = t.best_bleu, v["bleu"]
+            try:
+                t.save(BEST)
+            except BaseException:
+                t.best_bleu = best  # not on disk: the next try must find it better again
+                raise
+        metrics.write("valid", t.step, epoch=t.epoch + 1, seconds=round(t.elapsed, 2), **v)
+        self.validated_at = t.step
         t.log(
             f"valid epoch {t.epoch + 1} step {t.step}: loss {v['loss']:.3f} "
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
         )
-        if improved:
-            t.best_bleu = v["bleu"]
-            t.save(BEST)
 
     def owed(self, metrics: MetricsLog) -> str:
-        """What a run resumed from a pending checkpoint still owes its step (see
-        :meth:`after_save`), done once; "max_epochs" when it owes nothing."""
-        if not self.pending:
-            return "max_epochs"
-        self.pending = False
-        return self.after_save(metrics)
+        """What the run still owes its step before any update (see :meth:`after_update`):
+        a run resumed from a pending checkpoint, or a train() called again after one cut
+        short in those duties; "max_epochs" when it owes nothing."""
+        return self.after_update(metrics) if self.pending else "max_epochs"
 
     def after_update(self, metrics: MetricsLog) -> str:
-        """The duties of an update: its saves, then :meth:`after_save`."""
+        """The duties of an update: its saves, then :meth:`after_save` (those done already
+        skipped). The step's duties are done unless it stops: its stop (:meth:`end`)
+        remains."""
         t, r = self.t, self.t.recipe
         period = r.save_every_minutes * 60
         if period and t.elapsed >= self.timed_save_at:  # first: checkpoint_last.pt lists it
-            self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period
             self.keep(step_checkpoint_name(t.step))
-        if r.save_every_steps and t.step % r.save_every_steps == 0:
+            self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period  # once saved
+        if r.save_every_steps and t.step % r.save_every_steps == 0 and self.saved_at != t.step:
             t.save(LAST, pending=True)
-        return self.after_save(metrics)
+            self.saved_at = t.step
+        stopped_by = self.after_save(metrics)
+        if stopped_by == "max_epochs":
+            self.done_at = t.step
+        return stopped_by
 
     def after_save(self, metrics: MetricsLog) -> str:
         """The validation every ``valid_every_steps``; "max_steps"/"time_limit" when the
         run must stop, else "max_epochs"."""
         t, r = self.t, self.t.recipe
-        if r.valid_every_steps and t.step % r.valid_every_steps == 0:
+        due = r.valid_every_steps and t.step % r.valid_every_steps == 0
+        if due and self.validated_at != t.step:
             self.validate(metrics)
         return budget_spent(r, t.step, t.elapsed) or "max_epochs"
 
     def end(self, metrics: MetricsLog, stopped_by: str, epoch_done: bool) -> None:
         """The end of an epoch (``epoch_done``) or a stop (``stopped_by`` other than
-        "max_epochs"): its validation and epoch checkpoint; then checkpoint_last.pt, not
-        pending: a run resumed from it starts after them."""
+        "max_epochs", or the end of the last epoch): its validation and epoch checkpoint;
+        then checkpoint_last.pt, not pending: a run resumed from it starts after them.
+        Cut short, the run stays at the end of its epoch, which the next try ends again."""
         t, r = self.t, self.t.recipe
-        stopping = stopped_by != "max_epochs"
+        # The last epoch's end is the run's stop: its final model is validated there too.
+        stopping = stopped_by != "max_epochs" or (epoch_done and t.epoch + 1 >= r.max_epochs)
         if epoch_done or stopping:
             if (stopping or not r.valid_every_steps) and self.validated_at != t.step:
                 self.validate(metrics)
             self.keep(epoch_checkpoint_name(t.epoch + 1))
+        position = t.epoch, t.batch_in_epoch
         if epoch_done:
             t.epoch, t.batch_in_epoch = t.epoch + 1, 0
-        t.save(LAST)
+        try:
+            t.save(LAST)
+        except BaseException:
+            # Not saved: back at the epoch's end, which a train() called again then ends
+            # again (past it, it would save the epoch's checkpoint under the next one's name).
+            t.epoch, t.batch_in_epoch = position
+            raise
+        self.done_at = t.step
 
 
 def drop_later_checkpoints(t: Trainer) -> None:

@@ -19,10 +19,11 @@ class MetricsLog:
     TensorBoard when the ``tensorboard`` package is installed.
 
     A resumed run passes ``keep``, the size the log had when its checkpoint was saved
-    (:meth:`size`), and the checkpoint's ``step``: the lines written after that save (by a
-    run killed before its next one) are cut off, and TensorBoard drops its points after
-    ``step``, since the resumed run logs those updates again. A write that fails (a full
-    disk) is a TrainingError naming the file."""
+    (:meth:`size`), the checkpoint's ``step``, and whether it is ``pending`` (saved before
+    that step's validation): the lines written after that save (by a run killed before its
+    next one) are cut off, and TensorBoard drops the points that the resumed run logs again
+    (see :func:`purge_step`). A write that fails (a full disk) is a TrainingError naming
+    the file."""
 
     def __init__(
         self,
@@ -31,6 +32,7 @@ class MetricsLog:
         enabled: bool = True,
         keep: int | None = None,
         step: int = 0,
+        pending: bool = False,
     ):
         self.enabled = enabled  # False on every rank but 0 of a distributed run: no file
         if not enabled:
@@ -47,9 +49,11 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # optional dependency
                 return
-            purge = {"purge_step": step + 1} if keep is not None else {}
+            purge = {"purge_step": purge_step(step, pending)} if keep is not None else {}
             _quiet_tensorboard_threads()
             self.tb = self._tb_guard(lambda: SummaryWriter(str(self.tb_dir), **purge))
+            if keep is not None and pending:
+                self._log_again(step, keep)
 
     def _guard(self, work: Callable[[], T]) -> T:
         try:
@@ -93,6 +97,32 @@ class MetricsLog:
         for key, value in scalars.items():
             self.tb.add_scalar(f"{kind}/{key}", value, step)
 
+    def _log_again(self, step: int, size: int) -> None:
+        """Give TensorBoard again the points of ``step`` other than its validation, read
+        from the end of the log's first ``size`` bytes (up to the checkpoint): purged from
+        ``step`` on, TensorBoard drops them too, and the resumed run does not log them
+        again (its update is done)."""
+        with self._guard(lambda: self.path.open("rb")) as f:
+            start = max(0, size - (1 << 16))  # a step's lines end the log: the last ones
+            self._guard(lambda: f.seek(start))
+            lines = self._guard(lambda: f.read(size - start)).splitlines()
+        points: list[tuple[str, dict[str, float]]] = []
+        for line in lines[1:] if start else lines:  # the first may be cut: not read
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            kind = record.get("kind") if isinstance(record, dict) else None
+            if isinstance(kind, str) and kind != "valid" and record.get("step") == step:
+                numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+                points.append((kind, {k: v for k, v in numbers.items() if k != "step"}))
+
+        def add() -> None:
+            for kind, numbers in points:
+                self._add_scalars(kind, step, numbers)
+
+        self._tb_guard(add)
+
     def size(self) -> int:
         """Put every line written so far on disk and return the log's size in bytes
         (before a checkpoint: a run resumed from it after a kill then has the log of
@@ -124,3 +154,10 @@ def _quiet_tensorboard_threads() -> None:
 
     hook.quiet_tensorboard = True  # type: ignore[attr-defined]
     threading.excepthook = hook
+
+
+def purge_step(step: int, pending: bool) -> int:
+    """The first step whose TensorBoard points a run resumed from a checkpoint of ``step``
+    drops: the next one, since it logs the later updates again; ``step`` itself when the
+    checkpoint is ``pending``, since it logs that step's validation again too."""
+    return step if pending else step + 1

@@ -2,7 +2,8 @@
 
 A new run checks its recipe, its model and the model it starts from before it writes
 anything, and makes the directory only then: a run refused up front leaves an existing
-directory as it was and no new one behind.
+directory as it was and no new one behind; one refused by checks of the text it prepared
+removes that data/ and the directories it made (:meth:`RunDirectory.discard_new_data`).
 
 On several processes rank 0 alone writes it and decides what it holds (a new run, or one
 to resume), and an error it meets, of any kind, is raised on every rank: none is left
@@ -13,7 +14,6 @@ shared file system).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -43,10 +43,15 @@ from aiayn.data.datasets import pair_files
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.distributed import World
-from aiayn.errors import AiaynError, CheckpointError, CorpusError, RecipeError
+from aiayn.errors import AiaynError, CheckpointError, CorpusError
 from aiayn.train.model_checks import check_new_model, check_resume
 from aiayn.train.recipe import TEXT_FIELDS, Recipe
-from aiayn.train.runfolder import check_new_run_folder, check_replaced_data, same_text
+from aiayn.train.runfolder import (
+    check_new_run_folder,
+    check_replaced_data,
+    data_print,
+    same_text,
+)
 
 T = TypeVar("T")
 
@@ -61,36 +66,14 @@ def portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-# The checkpoint key of :func:`data_print`: a resumed run checks its data against it.
-DATA_PRINT = "data_print"
-
-
-def data_print(data: PreparedData) -> str:
-    """What tells prepared data apart: its tokenizer, token counts and texts' sha256 (not
-    its path: a copy elsewhere is the same data)."""
-    m = data.manifest
-    texts = {k: v.get("sha256") for k, v in (m.get("inputs") or {}).items()}
-    return json.dumps([m.get("spm_sha256"), m["dtype"], m["splits"], texts], sort_keys=True)
-
-
-def check_resumed_data(data: PreparedData, state: dict | None) -> None:
-    """RecipeError when a resumed run (from ``state``) is given other data than it trained
-    on (see :func:`data_print`; checkpoints before the print have none to compare)."""
-    if state is not None and state.get(DATA_PRINT) not in (None, data_print(data)):
-        raise RecipeError(
-            f"{data.directory}: not the data the run being resumed trained on (another "
-            "training or validation text, or token count): a resumed run goes on with its "
-            "own data, whose batch plan its position indexes and whose validation its best "
-            "checkpoint is chosen by; give the same data, or train into a new directory"
-        )
-
-
 class RunDirectory:
     """``out_dir`` of one run, as seen from this process of ``world``."""
 
     def __init__(self, out_dir: Path, world: World, log: Callable[[str], None]):
         self.out_dir, self.world, self.log = out_dir, world, log
         self._held: weakref.finalize | None = None  # closes rank 0's lock on the directory
+        self._made: list[Path] = []  # the run directory and parents this run made (rank 0)
+        self._prepared: Path | None = None  # data/ a new run prepared, until its recipe
         self.on_main(self._check_place)
 
     def hold(self) -> None:
@@ -126,11 +109,12 @@ class RunDirectory:
 
     def write(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0 (see :meth:`on_main`), once the run directory exists: made
-        here if it does not (AiaynError naming it if it cannot be). If ``work`` fails and
-        leaves the directories it made empty, they are removed again."""
+        here if it does not (AiaynError naming it if it cannot be). If ``work`` fails, the
+        directories it made are removed again while empty (see :meth:`discard_new_data`)."""
 
         def made_then_work() -> T:
             made = [p for p in (self.out_dir, *self.out_dir.parents) if not p.exists()]
+            self._made += made
             try:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -141,13 +125,22 @@ class RunDirectory:
             try:
                 return work()
             except BaseException:
-                for directory in made:  # the run directory first, then its new parents
-                    if any(directory.iterdir()):
-                        break
-                    directory.rmdir()
+                self.discard_new_data(made)
                 raise
 
         return self.on_main(made_then_work)
+
+    def discard_new_data(self, made: list[Path] | None = None) -> None:
+        """For a new run that failed before writing its recipe (refused by a check of its
+        prepared pairs): removes the data/ it prepared (it would refuse a run of other text),
+        then the directories ``made`` (default: all it made) while empty; nothing else."""
+        if self._prepared is not None:  # set on rank 0 alone, by a new run
+            shutil.rmtree(self._prepared, ignore_errors=True)
+            self._prepared = None
+        for directory in self._made if made is None else made:
+            if not directory.is_dir() or any(directory.iterdir()):
+                break
+            directory.rmdir()
 
     def on_main(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0 only, its result on every rank. Whatever it raises (not
@@ -312,6 +305,7 @@ class RunDirectory:
                     max_len_words=r.max_len_words, log=self.log, show_progress=progress,
                     tokenizer=tokenizer,
                 )  # fmt: skip
+                self._prepared = None if state else directory  # see discard_new_data
 
             self.write(make)
         data = self.on_every_rank(lambda: PreparedData(directory))
@@ -387,3 +381,4 @@ class RunDirectory:
             shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
 
         self.write(save)
+        self._prepared = None  # the run's own data/ from here: kept whatever comes

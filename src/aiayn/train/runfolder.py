@@ -23,7 +23,7 @@ from aiayn.data.marian_tokenizer import (
     TOKENIZER_CONFIG,
     VOCAB,
 )
-from aiayn.data.shards import MANIFEST, read_manifest, sha256_file
+from aiayn.data.shards import MANIFEST, PreparedData, read_manifest, sha256_file
 from aiayn.data.tokenizer import SPM_FILE
 from aiayn.errors import AiaynError, RecipeError
 from aiayn.train.recipe import TEXT_FIELDS, Recipe
@@ -160,4 +160,28 @@ def same_text(r: Recipe, directory: Path) -> None:
         raise RecipeError(
             f"recipe field {field}={getattr(r, field)} {what}: a resumed run goes on with its "
             "own data; give the same files, or train into a new directory"
+        )
+
+
+# The checkpoint key of :func:`data_print`: a resumed run checks its data against it.
+DATA_PRINT = "data_print"
+
+
+def data_print(data: PreparedData) -> str:
+    """What tells prepared data apart: its tokenizer, token counts and texts' sha256 (not
+    its path: a copy elsewhere is the same data)."""
+    m = data.manifest
+    texts = {k: v.get("sha256") for k, v in (m.get("inputs") or {}).items()}
+    return json.dumps([m.get("spm_sha256"), m["dtype"], m["splits"], texts], sort_keys=True)
+
+
+def check_resumed_data(data: PreparedData, state: dict | None) -> None:
+    """RecipeError when a resumed run (from ``state``) is given other data than it trained
+    on (see :func:`data_print`; checkpoints before the print have none to compare)."""
+    if state is not None and state.get(DATA_PRINT) not in (None, data_print(data)):
+        raise RecipeError(
+            f"{data.directory}: not the data the run being resumed trained on (another "
+            "training or validation text, or token count): a resumed run goes on with its "
+            "own data, whose batch plan its position indexes and whose validation its best "
+            "checkpoint is chosen by; give the same data, or train into a new directory"
         )

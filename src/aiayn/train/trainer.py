@@ -32,7 +32,8 @@ from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
 from aiayn.train.rng import rng_state, set_rng_state
-from aiayn.train.rundir import DATA_PRINT, RunDirectory, check_resumed_data, data_print
+from aiayn.train.rundir import RunDirectory
+from aiayn.train.runfolder import DATA_PRINT, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult
 from aiayn.train.validation import check_valid_lengths, translate_texts, validate_world
@@ -92,6 +93,7 @@ class Trainer:
         try:
             self._set_up(resume, progress)
         except BaseException:
+            self.run.discard_new_data()  # a refused run leaves nothing behind
             # A failed trainer lives on in its traceback (a notebook keeps the last one):
             # holding the directory until then would refuse the retry.
             self.run.release()
@@ -154,8 +156,8 @@ class Trainer:
                 f", batch {self.batch_in_epoch} of the epoch's plan"
             )
         # A pending state owes its step's validation and stop (see Duties; checkpoints from
-        # before the mark have none: they owe nothing).
-        self._pending = bool((state or {}).get(PENDING))
+        # before the mark have none: they owe nothing). Kept across train() calls.
+        self._duties = Duties(self, bool((state or {}).get(PENDING)))
         self.updater = Updater(
             self.model, self.optimizer, self.schedule, self.world,
             label_smoothing=r.label_smoothing, clip_norm=r.clip_norm,
@@ -259,22 +261,23 @@ class Trainer:
         checkpoints of its stop if it was cut short before they were all saved.
 
         It holds the run directory while it runs and lets it go when it returns or raises;
-        called again (after an interrupt), it goes on from the last update done, holding
-        the directory again (AiaynError if another run has taken it since)."""
+        called again (after an interrupt), it goes on from the last update done, first
+        doing what that step's validation and saves left undone (as a resume would), and
+        holds the directory again (AiaynError if another run has taken it since)."""
         # Held since __init__, or let go by an earlier train() (one a notebook interrupted).
         self.run.on_main(self.run.hold)
         set_rng_state(self._rng)  # the run's streams, not what drew from them since
         opened: list[MetricsLog] = []  # rank 0 opens the log; a failure stops every rank
-        log_size = self._resumed_log_size  # None for a new run: nothing to cut
+        duties, log_size = self._duties, self._resumed_log_size  # size None: no cut
         self.run.on_main(
-            lambda: opened.append(MetricsLog(self.out_dir, keep=log_size, step=self.step))
+            lambda: opened.append(
+                MetricsLog(self.out_dir, keep=log_size, step=self.step, pending=duties.pending)
+            )
         )
         metrics = opened[0] if opened else MetricsLog(self.out_dir, enabled=False)
+        self._resumed_log_size = None  # cut once: a train() called again keeps what this logs
         self._metrics = metrics
         self._start = time.perf_counter() - self.elapsed
-        # Not kept on self: it refers to the trainer, and that cycle would hold the lock on
-        # the run directory (let go with the trainer) until the garbage collector runs.
-        duties = Duties(self, self._pending)
         stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
         owed = stopped_by != "max_epochs" and duties.pending  # even past a lowered max_epochs
         if stopped_by != "max_epochs" and not duties.pending:
@@ -291,7 +294,6 @@ class Trainer:
                 stopped_by, owed = self._run_epoch(metrics, duties, progress), False
         finally:
             self._rng = rng_state(self.device.type == "cuda")  # a next train() goes on
-            self._pending = duties.pending
             metrics.close()
             self._metrics = None
             self.run.release()

@@ -364,6 +364,37 @@ def test_auto_passes_over_an_average_made_before_training_went_on(
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
 
 
+def test_average_takes_a_state_saved_twice_once(sample_model_dir, tmp_path, capsys):
+    """A time limit that is a multiple of save_every_minutes saves the last update as a
+    timed checkpoint and as the epoch's: `average --last 3` took both, so it averaged two
+    states and counted the last twice."""
+    import time
+
+    from aiayn.checkpoint import AVERAGED, BEST
+    from aiayn.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    state = load_checkpoint(sample_model_dir() / BEST)
+    weights = state["model"]
+    names = ["checkpoint_step0000010.pt", "checkpoint_step0000020.pt", "checkpoint_step0000030.pt"]
+    saves = [(names[0], 10), (names[1], 20), (names[2], 30), ("checkpoint_epoch001.pt", 30)]
+    for i, (name, step) in enumerate(saves):  # oldest first, by the time written
+        model = {k: t + i if t.is_floating_point() else t for k, t in weights.items()}
+        save_checkpoint({**state, "model": model, "step": step}, run / name)
+        time.sleep(0.01)
+    assert main(["average", "--model", str(run), "--last", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "note: checkpoint_step0000030.pt is step 30, as checkpoint_epoch001.pt" in out
+    assert "checkpoint_step0000020.pt, checkpoint_epoch001.pt ->" in out
+    averaged = load_checkpoint(run / AVERAGED)
+    assert averaged["averaged_from"] == [str(run / n) for n in (names[0], names[1])] + [
+        str(run / "checkpoint_epoch001.pt")
+    ]
+    key = next(k for k, t in weights.items() if t.is_floating_point())
+    torch.testing.assert_close(averaged["model"][key], weights[key] + (0 + 1 + 3) / 3)
+
+
 def test_a_checkpoint_has_the_umasks_permissions_or_those_of_the_file_it_replaces(tmp_path):
     """Saved through mkstemp, every checkpoint (and `aiayn average`'s) was private (0600)
     whatever the umask: a model directory shared with a group or a service could not be

@@ -204,7 +204,7 @@ def cmd_average(args: argparse.Namespace) -> int:
             f"{out}: a model's tokenizer, recipe or metrics file, which the average would "
             "replace; choose another file"
         )
-    paths = epoch_checkpoints(model_dir)[-args.last :]
+    paths = _newest_states(epoch_checkpoints(model_dir), args.last)
     if not paths:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
@@ -215,6 +215,27 @@ def cmd_average(args: argparse.Namespace) -> int:
     save_checkpoint(state, out)
     print(f"averaged {', '.join(p.name for p in paths)} -> {out}")
     return 0
+
+
+def _newest_states(paths: list[Path], n: int) -> list[Path]:
+    """The newest ``n`` of ``paths`` (oldest first), less a timed checkpoint of the step of
+    a newer one: a run whose time limit is a multiple of its save period saves its last
+    update as a timed checkpoint and as the epoch's, one state the average counted twice."""
+    from aiayn.checkpoint import saved_step
+
+    chosen: list[Path] = []
+    steps: dict[int, Path] = {}
+    for path in reversed(paths):
+        if len(chosen) == n:
+            break
+        step = saved_step(path)
+        if step in steps and path.name.startswith("checkpoint_step"):
+            print(f"note: {path.name} is step {step}, as {steps[step].name}: averaged once")
+            continue
+        if step is not None:
+            steps[step] = path
+        chosen.append(path)
+    return chosen[::-1]
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

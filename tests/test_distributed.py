@@ -61,6 +61,21 @@ def test_torchrun_translate_and_evaluate_equal_one_process(sample_model_dir, tmp
     done = torchrun("translate", *common, str(src), "-o", str(three), script=script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert three.read_text(encoding="utf-8") == expected
+    # A reader that leaves (`| head`): rank 0 stopped writing and exited 0, while rank 1
+    # decoded on alone and failed the job at the next chunk's gather. A note is said once.
+    lines[7] = "Ein Hund.\rZwei Katzen."  # CR line ends: the note of translate
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script), "translate", *common, str(src)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    pipe = subprocess.PIPE
+    with subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # gone before the first line
+        err = proc.stderr.read()
+        assert proc.wait(timeout=300) == 0, err[-3000:]
+    assert err.count("note: ") == 1 and "1 line(s) hold a carriage return" in err, err
+    assert "error" not in err.lower(), err[-3000:]
 
     ref = tmp_path / "ref.en"
     ref.write_text("".join(t + "\n" for _, t in PAIRS[:23]), encoding="utf-8")

@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Generator, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
@@ -270,7 +270,7 @@ def translate_chunks(
     prefixes: list[str] | None = None,
     alignment_layer: int | None = None,
     chunk_lines: int | None = None,
-) -> Iterator[tuple[int, list[list[Translation]] | None]]:
+) -> Generator[tuple[int, list[list[Translation]] | None], None, None]:
     """``(start, outputs)`` for each chunk of ``chunk_lines`` (default :data:`CHUNK_LINES`)
     of ``lines`` (a list, or an iterator read a chunk at a time), from line ``start``:
     ``n_best`` :class:`~aiayn.translator.Translation` objects per line (one chunk, empty,
@@ -313,8 +313,14 @@ def translate_chunks(
 
                 sources = [translator.encode(line) for line in chunk[share.start : share.stop]]
                 add_alignments(translator, sources, outputs, alignment_layer, args.batch_size)
-            yield start, world.gather(outputs)
-            if not chunk:  # the one chunk of an empty input
+            try:
+                yield start, world.gather(outputs)
+            except GeneratorExit:  # rank 0 stopped writing (`| head` left): so do the others
+                if world.size > 1 and world.is_main:
+                    world.broadcast(False)
+                raise
+            # Whether rank 0 goes on: a rank that decoded on alone would wait for it forever.
+            if not chunk or not world.broadcast(True):  # no chunk: an empty input's
                 return
             start += len(chunk)
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from typing import TYPE_CHECKING
 
 from aiayn.cli.common import (
@@ -20,7 +20,13 @@ from aiayn.cli.common import (
     typed_lines,
     write_stdout,
 )
-from aiayn.cli.flags import add_decoding_flags, add_inference_flags, add_search_flags, text_arg
+from aiayn.cli.flags import (
+    add_decoding_flags,
+    add_inference_flags,
+    add_search_flags,
+    note,
+    text_arg,
+)
 from aiayn.data.corpus import cr_note
 from aiayn.errors import AiaynError
 from aiayn.metrics.bleu import TOKENIZERS
@@ -45,12 +51,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     else:
         lines, chunk = read_input(args.input), None
         if cr := sum("\r" in line for line in lines):
-            print(cr_note(cr, f"note: {named(args.input)}: "), file=sys.stderr)
+            note(cr_note(cr, f"{named(args.input)}: "))
         prefixes = read_prefixes(args, len(lines))
         references = read_closest_to(args, len(lines))
     n_best = 1 if references is not None else args.n_best
     chunks = translate_chunks(args, lines, args.n_best, prefixes, alignment_layer(args), chunk)
     with ExitStack() as stack:
+        stack.enter_context(closing(chunks))  # stopped (a reader gone): the ranks stop too
         write = None  # opened by rank 0 alone, at its first chunk: rank 0 writes everything
         for a, outputs in chunks:
             if outputs is None:  # not rank 0
@@ -220,16 +227,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise AiaynError(f"{src_name} and {named(args.ref[0])}: no lines to score")
     prefixes = read_prefixes(args, len(src))
     if args.tokenize == "13a" and unsegmented_share(refs[0]) > 0.5:
-        print(
-            "note: the references are mostly Chinese, Japanese or Korean characters, which "
-            "13a does not split into words; --tokenize zh or char scores them as sacreBLEU's "
-            "-tok zh or char",
-            file=sys.stderr,
+        note(
+            "the references are mostly Chinese, Japanese or Korean characters, which 13a does "
+            "not split into words; --tokenize zh or char scores them as sacreBLEU's -tok zh "
+            "or char"
         )
     with ExitStack() as stack:
         hyps: list[str] | None = None  # rank 0 alone gets the outputs
         write = None
-        for _, outputs in translate_chunks(args, src, 1, prefixes, alignment_layer(args)):
+        chunks = stack.enter_context(
+            closing(translate_chunks(args, src, 1, prefixes, alignment_layer(args)))
+        )
+        for _, outputs in chunks:
             if outputs is None:
                 continue
             if hyps is None:  # the -o file (its old text stays until the scores are made)

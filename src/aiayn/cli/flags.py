@@ -4,6 +4,7 @@ every field of DecodeOptions), and what they make: the Translator and the option
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,12 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def note(text: str) -> None:
+    """``note: text`` on stderr, once per job: under torchrun, rank 0 alone says it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"note: {text}", file=sys.stderr)
+
+
 def note_stale_averages(models: str | list[str], checkpoints: str | list[str] | None) -> None:
     """Say on stderr where ``--checkpoint auto`` passes over an averaged checkpoint made
     before training went on (:func:`aiayn.checkpoint.stale_average`)."""
@@ -51,11 +58,10 @@ def note_stale_averages(models: str | list[str], checkpoints: str | list[str] | 
         return
     for model_dir in [models] if isinstance(models, str) else models:
         if steps := stale_average(model_dir):
-            print(
-                f"note: {model_dir}/{AVERAGED} was made at step {steps[0]}, before its {LAST} "
+            note(
+                f"{model_dir}/{AVERAGED} was made at step {steps[0]}, before its {LAST} "
                 f"(step {steps[1]}): training went on after it was averaged, so --checkpoint "
-                "auto takes the best or last checkpoint; run `aiayn average` again for a new one",
-                file=sys.stderr,
+                "auto takes the best or last checkpoint; run `aiayn average` again for a new one"
             )
 
 

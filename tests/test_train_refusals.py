@@ -38,6 +38,8 @@ TINY_RUN = [
         ("clip_norm: -1\n", "field 'clip_norm' must be >= 0, got -1.0"),
         ("lr_scale: .nan\n", "field 'lr_scale' must be a finite number, got nan"),
         ("adam_eps: .inf\n", "field 'adam_eps' must be a finite number, got inf"),
+        # it overflowed timedelta (a traceback) or gloo's timeout (every job failed at once)
+        ("collective_timeout_minutes: 1e12\n", "'collective_timeout_minutes' must be in (0, 1e6]"),
         ("schedule: linear\n", "schedule 'linear' decays to 0 at the end of the run"),
         ("data:\n", "field 'data' must be a string, got None"),
         ("seed: 1\nmax_steps: 3\nseed: 2\n", ", line 3: key 'seed' given twice (first on line 1)"),

@@ -59,7 +59,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (lambda v: abs(v) < 2**62, "between -2**62 and 2**62"),
     "threads": _AT_LEAST_0,
     "max_skipped_updates": _AT_LEAST_1,
-    "collective_timeout_minutes": _ABOVE_0,
+    # timedelta and gloo's millisecond timeouts overflow far above it (1e12: every job fails)
+    "collective_timeout_minutes": (lambda v: 0 < v <= 1e6, "in (0, 1e6] (1e6: two years)"),
 }
 CHOICES = {"spm_model_type": ("bpe", "unigram"), "schedule": SCHEDULES,
            "precision": PRECISIONS, "valid_tokenize": tuple(TOKENIZERS)}  # fmt: skip

@@ -88,6 +88,44 @@ def test_torchrun_translate_and_evaluate_equal_one_process(sample_model_dir, tmp
     assert single.splitlines()[0] in done.stdout.splitlines()
 
 
+def test_rank_0_says_after_each_chunk_whether_it_goes_on(sample_model_dir, monkeypatch):
+    """translate_chunks' protocol: after each chunk every rank broadcasts, rank 0 saying
+    True to go on, or False when its consumer stopped (a reader gone); past an empty
+    input's one chunk nobody broadcasts (rank 0 alone would wait for ever)."""
+    import dataclasses
+
+    from aiayn import distributed
+    from aiayn.cli import build_parser, common
+
+    said: list[bool] = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Rank0(World):
+        def gather(self, items):  # the two ranks' shares
+            return list(items) * 2
+
+        def broadcast(self, obj):
+            said.append(obj)
+            return obj
+
+    monkeypatch.setattr(distributed, "init_from_env", lambda *_a, **_k: Rank0(0, 2))
+    args = build_parser().parse_args(["translate", "--model", str(sample_model_dir(False))])
+    args.quiet = True
+    lines = [de for de, _ in PAIRS[:3]]
+    assert [a for a, _ in common.translate_chunks(args, lines, chunk_lines=2)] == [0, 2]
+    assert said == [True, True]
+    said.clear()
+    chunks = common.translate_chunks(args, lines, chunk_lines=2)
+    next(chunks)
+    chunks.close()  # rank 0's consumer stopped at the first chunk
+    assert said == [False]
+    said.clear()
+    empty = common.translate_chunks(args, [], chunk_lines=2)
+    assert next(empty)[0] == 0
+    empty.close()
+    assert said == []
+
+
 @pytest.mark.slow
 def test_torchrun_refuses_stdin_and_pipes(sample_model_dir, tmp_path):
     """Each process would read its own stdin, or a share of a pipe's lines: refused before

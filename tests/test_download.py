@@ -163,6 +163,9 @@ def test_an_empty_file_is_refused_without_a_checksum_too(mirror, tmp_path):
         with pytest.raises(DownloadError, match=f"data/{name}: the server sent an empty file"):
             fetch(mirror.url + f"data/{name}", tmp_path / name, None, show_progress=False)
     assert leftovers(tmp_path) == []
+    nothing = hashlib.sha256(b"").hexdigest()  # pinned: the checksum says what it is
+    assert fetch(mirror.url + "data/empty.gz", tmp_path / "e.gz", nothing, show_progress=False)
+    assert (tmp_path / "e.gz").read_bytes() == b""
 
 
 def test_a_cache_folder_that_cannot_be_written(mirror, tmp_path):

@@ -120,7 +120,8 @@ def run(argv: list[str] | None) -> int:
         return code
     except BrokenPipeError:  # `aiayn translate ... | head`: the reader left, not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
-        shutdown(synchronize=True)  # the other ranks stopped too (translate_chunks): leave
+        # translate's and evaluate's other ranks stopped too (translate_chunks): leave together
+        shutdown(synchronize=args.command in ("translate", "evaluate"))
         return 0
     except AiaynError as e:  # names the file or field; anything else is a bug: traceback
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)

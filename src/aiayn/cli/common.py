@@ -316,7 +316,7 @@ def translate_chunks(
             try:
                 yield start, world.gather(outputs)
             except GeneratorExit:  # rank 0 stopped writing (`| head` left): so do the others
-                if world.size > 1 and world.is_main:
+                if chunk and world.size > 1 and world.is_main:  # none past an empty input's
                     world.broadcast(False)
                 raise
             # Whether rank 0 goes on: a rank that decoded on alone would wait for it forever.

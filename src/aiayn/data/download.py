@@ -156,7 +156,7 @@ def _download(url: str, dest: Path, sha256: str | None, timeout: float, show: bo
             if part.stat().st_size == 0:  # nothing to resume: leave no empty part behind
                 part.unlink()
         raise
-    if part.stat().st_size == 0:  # no data file is empty: with no checksum, it passed
+    if sha256 is None and part.stat().st_size == 0:  # no data file is empty: it passed
         part.unlink()
         raise DownloadError(f"{url}: the server sent an empty file. {_by_hand(url, dest)}")
     if sha256 is None and dest.name.endswith((".gz", ".tgz")):

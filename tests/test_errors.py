@@ -175,6 +175,16 @@ PREPARE = "prepare --train-src a --train-tgt b --valid-src c --valid-tgt d --out
         "average --model m --out a.pt --out b.pt",
         "average --model m --last 2 --last 3",
         "demo --steps 1 --steps 2 --min-accuracy 2",
+        # every command's flags of one value, by one rule (cli._once_each)
+        "translate --model m -o a -o b",
+        "translate --model m --beam 2 --beam 3",
+        "evaluate --model m --src a --src b --ref r",
+        "plot --run r --out a --out b",
+        "serve --model m --port 1 --port 2",
+        "data get multi30k --mirror a --mirror b",
+        "export ctranslate2 --model m --out a --out b",
+        "import marian f --out a --out b",
+        "attention --model m x --layer 1 --layer 2",
     ],
 )
 def test_a_flag_of_one_value_given_twice_is_refused(command, capsys, tmp_path, monkeypatch):

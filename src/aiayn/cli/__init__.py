@@ -86,7 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (training, datasets, decoding, inspecting, serving, converting):
         group.add_parsers(sub)
+    _once_each(parser)
     return parser
+
+
+def _once_each(parser: argparse.ArgumentParser) -> None:
+    """Every flag of one value, in every command, refuses a second (:class:`~aiayn.cli.
+    flags.Once`): argparse takes the last, so ``translate -o a -o b`` wrote b alone."""
+    from aiayn.cli.flags import Once
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                _once_each(command)
+        # A flag storing one value (a positional is one by its place; nargs "+" is a list).
+        elif (
+            type(action) is argparse._StoreAction
+            and action.option_strings
+            and (action.nargs in (None, "?"))
+        ):
+            action.__class__ = Once  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> int:

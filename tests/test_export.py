@@ -261,6 +261,12 @@ def test_cli_export_and_its_errors(sample_model_dir, tmp_path, capsys):
     assert main(args) == 2  # an earlier export is kept unless --force
     assert "--force" in capsys.readouterr().err
     assert main([*args, "--force", "--quantization", "int8"]) == 0
+    # --force replaced the whole folder: a file beside the export (or a folder that only
+    # held a model.bin of its own) went with it
+    (out / "results.csv").write_text("mine")
+    assert main([*args, "--force"]) == 2
+    assert "holds results.csv, which this output does not write" in capsys.readouterr().err
+    assert (out / "results.csv").read_text() == "mine" and (out / "model.bin").is_file()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("keep me")
     assert main([*args[:-1], str(tmp_path / "other"), "--force"]) == 2  # never overwritten

@@ -149,6 +149,13 @@ def test_an_earlier_export_is_replaced_only_when_forced(exported, tmp_path, caps
     assert main(["export", "marian", "--model", str(model_dir), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["export", "marian", "--model", str(model_dir), "--out", str(out), "--force"]) == 0
+    # A Hub clone's own files beside the export went with --force's replaced folder.
+    (out / "README.md").write_text("my model card")
+    (out / ".git").mkdir()
+    force = ["export", "marian", "--model", str(model_dir), "--out", str(out), "--force"]
+    assert main(force) == 2
+    assert "holds .git, README.md, which this output does not write" in capsys.readouterr().err
+    assert (out / "README.md").read_text() == "my model card" and (out / ".git").is_dir()
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")

@@ -64,8 +64,10 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
     renamed to ``out`` when the block ends, with a new folder's permissions. An exception
     in the block removes it and leaves ``out`` as it was.
 
-    An existing ``out`` is replaced when ``replace`` (the caller checked that it may go;
-    it is moved aside until the new one is in place); otherwise it must be an empty folder.
+    An existing ``out`` is replaced when ``replace`` (the caller checked that it is an
+    earlier output of its kind; it is moved aside until the new one is in place), unless
+    it holds a name the new one does not (a README or .git beside an export: AiaynError
+    naming them, and nothing changes); otherwise it must be an empty folder.
     Raises AiaynError naming ``out`` when it is the current directory (see
     :func:`output_folder`) or no folder can be created where it goes, and for an error
     only a write meets (a full disk) inside the block: "``out``: cannot write ``what``".
@@ -85,6 +87,12 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
             target.rmdir()  # fails unless empty: nothing in it is lost
             tmp.rename(target)
         else:
+            if kept := sorted(set(os.listdir(target)) - set(os.listdir(tmp))):
+                more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+                raise AiaynError(
+                    f"{out}: holds {', '.join(kept[:3])}{more}, which this output does not "
+                    "write and replacing the folder would delete; move them away first"
+                )
             _swap(tmp, target)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

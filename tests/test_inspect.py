@@ -232,6 +232,10 @@ def test_plot_survives_huge_numbers_and_names_what_it_cannot_write(tmp_path, cap
     )
     assert main(["plot", "--run", str(run / "metrics.jsonl")]) == 0  # the huge loss: a gap
     assert (run / "plots" / "loss.png").stat().st_size > 1000
+    # a float near its limit overflowed matplotlib's ticks (a ValueError traceback)
+    huge = {**good, "step": 2, "loss": 1.7e308}
+    (run / "metrics.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(huge) + "\n")
+    assert main(["plot", "--run", str(run)]) == 0
     (run / "metrics.jsonl").write_text(
         json.dumps(good) + '\n{"step": 1' + "0" * 400 + ', "kind": "train", "loss": 4.0}\n'
     )
@@ -276,6 +280,32 @@ def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):
     assert f"Output: logits [1, 16, {translator.tokenizer.vocab_size}]" in out
     assert main(["summary", "--preset", "base", "--vocab", "1000", "--depth", "1"]) == 0
     assert "Output: logits [1, 16, 1000]" in capsys.readouterr().out
+
+
+def test_a_model_of_few_positions_is_summarised_and_its_cut_output_shown_whole(
+    sample_model_dir, tmp_path, capsys
+):
+    """A model of max_len 4, cutting outputs at the limit (an imported model's generation
+    settings without a forced EOS): summary's pass of 16 positions did not fit it, and
+    attention printed the translation less its last token, taken for the EOS."""
+    import shutil
+
+    from aiayn.checkpoint import BEST, load_checkpoint, save_checkpoint
+
+    model = tmp_path / "four"
+    state = load_checkpoint(sample_model_dir() / BEST)
+    state["config"]["max_len"], state["generation"] = 4, {"num_beams": 1}
+    save_checkpoint(state, model / BEST)
+    shutil.copy(sample_model_dir() / "spm.model", model / "spm.model")
+    assert main(["summary", "--model", str(model)]) == 0
+    assert "Output: logits [1, 4, " in capsys.readouterr().out
+    sentence = SENTENCES[0]
+    (tmp_path / "in.de").write_text(sentence + "\n", encoding="utf-8")
+    assert main(["translate", "--model", str(model), "--quiet", str(tmp_path / "in.de")]) == 0
+    translation = capsys.readouterr().out.strip()
+    assert len(Translator.from_dir(model).translations([sentence])[0][0].ids) == 4  # cut
+    assert main(["attention", "--model", str(model), sentence]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"translation: {translation}"
 
 
 def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, capsys):

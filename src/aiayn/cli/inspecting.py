@@ -41,7 +41,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
         note_stale_averages(args.model, args.checkpoint)
         path = resolve_checkpoint(args.model, args.checkpoint or "auto")
         model, _, generation = load_inference(path)
-        print(summary(model, depth=args.depth))
+        length = min(16, model.cfg.max_len)  # the pass's source and target: within its positions
+        print(summary(model, length, length, depth=args.depth))
         defaults = DecodeOptions.from_generation(generation) if generation else DecodeOptions()
         print(f"output length by default: {length_rule(defaults, model.cfg.max_len, generation)}")
         return 0
@@ -88,7 +89,10 @@ def cmd_attention(args: argparse.Namespace) -> int:
         )
     translator = translator_for(args)
     amap = attention(translator, args.sentence, beam=args.beam, alpha=args.alpha)
-    pieces = [translator.tokenizer.piece_to_id(p) for p in amap.target[:-1]]
+    # The output's pieces: the labels less their EOS (an output cut at max_len has none).
+    eos = translator.tokenizer.id_to_piece(translator.model.cfg.eos_id)
+    target = amap.target[:-1] if amap.target[-1:] == [eos] else amap.target
+    pieces = [translator.tokenizer.piece_to_id(p) for p in target]
     layer = -1 if args.layer is None else args.layer  # the last layer unless one is chosen
     # The chosen kind, layer and head as text (checked here, before anything is printed).
     text = text_heatmap(amap, layer, args.kind or "cross", args.head or 0)

@@ -61,14 +61,15 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def _number(value: object) -> TypeGuard[int | float]:
-    """A JSON number a float holds (an integer of 400 digits does not)."""
+    """A JSON number a plot can hold: a float (an integer of 400 digits is none), and not
+    near float's limit, where matplotlib's axis ticks overflow (NaN and infinity are gaps)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
     try:
-        float(value)
+        number = float(value)
     except OverflowError:
         return False
-    return True
+    return not math.isfinite(number) or abs(number) <= 1e300
 
 
 def series(records: list[dict], kind: str, key: str) -> tuple[list[float], list[float]]:

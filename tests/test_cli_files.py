@@ -354,13 +354,20 @@ def test_export_never_replaces_a_model_directory(fmt, sample_model_dir, tmp_path
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_export_through_a_link_replaces_its_target(fmt, sample_model_dir, tmp_path, capsys):
     """--out a link to an earlier export: rmtree refused the link (a traceback); the
-    target is replaced, the link kept, and the folder is not left private (mkdtemp's 0700)."""
+    target is replaced, the link kept, and the folder is not left private (mkdtemp's 0700).
+    A file of an earlier export that the new one does not write goes with it (a model of
+    two vocabularies has a second one); a file no export writes is refused, and kept."""
     export = _exporter(fmt, sample_model_dir())
     target, link = tmp_path / "target", tmp_path / "link"
     assert main(export(str(target))) == 0
     link.symlink_to(target)
     files = sorted(p.name for p in target.iterdir())
-    (target / "stale").write_text("only the earlier export has it")
+    (target / "notes.txt").write_text("mine")
+    assert main(export(str(link), "--force")) == 2
+    assert "holds notes.txt, which this output does not write" in capsys.readouterr().err
+    (target / "notes.txt").unlink()
+    stale = "target_vocabulary.json" if fmt == "ctranslate2" else "target_vocab.json"
+    (target / stale).write_text("only the earlier export has it")
     assert main(export(str(link), "--force")) == 0
     assert link.is_symlink() and link.resolve() == target
     assert sorted(p.name for p in target.iterdir()) == files

@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.data.folders import replaceable_folder, staged_folder
+from aiayn.data.marian_tokenizer import MarianTokenizer
+from aiayn.data.tokenizer import SPM_FILE
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:
@@ -193,6 +195,14 @@ def build_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
     return spec
 
 
+# What an export may hold: CTranslate2's files (one shared vocabulary or two) and either
+# tokenizer's. --force replaces these from an earlier export even where the new one has none.
+CT2_FILES = (
+    "model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
+    "target_vocabulary.json", SPM_FILE, *MarianTokenizer.FILES,
+)  # fmt: skip
+
+
 def export_ctranslate2(
     model_dir: str | Path,
     out_dir: str | Path,
@@ -226,7 +236,7 @@ def export_ctranslate2(
         def _load(self) -> Any:
             return build_spec(model, tokenizer)
 
-    with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
+    with staged_folder(out_dir, replace=True, ours=CT2_FILES) as tmp:  # checked above
         AiaynConverter().convert(str(tmp), quantization=quantization, force=True)
         tokenizer.save(tmp)  # spm.model, or a Marian model's source.spm, vocab.json, ...
     return out_dir

@@ -9,7 +9,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,15 +59,18 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 @contextmanager
-def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Iterator[Path]:
+def staged_folder(
+    out: str | Path, replace: bool = False, what: str = "", ours: Collection[str] = ()
+) -> Iterator[Path]:
     """Yield a new empty folder ``.{name}.*.tmp`` beside ``out`` (beside a link's target),
     renamed to ``out`` when the block ends, with a new folder's permissions. An exception
     in the block removes it and leaves ``out`` as it was.
 
     An existing ``out`` is replaced when ``replace`` (the caller checked that it is an
     earlier output of its kind; it is moved aside until the new one is in place), unless
-    it holds a name the new one does not (a README or .git beside an export: AiaynError
-    naming them, and nothing changes); otherwise it must be an empty folder.
+    it holds a name that neither the new one nor any output of its kind (``ours``) has (a
+    README or .git beside an export: AiaynError naming them, and nothing changes);
+    otherwise it must be an empty folder.
     Raises AiaynError naming ``out`` when it is the current directory (see
     :func:`output_folder`) or no folder can be created where it goes, and for an error
     only a write meets (a full disk) inside the block: "``out``: cannot write ``what``".
@@ -87,7 +90,7 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
             target.rmdir()  # fails unless empty: nothing in it is lost
             tmp.rename(target)
         else:
-            if kept := sorted(set(os.listdir(target)) - set(os.listdir(tmp))):
+            if kept := sorted(set(os.listdir(target)) - set(os.listdir(tmp)) - set(ours)):
                 more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
                 raise AiaynError(
                     f"{out}: holds {', '.join(kept[:3])}{more}, which this output does not "
@@ -99,8 +102,8 @@ def staged_folder(out: str | Path, replace: bool = False, what: str = "") -> Ite
         # Named as the output, not as the staging folder just deleted: a full disk is one
         # line, whichever writer (ours, ctranslate2's) met it.
         where = os.fsdecode(e.filename) if isinstance(e, OSError) and e.filename else None
-        ours = where is None or where.startswith((str(tmp), str(target)))  # not /dev/shm's
-        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS and ours:
+        mine = where is None or where.startswith((str(tmp), str(target)))  # not /dev/shm's
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS and mine:
             named = f"{out}: cannot write {what}".rstrip()
             raise AiaynError(f"{named} ({_why(target, e)})") from None
         if isinstance(e, AiaynError) and str(tmp) in str(e):

@@ -37,6 +37,9 @@ from aiayn.marian.folder import CONFIG, GENERATION_CONFIG
 from aiayn.marian.weights import config_to_marian, from_aiayn
 
 WEIGHTS = "model.safetensors"
+# What an export may hold (a model of separate vocabularies has target_vocab.json too):
+# --force replaces these from an earlier export even where the new one has none.
+EXPORT_FILES = (CONFIG, GENERATION_CONFIG, WEIGHTS, *MarianTokenizer.FILES)
 
 
 class ExportExistsError(ConversionError):
@@ -137,7 +140,7 @@ def export_marian(
 
     from safetensors.torch import save_file
 
-    with staged_folder(out_dir, replace=True) as tmp:  # an earlier export, checked above
+    with staged_folder(out_dir, replace=True, ours=EXPORT_FILES) as tmp:  # checked above
         try:
             save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
             (tmp / WEIGHTS).chmod(new_file_mode())  # safetensors makes it private (0600)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.flags import Once, note_stale_averages
+from aiayn.cli.flags import note_stale_averages
 from aiayn.errors import AiaynError
 
 
@@ -59,11 +59,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("export", help="convert a trained model for another inference runtime")
     formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
     p = formats.add_parser("ctranslate2", help="a CTranslate2 model folder (needs ctranslate2)")
-    p.add_argument("--model", required=True, action=Once, help="model directory from `aiayn train`")
+    p.add_argument("--model", required=True, help="model directory from `aiayn train`")
     p.add_argument("--out", required=True, help="output folder (model.bin, vocabulary, tokenizer)")
-    p.add_argument(
-        "--checkpoint", default="auto", action=Once, help="auto|averaged|best|last or a .pt file"
-    )
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
     p.add_argument(
         "--quantization", default="float32", choices=CT2_QUANTIZATIONS, help="weight type"
     )
@@ -73,12 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = formats.add_parser(
         "marian", help="a transformers MarianMTModel folder (safetensors, config, tokenizer)"
     )
-    p.add_argument(
-        "--model", required=True, action=Once, help="model directory (trained or imported)"
-    )
+    p.add_argument("--model", required=True, help="model directory (trained or imported)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument(
-        "--checkpoint", default="auto", action=Once, help="auto|averaged|best|last or a .pt file"
-    )
+    p.add_argument("--checkpoint", default="auto", help="auto|averaged|best|last or a .pt file")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
     p.set_defaults(func=cmd_export_marian)

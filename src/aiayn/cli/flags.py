@@ -31,7 +31,8 @@ def text_arg(value: str) -> str:
 class Once(argparse.Action):
     """A flag that takes one value and refuses a second: argparse lets the last win, so
     ``--model A --model B`` to a command of one model (as translate's ensemble) would
-    silently use B alone, and ``train --out A --out B`` train into B."""
+    silently use B alone, and ``train --out A --out B`` train into B. ``build_parser``
+    gives it to every flag of one value, of every command."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:  # fmt: skip
@@ -134,13 +135,10 @@ def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> No
     if ensemble:
         add_ensemble_flags(p)
     else:
-        p.add_argument(
-            "--model", required=True, action=Once, help="model directory from `aiayn train`"
-        )
+        p.add_argument("--model", required=True, help="model directory from `aiayn train`")
         p.add_argument(
             "--checkpoint",
             default="auto",
-            action=Once,
             help="auto|averaged|best|last or a .pt file",
         )
     p.add_argument(

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.cli.flags import (
-    Once,
     add_decoding_flags,
     note_stale_averages,
     text_arg,
@@ -131,10 +130,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--preset", choices=["base", "big"], help="an untrained model of the paper (default base)"
     )
     p.add_argument("--vocab", type=int, help="joint vocabulary of the preset (default 37000)")
-    p.add_argument("--model", action=Once, help="a trained model directory instead of a preset")
-    p.add_argument(
-        "--checkpoint", action=Once, help="with --model: auto (default)|averaged|best|last"
-    )
+    p.add_argument("--model", help="a trained model directory instead of a preset")
+    p.add_argument("--checkpoint", help="with --model: auto (default)|averaged|best|last")
     p.add_argument("--depth", type=int, default=3, help="module nesting shown, from 1")
     p.set_defaults(func=cmd_summary)
 

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 from aiayn.cli.common import MODEL_NAMES, MODEL_SUFFIXES
-from aiayn.cli.flags import Once
 from aiayn.errors import AiaynError
 
 
@@ -242,17 +241,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser(
         "demo", help="train on the built-in numbers-to-words task (about 80 s on 2 CPU cores)"
     )
-    p.add_argument(
-        "--steps", type=int, default=800, action=Once, help="training updates (default 800)"
-    )
-    p.add_argument("--seed", type=int, default=0, action=Once)
+    p.add_argument("--steps", type=int, default=800, help="training updates (default 800)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
-        "--min-accuracy",
-        type=float,
-        default=0.0,
-        action=Once,
-        help="exit 1 below this exact-match (0..1)",
+        "--min-accuracy", type=float, default=0.0, help="exit 1 below this exact-match (0..1)"
     )
     p.set_defaults(func=cmd_demo)
 
@@ -260,58 +253,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "prepare", help="stream, check and encode parallel text once, for `train --data`"
     )
     for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
-        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True, action=Once)
-    p.add_argument(
-        "--out",
-        required=True,
-        action=Once,
-        help="a new (or empty) directory for the prepared data",
-    )
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=8000,
-        action=Once,
-        help="joint SentencePiece vocabulary",
-    )
+        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
+    p.add_argument("--out", required=True, help="a new (or empty) directory for the prepared data")
+    p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
     p.add_argument(
         "--spm-model",
-        action=Once,
         help="use this tokenizer instead of training one: a SentencePiece model, or a model "
         "directory (e.g. an imported Marian model, to fine-tune it with `train --init-from`)",
     )
-    p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"], action=Once)
+    p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
     p.add_argument(
-        "--spm-sample",
-        type=int,
-        default=500_000,
-        action=Once,
-        help="pairs the tokenizer is trained on",
+        "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"
     )
     p.add_argument(
-        "--max-len-words",
-        type=int,
-        default=100,
-        action=Once,
-        help="drop longer training pairs (0: keep)",
+        "--max-len-words", type=int, default=100, help="drop longer training pairs (0: keep)"
     )
-    p.add_argument("--workers", type=int, default=1, action=Once, help="encoding processes")
-    p.add_argument(
-        "--seed", type=int, default=1, action=Once, help="seed of the tokenizer's sample"
-    )
+    p.add_argument("--workers", type=int, default=1, help="encoding processes")
+    p.add_argument("--seed", type=int, default=1, help="seed of the tokenizer's sample")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train a translation model on parallel text")
-    p.add_argument("--config", action=Once, help="YAML recipe, e.g. recipes/multi30k.yaml")
-    p.add_argument("--out", required=True, action=Once, help="model directory (checkpoints, logs)")
-    p.add_argument(
-        "--data",
-        action=Once,
-        help="a directory from `aiayn prepare` (instead of --train-src...)",
-    )
-    for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
-        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), action=Once)
+    p.add_argument("--config", help="YAML recipe, e.g. recipes/multi30k.yaml")
+    p.add_argument("--out", required=True, help="model directory (checkpoints, logs)")
+    p.add_argument("--data", help="a directory from `aiayn prepare` (instead of --train-src...)")
+    p.add_argument("--train-src", dest="train_src")
+    p.add_argument("--train-tgt", dest="train_tgt")
+    p.add_argument("--valid-src", dest="valid_src")
+    p.add_argument("--valid-tgt", dest="valid_tgt")
     p.add_argument(
         "--set",
         nargs="*",
@@ -322,7 +291,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--init-from",
         dest="init_from",
-        action=Once,
         metavar="MODEL_DIR[:CHECKPOINT]",
         help="fine-tune: start from this model's config, weights and tokenizer (e.g. one from "
         "`aiayn import marian`); fresh optimizer and schedule",
@@ -332,7 +300,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         nargs="?",
         const="yes",
         choices=["yes", "auto"],
-        action=Once,
         help="continue from checkpoint_last.pt; `--resume auto`: only if there is one (for "
         "torchrun --max-restarts)",
     )
@@ -343,14 +310,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "average",
         help="average the newest N epoch and timed (step) checkpoints (Section 6.1)",
     )
-    p.add_argument("--model", required=True, action=Once, help="model directory")
+    p.add_argument("--model", required=True, help="model directory")
     p.add_argument(
         "--last",
         type=int,
         default=5,
-        action=Once,
         help="how many of the newest checkpoint_epochNNN.pt and checkpoint_stepNNNNNNN.pt, "
         "by the time they were written (default 5)",
     )
-    p.add_argument("--out", action=Once, help="default: MODEL/checkpoint_averaged.pt")
+    p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
     p.set_defaults(func=cmd_average)

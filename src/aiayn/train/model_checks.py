@@ -18,6 +18,7 @@ from aiayn.train.recipe import (
     TEXT_FIELDS,
     Recipe,
 )
+from aiayn.train.recipe_values import SET_BY_TOKENIZER
 
 
 def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
@@ -38,16 +39,6 @@ def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> 
                 f"({origin} has {key}={data[key]!r}); leave it out of the recipe"
             )
     return TransformerConfig.from_dict(data)
-
-
-# The model fields a new run takes from its tokenizer, each with what the tokenizer gives.
-SET_BY_TOKENIZER = {
-    "src_vocab_size": "its vocabulary's size, from the recipe's vocab_size",
-    "tgt_vocab_size": "its vocabulary's size, from the recipe's vocab_size",
-    "pad_id": "its padding token's id",
-    "bos_id": "its start-of-sentence token's id",
-    "eos_id": "its end-of-sentence token's id",
-}
 
 
 def check_new_model(

@@ -44,9 +44,15 @@ def check_names(data: Mapping, source: str) -> None:
 # Each model field's type as TransformerConfig annotates it ("int", "float", "bool", "str";
 # "int | None" may be null).
 MODEL_TYPES = {f.name: str(f.type) for f in fields(TransformerConfig)}
-# The model fields the tokenizer sets: left as given, for the check where the model is made
-# to say so (model_checks.SET_BY_TOKENIZER), which a type error here would hide.
-TOKENIZER_SET = ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id")
+# The model fields a new run takes from its tokenizer, each with what the tokenizer gives
+# (a recipe that sets one is refused where the model is made: model_checks).
+SET_BY_TOKENIZER = {
+    "src_vocab_size": "its vocabulary's size, from the recipe's vocab_size",
+    "tgt_vocab_size": "its vocabulary's size, from the recipe's vocab_size",
+    "pad_id": "its padding token's id",
+    "bos_id": "its start-of-sentence token's id",
+    "eos_id": "its end-of-sentence token's id",
+}
 
 
 def check_model_names(data: Mapping, source: str) -> None:
@@ -63,7 +69,9 @@ def model_value(key: str, value: Any, source: str) -> Any:
     RecipeError naming ``source`` and the field for a value of another type."""
     kind = MODEL_TYPES[key].removesuffix(" | None")
     what = f"{source}: field 'model.{key}'"
-    if key in TOKENIZER_SET or (value is None and MODEL_TYPES[key].endswith(" | None")):
+    # A field the tokenizer sets is left as given: its own refusal says so, which a type
+    # error here would hide.
+    if key in SET_BY_TOKENIZER or (value is None and MODEL_TYPES[key].endswith(" | None")):
         return value
     if kind in ("int", "float"):
         return number(int if kind == "int" else float, value, what)

@@ -259,8 +259,9 @@ def create_app(
             }
         },
         responses={code: {} for code in (400, 401, 403, 408, 413, 415, 422, 429, 500, 503, 504)},
+        response_model=None,  # a dict, or the JSON of one encoded off the loop
     )
-    async def translate(request: Request) -> dict[str, Any]:
+    async def translate(request: Request) -> dict[str, Any] | JSONResponse:
         """Translate ``src``; with ``attention`` also every layer's attention weights of the
         best translation (``[layer][head][row][col]`` per kind, with the pieces)."""
         try:
@@ -271,7 +272,7 @@ def create_app(
             # are answered. (It cancels no request task for any other reason: client_gone.)
             raise ApiError(503, "the server stopped before this translation finished") from None
 
-    async def translation(request: Request) -> dict[str, Any]:
+    async def translation(request: Request) -> dict[str, Any] | JSONResponse:
         deadline = asyncio.get_running_loop().time() + cfg.request_timeout_s
         check_key(request, cfg.api_key)
         check_json(request)
@@ -314,11 +315,14 @@ def create_app(
                 ]
                 for texts, hyps in zip(n_best, result.hypotheses)
             ]  # fmt: skip
-        if req.attention:
-            body_out["attention"] = await asyncio.to_thread(
-                lambda: [attention_json(a) for a in result.attention or []]
-            )
-        return body_out
+        if not req.attention:
+            return body_out
+
+        def encoded() -> JSONResponse:  # megabytes of weights: seconds of the loop's time
+            body_out["attention"] = [attention_json(a) for a in result.attention or []]
+            return JSONResponse(body_out)
+
+        return await asyncio.to_thread(encoded)
 
     def unwell() -> str | None:
         """Why the model worker cannot serve: it has died, or its process is stalled."""

@@ -187,3 +187,54 @@ def test_page_errors_fallbacks_and_a_non_ascii_key(sample_model_dir, tmp_path):
             assert shown("result") and not shown("maps")
     finally:
         driver.quit()
+
+
+def test_page_waits_out_a_full_queue(sample_model_dir, tmp_path):
+    """A 429 (the queue is full) names in Retry-After when to send again: the page waits
+    that long, saying so, and sends again, instead of showing an error."""
+    import threading
+
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from aiayn.serve import ServeConfig
+    from serve_util import ControlledTranslator
+
+    translator = ControlledTranslator(*load_model(resolve_checkpoint(sample_model_dir())))
+    expected = translator.translate([SENTENCE])[0][0]
+    driver = _browser(tmp_path)
+    cfg = ServeConfig(worker="thread", max_queue=1, batch_wait_ms=0)
+    answers: list[int] = []
+    threads = []
+
+    def post(base: str, text: str) -> None:
+        answers.append(
+            httpx.post(f"{base}/translate", json={"src": [text]}, timeout=60).status_code
+        )
+
+    try:
+        with live_server(translator, cfg) as base:
+            driver.get(base + "/")
+            translator.gate.clear()
+            translator.entered.clear()
+            for text in ("Ein Hund.", "Eine Katze."):  # one running at the gate, one queued
+                threads.append(threading.Thread(target=post, args=(base, text)))
+                threads[-1].start()
+                assert translator.entered.wait(10), "the worker never took the request"
+            wait = WebDriverWait(driver, 30)
+            wait.until(lambda d: "aiayn_queue_sentences 1" in httpx.get(f"{base}/metrics").text)
+            driver.find_element(By.ID, "src").send_keys(SENTENCE)
+            driver.find_element(By.ID, "go").click()
+            wait.until(lambda d: "busy" in d.find_element(By.ID, "status").text)
+            status = driver.find_element(By.ID, "status").text
+            assert status == "the server is busy: trying again in 1 s…", status
+            translator.gate.set()
+            wait.until(lambda d: d.find_element(By.ID, "translation").text == expected)
+            assert driver.find_element(By.ID, "status").text == ""
+            for thread in threads:
+                thread.join(30)
+            assert answers == [200, 200]
+    finally:
+        translator.gate.set()
+        driver.quit()

@@ -17,10 +17,24 @@ async function loadInfo() {
 // compares them (a non-ASCII key was refused, or made fetch() throw).
 const headerBytes = (text) => String.fromCharCode(...new TextEncoder().encode(text));
 
+// A full queue (429) clears in the seconds its Retry-After names: wait and send again, a
+// few times, saying so, rather than show an error the user can only answer by clicking.
+const BUSY_TRIES = 5, BUSY_MAX_WAIT_S = 30;
+const sleep = (seconds) => new Promise((done) => setTimeout(done, seconds * 1000));
+
 async function post(body) {
   const headers = { "Content-Type": "application/json" };
   if ($("key").value) headers["X-API-Key"] = headerBytes($("key").value);
-  const response = await fetch("/translate", { method: "POST", headers, body: JSON.stringify(body) });
+  const send = () => fetch("/translate", { method: "POST", headers, body: JSON.stringify(body) });
+  let response = await send();
+  for (let tries = 1; response.status === 429 && tries < BUSY_TRIES; tries++) {
+    const given = Number(response.headers.get("Retry-After")); // seconds; a date: NaN
+    const wait = Math.min(Number.isFinite(given) && given > 0 ? given : 1, BUSY_MAX_WAIT_S);
+    $("status").textContent = `the server is busy: trying again in ${wait} s…`;
+    await sleep(wait);
+    $("status").textContent = "translating…";
+    response = await send();
+  }
   let answer = null;
   try { answer = await response.json(); } catch (e) { /* a proxy's HTML page, a plain 500 */ }
   if (response.ok && answer) return answer;

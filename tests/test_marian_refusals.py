@@ -72,6 +72,10 @@ def _generation(folder, **changes) -> None:
     path.write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
 
 
+def _null(path, key: str) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: None}))
+
+
 def _pad(folder) -> int:
     return json.loads((folder / "config.json").read_text())["pad_token_id"]
 
@@ -82,8 +86,36 @@ def _settings_in_config(folder) -> None:
     _config(folder, num_beams=4, max_length=20)
 
 
+def _as_older_transformers_saved(folder) -> None:
+    """Weights no MarianMTModel needs (position tables, tied copies, a zero final_logits_bias),
+    transformers 3's BartConfig fields at Marian's values, a null generate() reads as unset."""
+
+    def older(tensors: dict) -> None:
+        for side in ("encoder", "decoder"):
+            tensors[f"model.{side}.embed_positions.weight"] = torch.randn(256, 16)  # recomputed
+            tensors[f"model.{side}.embed_tokens.weight"] = tensors["model.shared.weight"].clone()
+        tensors["lm_head.weight"] = tensors["model.shared.weight"].clone()
+        tensors["final_logits_bias"] = torch.zeros_like(tensors["final_logits_bias"])
+
+    _weights(folder, older)
+    _config(folder, normalize_before=False, normalize_embedding=False)
+    _config(folder, add_final_layer_norm=False, static_position_embeddings=True)
+    _null(folder / "generation_config.json", "max_length")
+
+
 def _cut(name: str, tensors: dict) -> None:
     tensors[name] = tensors[name][..., :-1].contiguous()
+
+
+def _as(tensors: dict, name: str, dtype: torch.dtype) -> None:
+    tensors[name] = tensors[name].to(dtype)
+
+
+def _embedding_norms(tensors: dict) -> None:
+    """LayerNorms on the embeddings (a BART's layernorm_embedding), which Marian has not."""
+    for side in ("encoder", "decoder"):
+        for kind in ("weight", "bias"):
+            tensors[f"model.{side}.layernorm_embedding.{kind}"] = torch.ones(16)
 
 
 BREAKS = {
@@ -119,16 +151,46 @@ BREAKS = {
     ),
     "pad": (
         lambda f: _config(f, pad_token_id=5),
-        r"vocab\.json: the tokenizer's pad_id is \d+, config\.json's is 5",
+        r"vocab\.json: the tokenizer's pad_id is \d+, config\.json's pad_token_id is 5",
     ),
     "eos": (
         lambda f: _config(f, eos_token_id=5, forced_eos_token_id=5),
-        r"vocab\.json: the tokenizer's eos_id is 0, config\.json's is 5",
+        r"vocab\.json: the tokenizer's eos_id is 0, config\.json's eos_token_id is 5",
     ),
     "embedding": (
         lambda f: _weights(f, lambda t: _cut("model.shared.weight", t)),
-        r"model\.safetensors: the source embedding has shape \(\d+, 15\), config\.json says "
-        r"\(\d+, 16\)",
+        r"model\.safetensors: the source embedding has shape \(\d+, 15\), config\.json's "
+        r"vocab_size and d_model make it \(\d+, 16\)",
+    ),
+    # Weights the model has no place for were dropped, integers cast, without a word.
+    "embedding LayerNorms": (
+        lambda f: _weights(f, _embedding_norms),
+        r"model\.safetensors: 4 weights that aiayn's model \(and a MarianMTModel\) has no "
+        r"place for: model\.decoder\.layernorm_embedding\.bias, model\.decoder\.layernorm_"
+        r"embedding\.weight, model\.encoder\.layernorm_embedding\.bias and 1 more; importing",
+    ),
+    "a final LayerNorm": (
+        lambda f: _weights(
+            f, lambda t: t.update({"model.decoder.layer_norm.weight": torch.ones(16)})
+        ),
+        r"model\.safetensors: 1 weight that aiayn's model \(and a MarianMTModel\) has no place "
+        r"for: model\.decoder\.layer_norm\.weight; importing would drop it",
+    ),
+    "integer weight": (
+        lambda f: _weights(f, lambda t: _as(t, "model.encoder.layers.0.fc1.weight", torch.long)),
+        r"model\.safetensors: weight model\.encoder\.layers\.0\.fc1\.weight holds int64 values",
+    ),
+    "bool weight": (
+        lambda f: _weights(f, lambda t: _as(t, "model.shared.weight", torch.bool)),
+        r"model\.safetensors: weight model\.shared\.weight holds bool values",
+    ),
+    "a tied copy that differs": (  # transformers 5 unties it and computes with it
+        lambda f: _weights(f, lambda t: t.update({"lm_head.weight": t["model.shared.weight"] + 1})),
+        r"model\.safetensors: lm_head\.weight differs from model\.shared\.weight, which config",
+    ),
+    "output bias said to be none": (
+        lambda f: _config(f, aiayn={"output_bias": False}),
+        r"model\.safetensors: final_logits_bias is not all zeros, but config\.json's aiayn\.",
     ),
     "weight": (
         lambda f: _weights(f, lambda t: _cut("model.encoder.layers.1.fc1.weight", t)),
@@ -207,7 +269,44 @@ BREAKS = {
         lambda f: _generation(f, do_sample=True, num_beams=4),
         r"generation_config\.json: num_beams 4: aiayn samples without a beam",
     ),
+    "more outputs than beams": (  # was DecodeOptions' "n_best must be <= beam"
+        lambda f: _generation(f, num_beams=2, num_return_sequences=3),
+        r"generation_config\.json: num_return_sequences 3: more outputs than num_beams \(2\)",
+    ),
+    "num_beams null": (  # was int()'s "argument must be a string, ... not 'NoneType'"
+        lambda f: _null(f / "generation_config.json", "num_beams"),
+        r"generation_config\.json: num_beams None: must be a number; leave the field out",
+    ),
 }
+# config.json fields named as aiayn's TransformerConfig names them (a start id equal to
+# EOS was "TransformerConfig.eos_id"), taken as true ("false" is truthy), or a traceback.
+for change, message in [
+    (dict(decoder_start_token_id=0), "decoder_start_token_id=0 is also eos_token_id; EOS"),
+    (dict(decoder_start_token_id=999), r"decoder_start_token_id must be in \[0, \d+\], got 999"),
+    (dict(encoder_attention_heads=3, decoder_attention_heads=3), "d_model=16 is not divisible "),
+    (dict(max_position_embeddings="512"), "max_position_embeddings must be an integer, got '5"),
+    (dict(encoder_layers=0), "encoder_layers must be >= 1, got 0"),
+    (dict(scale_embedding="false"), "scale_embedding must be true or false, got 'false'"),
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings must be true or false, got 'f"),
+    (dict(activation_function=["relu"]), r"activation_function \['relu'\] is not supported"),
+    (dict(normalize_before=True), "normalize_before True: Marian models have false"),  # BART's
+]:
+    name = "config " + " ".join(f"{k}={v!r}" for k, v in change.items())
+    BREAKS[name] = (lambda f, c=change: _config(f, **c), r"config\.json: " + message)
+# Numbers and switches of another JSON type were decoded with as int("4"), int(4.5),
+# float(True) and bool("false") (true) make them, or refused without naming the field.
+for key, value, kind in [
+    ("num_beams", "4", "an integer"),
+    ("num_beams", 4.5, "an integer"),
+    ("max_length", True, "an integer"),
+    ("length_penalty", "x", "a finite number"),
+    ("temperature", "0.7", "a finite number"),
+    ("do_sample", "false", "true or false"),
+]:
+    BREAKS[f"{key} {value!r}"] = (
+        lambda f, setting={key: value}: _generation(f, **setting),
+        rf"generation_config\.json: {key} {re.escape(repr(value))}: must be {kind}",
+    )
 
 
 @pytest.mark.parametrize("what", list(BREAKS))
@@ -242,8 +341,15 @@ def test_the_unbroken_folder_imports(marian, tmp_path, capsys):
         lambda f: _generation(f, bad_words_ids=None),  # an older or re-saved folder
         lambda f: _generation(f, bad_words_ids=[]),
         _settings_in_config,  # no generation_config.json, no bad_words_ids in config.json
+        _as_older_transformers_saved,
     ],
-    ids=["renormalize_logits", "no bad_words_ids", "empty bad_words_ids", "config.json only"],
+    ids=[
+        "renormalize_logits",
+        "no bad_words_ids",
+        "empty bad_words_ids",
+        "config.json only",
+        "older transformers",
+    ],
 )
 def test_folders_as_published_import(marian, tmp_path, change):
     """What real folders carry is no reason to refuse: renormalize_logits true (its

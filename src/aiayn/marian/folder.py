@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from aiayn.checkpoint import BEST, finite, save_checkpoint
+from aiayn.config import TransformerConfig
 from aiayn.data.folders import staged_folder
 from aiayn.data.marian_tokenizer import (
     AIAYN_KEY,
@@ -40,12 +41,20 @@ from aiayn.data.marian_tokenizer import (
 )
 from aiayn.errors import ConversionError
 from aiayn.marian.generation import NEUTRAL, check_generation
-from aiayn.marian.weights import GENERATION_KEYS, config_from_marian, to_aiayn
+from aiayn.marian.weights import GENERATION_KEYS, config_from_marian, flag, to_aiayn
 from aiayn.model.transformer import Transformer
 
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-LAYER_WEIGHT = re.compile(r"model\.(encoder|decoder)\.layers\.\d+\.")
+LAYER_WEIGHT = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.")
+# Weights a Marian model holds that no MarianMTModel computes with: the sinusoidal position
+# tables (recomputed) and the tables transformers does not use (the shared one beside
+# untied tables, the copies of a tied one); final_logits_bias, when all zeros.
+UNUSED = (
+    "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight",
+    "model.shared.weight", "model.encoder.embed_tokens.weight",
+    "model.decoder.embed_tokens.weight", "lm_head.weight",
+)  # fmt: skip
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -79,7 +88,8 @@ def _load_file(path: Path) -> dict[str, Tensor]:
 
 
 def read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
-    """Every weight of the folder (float32) and the file (or index) they came from."""
+    """Every weight of the folder (the floating-point ones as float32) and the file (or
+    index) they came from."""
     for name in WEIGHT_FILES:
         path, index = folder / name, folder / f"{name}.index.json"
         if path.is_file():
@@ -130,9 +140,14 @@ class MarianFolder:
         if name not in self.tensors:
             raise ConversionError(f"{self.weights_path}: no weight {name}")
         tensor = self.tensors[name]
+        if not tensor.is_floating_point():  # copied into a float weight without a word
+            raise ConversionError(
+                f"{self.weights_path}: weight {name} holds {str(tensor.dtype).split('.')[-1]} "
+                "values; a model's weights are floating point"
+            )
         # What loading the imported model would refuse, found before it is written; each
         # weight once (the shared tables are asked for three times).
-        if name not in self._used and tensor.is_floating_point() and not finite(tensor):
+        if name not in self._used and not finite(tensor):
             raise ConversionError(f"{self.weights_path}: weight {name} holds NaN or infinity")
         self._used.add(name)
         return tensor
@@ -149,8 +164,9 @@ class MarianFolder:
         tied (the OPUS-MT default), all three are ``model.shared.weight``; otherwise
         transformers ties none of them to it, and the encoder's and decoder's own tables
         are used, the decoder's as output when tied."""
-        share = bool(self.hf.get("share_encoder_decoder_embeddings", True))
-        tie = bool(self.hf.get("tie_word_embeddings", True))
+        where = str(self.folder / CONFIG)
+        share = flag(self.hf, "share_encoder_decoder_embeddings", True, where)
+        tie = flag(self.hf, "tie_word_embeddings", True, where)
         shared, enc, dec = (
             f"model.{k}" for k in ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
         )
@@ -163,8 +179,22 @@ class MarianFolder:
             target = self._first(f"{dec}.weight", *([f"{shared}.weight"] if share else []))
             output = target if tie else self.tensor("lm_head.weight")
         same = source.shape == target.shape and torch.equal(source, target)
-        bias = self.tensors.get("final_logits_bias", torch.zeros(output.size(0))).flatten()
+        bias = torch.zeros(output.size(0))
+        if "final_logits_bias" in self.tensors:
+            bias = self.tensor("final_logits_bias").flatten()
         tables = {"source": source, "target": target, "output": output, "bias": bias}
+        # A copy of a tied table that differs from it: transformers 5 unties it then, and
+        # computes with the copy, where aiayn would drop it.
+        copies = {f"{enc}.weight": "source", f"{dec}.weight": "target", "lm_head.weight": "output"}
+        for name, role in copies.items():
+            if name in self.tensors and name not in self._used:
+                copy, table = self.tensor(name), tables[role]
+                if not (copy.shape == table.shape and torch.equal(copy, table)):
+                    used = next((k for k in self._used if self.tensors[k] is table), role)
+                    raise ConversionError(
+                        f"{self.weights_path}: {name} differs from {used}, which {CONFIG} ties "
+                        f"it to: transformers would compute with both, aiayn with {used} only"
+                    )
         return tables, share and same, tie
 
     def _model(self) -> Transformer:
@@ -182,23 +212,24 @@ class MarianFolder:
         ours = self.hf.get(AIAYN_KEY) or {}  # written by aiayn's export
         output_bias = bool(ours.get("output_bias", bool(tables["bias"].any())))
         cfg = config_from_marian(self.hf, shared, tied, output_bias, str(self.folder / CONFIG))
+        target = "decoder_vocab_size" if self.hf.get("decoder_vocab_size") else "vocab_size"
         expect = {
-            "source": (cfg.src_vocab_size, cfg.d_model),
-            "target": (cfg.tgt_vocab_size, cfg.d_model),
-            "output": (cfg.tgt_vocab_size, cfg.d_model),
-            "bias": (cfg.tgt_vocab_size,),
+            "source": ((cfg.src_vocab_size, cfg.d_model), "vocab_size and d_model"),
+            "target": ((cfg.tgt_vocab_size, cfg.d_model), f"{target} and d_model"),
+            "output": ((cfg.tgt_vocab_size, cfg.d_model), f"{target} and d_model"),
+            "bias": ((cfg.tgt_vocab_size,), target),
         }
-        for role, shape in expect.items():
+        for role, (shape, fields) in expect.items():
             if tuple(tables[role].shape) != shape:
                 raise ConversionError(
                     f"{self.weights_path}: the {role} embedding has shape "
-                    f"{tuple(tables[role].shape)}, {CONFIG} says {shape}"
+                    f"{tuple(tables[role].shape)}, {CONFIG}'s {fields} make it {shape}"
                 )
-        for name in ("pad_id", "eos_id"):
+        for name, field in (("pad_id", "pad_token_id"), ("eos_id", "eos_token_id")):
             if getattr(tok, name) != getattr(cfg, name):
                 raise ConversionError(
                     f"{self.folder / VOCAB}: the tokenizer's {name} is {getattr(tok, name)}, "
-                    f"{CONFIG}'s is {getattr(cfg, name)}"
+                    f"{CONFIG}'s {field} is {getattr(cfg, name)}"
                 )
         if AIAYN_KEY not in tok.config:  # transformers' Marian: EOS ends every source
             files = {**tok.files(), **_aiayn_settings(tok, True, cfg.bos_id)}
@@ -216,16 +247,36 @@ class MarianFolder:
             raise ConversionError(
                 f"{self.weights_path}: a weight has the wrong shape ({first})"
             ) from None
-        # Layers the config leaves out would be dropped without a word (transformers lists
-        # them as unexpected): a config.json that does not describe these weights.
-        unused = sorted(k for k in self.tensors if LAYER_WEIGHT.match(k) and k not in self._used)
-        if unused:
+        self._check_unused(cfg, output_bias)
+        return model
+
+    def _check_unused(self, cfg: TransformerConfig, output_bias: bool) -> None:
+        """ConversionError naming the weights the model was not made of, unless no
+        MarianMTModel computes with them (:data:`UNUSED`): dropped, they would change the
+        model's outputs without a word (transformers lists them as unexpected)."""
+        bias = self.tensors.get("final_logits_bias")
+        if not output_bias and bias is not None and bias.any():  # aiayn's own key said so
             raise ConversionError(
-                f"{self.weights_path}: {len(unused)} layer weights that {CONFIG} leaves out "
-                f"({unused[0]}, ...): it gives {cfg.encoder_layers} encoder and "
+                f"{self.weights_path}: final_logits_bias is not all zeros, but {CONFIG}'s "
+                f"{AIAYN_KEY}.output_bias is false: the model would lose its output bias"
+            )
+        names = sorted(set(self.tensors) - self._used - {*UNUSED, "final_logits_bias"})
+        counts = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
+        layers = [k for k in names if (m := LAYER_WEIGHT.match(k)) and int(m[2]) >= counts[m[1]]]
+        if layers:  # a config.json that does not describe these weights
+            raise ConversionError(
+                f"{self.weights_path}: {len(layers)} layer weights that {CONFIG} leaves out "
+                f"({layers[0]}, ...): it gives {cfg.encoder_layers} encoder and "
                 f"{cfg.decoder_layers} decoder layers"
             )
-        return model
+        if names:
+            listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
+            what, them = ("weights", "them") if names[1:] else ("weight", "it")
+            raise ConversionError(
+                f"{self.weights_path}: {len(names)} {what} that aiayn's model (and a "
+                f"MarianMTModel) has no place for: {listed}; importing would drop {them} and "
+                "change the model's outputs"
+            )
 
     def _generation(self) -> dict[str, Any]:
         """The folder's generation settings, refused (naming the file and field) where

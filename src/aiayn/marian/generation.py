@@ -11,6 +11,7 @@ instead of translating differently without a word.
 
 from __future__ import annotations
 
+from math import isfinite
 from typing import Any
 
 from aiayn.config import TransformerConfig
@@ -46,6 +47,21 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "eta_cutoff": (None, 0, 0.0),
     "min_p": (None, 0, 0.0),
 }
+# The type of each number or switch generate() reads (a JSON "4" is no number to it, nor
+# true: int("4") or float(True) would decode with a setting the file does not hold), and
+# whether a null may stand for it (left unset; the others have no default once present).
+INTEGERS = (
+    "num_beams", "num_return_sequences", "top_k", "max_length", "max_new_tokens",
+    "min_length", "min_new_tokens", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "num_beam_groups",
+)  # fmt: skip
+NUMBERS = (
+    "length_penalty", "temperature", "top_p", "repetition_penalty",
+    "encoder_repetition_penalty", "diversity_penalty", "penalty_alpha", "guidance_scale",
+    "typical_p", "epsilon_cutoff", "eta_cutoff", "min_p",
+)  # fmt: skip
+SWITCHES = ("do_sample",)
+NOT_NULL = ("num_beams", "num_return_sequences", "length_penalty", "temperature", "top_k", "top_p")
 
 
 def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: str) -> None:
@@ -55,6 +71,27 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
     def refuse(key: str, why: str) -> ConversionError:
         return ConversionError(f"{where}: {key} {settings[key]!r}: {why}")
 
+    for key in (*INTEGERS, *NUMBERS, *SWITCHES):
+        value = settings.get(key)
+        if value is None:
+            if key in settings and key in NOT_NULL:
+                raise refuse(key, "must be a number; leave the field out for the default")
+            continue
+        if key in SWITCHES and not isinstance(value, bool):
+            raise refuse(key, "must be true or false")
+        if key in INTEGERS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise refuse(key, "must be an integer")
+        if key in NUMBERS and not (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and isfinite(value)
+        ):
+            raise refuse(key, "must be a finite number")
+    # What DecodeOptions would refuse under its own names (beam, n_best)
+    for key in ("num_beams", "num_return_sequences"):
+        if settings.get(key) is not None and settings[key] < 1:
+            raise refuse(key, "must be at least 1")
+    beams, outputs = settings.get("num_beams") or 1, settings.get("num_return_sequences") or 1
+    if not settings.get("do_sample") and outputs > beams:
+        raise refuse("num_return_sequences", f"more outputs than num_beams ({beams}) keeps")
     for key, neutral in NEUTRAL.items():
         if key in settings and not any(_same(settings[key], v) for v in neutral):
             raise refuse(key, "aiayn's searches have no such setting; remove it to import")
@@ -78,10 +115,9 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
             f"start ids {sorted(ours)} and no others ({[[i] for i in sorted(ours)]}, as "
             "OPUS-MT models have)"
         )
-    alpha = settings.get("length_penalty", 1.0)
-    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha < 0:
+    if settings.get("length_penalty", 1.0) < 0:
         raise refuse("length_penalty", "aiayn's length penalty exponent is >= 0")
-    if settings.get("do_sample") and int(settings.get("num_beams") or 1) > 1:
+    if settings.get("do_sample") and beams > 1:
         raise refuse("num_beams", "aiayn samples without a beam (do_sample is true)")
     try:
         DecodeOptions.from_generation(settings)

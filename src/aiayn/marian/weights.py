@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.config import TransformerConfig
+from aiayn.config import MAX_POSITIONS, TransformerConfig
 from aiayn.errors import ConversionError
 from aiayn.model.transformer import Transformer
 
@@ -50,12 +50,32 @@ def marian_order(d_model: int) -> Tensor:
 
 
 # -- config ----------------------------------------------------------------------------------
+# Fields of the BartConfig that transformers 3's MarianConfig was, with the values of every
+# Marian model: another value describes a model that is not the post-LN Transformer with
+# sinusoidal positions (transformers 4 and 5 ignore them and would compute otherwise).
+MARIAN_ONLY = {
+    "normalize_before": False,  # pre-LN
+    "normalize_embedding": False,  # a LayerNorm on the embeddings (layernorm_embedding)
+    "add_final_layer_norm": False,  # a LayerNorm after the last layer
+    "static_position_embeddings": True,  # learned positions
+}
+
+
+def flag(hf: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    """The true/false field ``key`` of a Marian ``config.json`` (``hf``, read from
+    ``where``); ConversionError naming the field for anything else ("false" is truthy)."""
+    value = hf.get(key, default)
+    if not isinstance(value, bool):
+        raise ConversionError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
 def config_from_marian(
     hf: dict[str, Any], shared: bool, tied: bool, output_bias: bool, where: str
 ) -> TransformerConfig:
     """The TransformerConfig of a Marian ``config.json`` (``hf``, read from ``where``);
     ``shared``, ``tied`` and ``output_bias`` say what its weights hold. ConversionError
-    naming the field for what aiayn's model cannot express."""
+    naming the config.json field (not aiayn's) for what aiayn's model cannot express."""
 
     def get(key: str, default: Any = None) -> Any:
         value = hf.get(key, default)
@@ -67,53 +87,91 @@ def config_from_marian(
         value = get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConversionError(f"{where}: {key} must be a number, got {value!r}")
+        if not 0.0 <= value < 1.0:  # the dropouts; NaN fails too
+            raise ConversionError(f"{where}: {key} must be in [0, 1), got {value!r}")
         return float(value)
 
-    def same(a: str, b: str) -> Any:
-        if get(a) != get(b):
-            raise ConversionError(
-                f"{where}: {a}={hf[a]} but {b}={hf[b]}; aiayn's encoder and decoder share it"
-            )
-        return hf[a]
+    def integer(key: str, default: int | None, low: int = 1, high: int | None = None) -> int:
+        value = get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConversionError(f"{where}: {key} must be an integer, got {value!r}")
+        if value < low or (high is not None and value > high):
+            bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ConversionError(f"{where}: {key} must be {bounds}, got {value}")
+        return value
 
+    def same(a: str, b: str) -> int:
+        value, other = integer(a, None), integer(b, None)
+        if value != other:
+            raise ConversionError(
+                f"{where}: {a}={value} but {b}={other}; aiayn's encoder and decoder share it"
+            )
+        return value
+
+    for key, marian in MARIAN_ONLY.items():
+        if hf.get(key) is not None and flag(hf, key, marian, where) != marian:
+            raise ConversionError(
+                f"{where}: {key} {hf[key]!r}: Marian models have {str(marian).lower()}; "
+                "aiayn imports the post-LN Transformer with sinusoidal positions only"
+            )
     activation = get("activation_function", "gelu")  # MarianConfig's default
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ConversionError(
             f"{where}: activation_function {activation!r} is not supported (choose from "
             f"{', '.join(ACTIVATIONS)})"
         )
-    eos = get("eos_token_id", 0)
-    if isinstance(eos, list):
-        if len(eos) != 1:
-            raise ConversionError(f"{where}: eos_token_id {eos}: aiayn stops at one EOS id")
-        eos = eos[0]
-    pad = get("pad_token_id", 58100)
-    vocab = get("vocab_size", 58101)
-    layers = (get("encoder_layers", 12), get("decoder_layers", 12))
-    try:
-        return TransformerConfig(
-            src_vocab_size=vocab,
-            tgt_vocab_size=hf.get("decoder_vocab_size") or vocab,
-            d_model=get("d_model", 1024),
-            n_heads=same("encoder_attention_heads", "decoder_attention_heads"),
-            n_layers=layers[0],
-            n_decoder_layers=layers[1] if layers[1] != layers[0] else None,
-            d_ff=same("encoder_ffn_dim", "decoder_ffn_dim"),
-            dropout=number("dropout", 0.1),
-            attention_dropout=number("attention_dropout", 0.0),
-            activation_dropout=number("activation_dropout", 0.0),
-            max_len=get("max_position_embeddings", 1024),
-            pad_id=pad,
-            bos_id=get("decoder_start_token_id", pad),  # decoding starts from it (pad)
-            eos_id=eos,
-            share_embeddings=shared,
-            tie_output=tied,
-            layer_norm_eps=LAYER_NORM_EPS,
-            activation=ACTIVATIONS[activation],
-            output_bias=output_bias,
-            scale_embeddings=bool(hf.get("scale_embedding", False)),
+    eos_key = "eos_token_id"
+    if isinstance(hf.get(eos_key), list):
+        if len(hf[eos_key]) != 1:
+            raise ConversionError(f"{where}: {eos_key} {hf[eos_key]}: aiayn stops at one EOS id")
+        hf = {**hf, eos_key: hf[eos_key][0]}
+    vocab = integer("vocab_size", 58101)
+    # MarianConfig's rule: decoder_vocab_size or vocab_size (a 0 or null too)
+    tgt_vocab = integer("decoder_vocab_size", None) if hf.get("decoder_vocab_size") else vocab
+    if shared and tgt_vocab != vocab:
+        raise ConversionError(
+            f"{where}: vocab_size={vocab} but decoder_vocab_size={tgt_vocab}, and the weights "
+            "share one embedding table"
         )
-    except (TypeError, ValueError) as e:  # ConfigError names the TransformerConfig field
+    d_model = integer("d_model", 1024)
+    heads = same("encoder_attention_heads", "decoder_attention_heads")
+    if d_model % heads:
+        raise ConversionError(
+            f"{where}: d_model={d_model} is not divisible by encoder_attention_heads={heads}"
+        )
+    last = min(vocab, tgt_vocab) - 1  # the special ids are in both vocabularies
+    pad = integer("pad_token_id", 58100, low=0, high=last)
+    start = integer("decoder_start_token_id", pad, low=0, high=last)  # (pad: Marian's)
+    eos = integer(eos_key, 0, low=0, high=last)
+    if eos in (pad, start):
+        key = "decoder_start_token_id" if start == eos and start != pad else "pad_token_id"
+        raise ConversionError(f"{where}: {key}={eos} is also {eos_key}; EOS needs its own id")
+    layers = (integer("encoder_layers", 12), integer("decoder_layers", 12))
+    fields: dict[str, Any] = dict(
+        src_vocab_size=vocab,
+        tgt_vocab_size=tgt_vocab,
+        d_model=d_model,
+        n_heads=heads,
+        n_layers=layers[0],
+        n_decoder_layers=layers[1] if layers[1] != layers[0] else None,
+        d_ff=same("encoder_ffn_dim", "decoder_ffn_dim"),
+        dropout=number("dropout", 0.1),
+        attention_dropout=number("attention_dropout", 0.0),
+        activation_dropout=number("activation_dropout", 0.0),
+        max_len=integer("max_position_embeddings", 1024, high=MAX_POSITIONS),
+        pad_id=pad,
+        bos_id=start,
+        eos_id=eos,
+        share_embeddings=shared,
+        tie_output=tied,
+        layer_norm_eps=LAYER_NORM_EPS,
+        activation=ACTIVATIONS[activation],
+        output_bias=output_bias,
+        scale_embeddings=flag(hf, "scale_embedding", False, where),
+    )
+    try:
+        return TransformerConfig(**fields)
+    except (TypeError, ValueError) as e:  # checked above; ConfigError names aiayn's field
         raise ConversionError(f"{where}: {e}") from None
 
 

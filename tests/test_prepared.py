@@ -22,7 +22,7 @@ import torch
 
 from aiayn.checkpoint import load_checkpoint
 from aiayn.cli import main
-from aiayn.data import ParallelDataset, read_parallel, token_batches
+from aiayn.data import ParallelDataset, read_lines, read_parallel, token_batches
 from aiayn.data.prepared import prepare, sample_pairs
 from aiayn.data.shards import PreparedData, PreparedSplit, SplitWriter, token_dtype
 from aiayn.errors import AiaynError, CorpusError, RecipeError
@@ -252,6 +252,35 @@ def test_text_with_carriage_returns_for_line_ends_is_named_so(tmp_path):
     assert sum("1 line(s) hold a carriage return (CR alone" in x for x in said) == 2, said
 
 
+def test_text_with_nul_bytes_is_refused_naming_the_file_and_line(tmp_path):
+    """A NUL byte is valid UTF-8: it was encoded as the unknown token, and a UTF-16 file of
+    ASCII text (every other byte a NUL) was prepared into nonsense without a word. Now it
+    is refused naming the file, line and column, with UTF-16 as the likely cause; so is
+    an invalid UTF-8 first line that starts with a UTF-16 byte order mark."""
+    good = write(tmp_path / "good.en", b"one\ntwo\nthree\n")
+    hint = r"not UTF-8 text \(a UTF-16 file, as some Windows editors save text\? save it as UTF-8"
+    text = "eins\nzwei\ndrei\n"
+    cases = [  # (file, line, column of its first NUL)
+        (write(tmp_path / "nul.de", b"eins\nzw\x00ei\ndrei\n"), 2, 3),
+        (write(tmp_path / "le.de", text.encode("utf-16-le")), 1, 2),
+        (write(tmp_path / "gz.de", text.encode("utf-16-be"), gz=True), 1, 1),
+    ]
+    for i, (src, line, column) in enumerate(cases):
+        message = f"{re.escape(src.name)}, line {line}: a NUL byte at column {column}: {hint}"
+        for train, valid in (((src, good), (good, good)), ((good, good), (good, src))):
+            with pytest.raises(CorpusError, match=message):
+                prepare(train, valid, tmp_path / f"out{i}", 100, show_progress=False)
+            assert not (tmp_path / f"out{i}").exists()
+    bom = write(tmp_path / "bom.de", "中文\n".encode("utf-16"))  # no NUL in its first line
+    message = r"bom\.de, line 1: invalid UTF-8 \(byte 0xff at column 1\) \(a UTF-16 file"
+    with pytest.raises(CorpusError, match=message):
+        prepare((bom, good), (good, good), tmp_path / "bom", 100, show_progress=False)
+    with pytest.raises(CorpusError, match=r"line 2: invalid UTF-8 \(byte 0xff at column 1\)$"):
+        read_lines(write(tmp_path / "late.de", b"eins\n\xff\xfe\n"))  # no hint past line 1
+    with pytest.raises(CorpusError, match=r"nul\.de, line 2: a NUL byte"):
+        read_lines(cases[0][0])  # every reader of text: translate's input, BLEU's references
+
+
 def test_prepare_fills_an_empty_folder_but_never_one_with_files(tmp_path):
     """A folder made beforehand (``mkdir data``) is taken while it is empty; one holding
     anything is refused, and what it holds is left as it was."""
@@ -401,6 +430,41 @@ def test_an_index_whose_rows_leave_the_token_file_is_refused_when_read(tmp_path,
     assert PreparedData(damaged).train.ids("src", 5).tolist() == (
         PreparedData(prepared).train.ids("src", 5).tolist()
     )
+
+
+def test_an_id_outside_the_vocabulary_names_its_token_file_and_row(tmp_path, prepared, capsys):
+    """A token file holding an id past the vocabulary (damage, or data encoded with another
+    tokenizer) failed in the model, "tgt_in holds id 60000, outside the vocabulary [0,
+    400)", naming no file. Each batch's ids are checked as it is read (the corpus is
+    never scanned whole): the file and the row of its index are named."""
+    damaged = tmp_path / "data"
+    shutil.copytree(prepared, damaged)
+    vocab = PreparedData(prepared).tokenizer.vocab_size
+    for split, side, row in (("train", "tgt", 5), ("valid", "src", 2)):
+        path = damaged / f"{split}.{side}.bin"
+        ids = np.fromfile(path, PreparedData(prepared).dtype)
+        ids[np.load(damaged / f"{split}.{side}.idx.npy")[row, 0] + 1] = 60000
+        ids.tofile(path)
+    data = PreparedData(damaged)  # opened without a scan: the rows are checked when read
+    assert data.train.batch(np.array([0, 1, 7])).src.shape[0] == 3  # other rows read on
+    wanted = (
+        f"{damaged / 'train.tgt.bin'}: sentence 5 (row 5 of its index) holds id 60000, "
+        f"outside the vocabulary [0, {vocab}); the prepared data is damaged, prepare it again"
+    )
+    with pytest.raises(CorpusError) as raised:
+        data.train.batch(np.arange(len(data.train)))
+    assert str(raised.value) == wanted
+    # The command: one line, naming the training row or (the update's batch without it)
+    # the validation one, at the validation after the update.
+    run = ["train", "--data", str(damaged), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main([*run, "--set", *TINY, "max_steps=1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    named = (
+        f"{damaged / 'train.tgt.bin'}: sentence 5 ",
+        f"{damaged / 'valid.src.bin'}: sentence 2 ",
+    )
+    assert any(n in err for n in named) and "holds id 60000, outside the vocabulary" in err, err
 
 
 def test_a_validation_text_that_is_not_utf8_names_its_file_and_line(tmp_path, prepared, capsys):

@@ -76,15 +76,26 @@ def decode_line(line: bytes, name: str, number: int) -> str:
 
     Raises CorpusError naming ``name`` (a path, or "<stdin>") and line ``number`` (from 1)
     at an invalid byte: input is never decoded with replacement characters behind the
-    user's back.
+    user's back. A NUL byte is refused too: valid UTF-8, but no text holds one, and it
+    would be encoded as the unknown token; it almost always means a UTF-16 or binary file.
     """
+    if 0 in line:  # one memchr per line (b"\0" in line took 7 times as long)
+        raise CorpusError(
+            f"{name}, line {number}: a NUL byte at column {line.index(0) + 1}: not UTF-8 "
+            f"text{_UTF16}"
+        )
     try:
         return line.decode("utf-8").rstrip("\r")
     except UnicodeDecodeError as e:
+        bom = line.startswith((b"\xff\xfe", b"\xfe\xff"))  # UTF-16's byte order marks
         raise CorpusError(
             f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
-            f"{e.start + 1})"
+            f"{e.start + 1}){_UTF16 if bom and number == 1 else ''}"
         ) from None
+
+
+# What a NUL byte, or a UTF-16 byte order mark, in a text file most often means.
+_UTF16 = " (a UTF-16 file, as some Windows editors save text? save it as UTF-8)"
 
 
 def decode_lines(raw: bytes, name: str, keep_bom: bool = False) -> list[str]:

@@ -157,9 +157,11 @@ class PreparedSplit:
         split: str,
         dtype: np.dtype,
         special: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
+        vocab: tuple[int, int] | None = None,
     ):
         self.name, self.dtype = f"{directory}/{split}", dtype
         self.pad_id, self.bos_id, self.eos_id = special  # the tokenizer's
+        self.vocab = vocab  # the (source, target) vocabulary sizes its ids must be below
         self.fds: dict[str, int] = {}
         self.offsets: dict[str, np.ndarray] = {}
         lengths: dict[str, np.ndarray] = {}
@@ -226,6 +228,14 @@ class PreparedSplit:
             tgt_in[row, 1 : len(t) + 1] = t
             tgt_out[row, : len(t)] = t
             tgt_out[row, len(t)] = self.eos_id
+        # An id past the vocabulary (damage) named no file; a max a batch, not a scan.
+        for side, ids, limit in zip(SIDES, (src, tgt_out), self.vocab or ()):
+            if ids.max(initial=0) >= limit:
+                row = next(i for i in index.tolist() if self.ids(side, i).max(initial=0) >= limit)
+                raise CorpusError(
+                    f"{self.name}.{side}.bin: sentence {row} (row {row} of its index) holds id "
+                    f"{self.ids(side, row).max()}, outside the vocabulary [0, {limit}); {DAMAGED}"
+                )
         return Batch(
             torch.from_numpy(src),
             torch.from_numpy(tgt_in),
@@ -248,9 +258,10 @@ class PreparedData:
         self.spm_bytes = model.read_bytes()  # the tokenizer's bytes, of either kind
         check_tokenizer(self.manifest, self.directory, self.spm_bytes, f"its {model.name}")
         special = special_ids(self.tokenizer)
+        vocab = (self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size)
         try:
-            self.train = PreparedSplit(self.directory, "train", self.dtype, special)
-            self.valid = PreparedSplit(self.directory, "valid", self.dtype, special)
+            self.train = PreparedSplit(self.directory, "train", self.dtype, special, vocab)
+            self.valid = PreparedSplit(self.directory, "valid", self.dtype, special, vocab)
             self.valid_src, self.valid_tgt = (
                 _read_text(self.directory / f"valid.{side}.txt") for side in SIDES
             )

@@ -457,3 +457,76 @@ def test_every_set_is_applied_and_a_key_given_twice_is_refused(tmp_path, sample_
         err = one_line_error([*argv, "--set", *TINY_RUN, *more], capsys)
         assert f"--set: key {key!r} given twice" in err, more
         assert not again.exists()
+
+
+def test_model_fields_out_of_range_name_the_recipe_file_that_set_them(
+    tmp_path, sample_prepared, capsys
+):
+    """A model field out of range in a recipe file was "recipe field model.d_model: must be a
+    positive int, got -1", naming no file, where every other recipe error names it. Now the
+    file (or the override) that set the field is named: for n_heads not dividing d_model,
+    the one that set either; a field set in code keeps the plain message."""
+    from aiayn.config import TransformerConfig
+    from aiayn.train.model_checks import check_new_model
+
+    path = tmp_path / "model.yaml"
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(path), "--data", str(sample_prepared), "--out", str(out)]
+    divides = "recipe field model.n_heads: d_model=30 is not divisible by n_heads"
+    for text, more, message in [
+        ("d_model: -1", [], f"{path}: recipe field model.d_model: must be a positive int, got -1"),
+        ("d_model: 30", [], f"{path}: {divides}=8"),  # n_heads is the default; d_model the file's
+        ("n_heads: 7", [], f"{path}: recipe field model.n_heads: d_model=512 is not divisible"),
+        ("dropout: 1.5", [], f"{path}: recipe field model.dropout: must be in [0, 1), got 1.5"),
+        ("d_model: 30", ["model.n_heads=7"], f"override 'model.n_heads=7': {divides}=7"),
+    ]:
+        path.write_text(f"model:\n  {text}\n")
+        err = one_line_error([*argv, "--no-progress", "--set", *more, "max_steps=1"], capsys)
+        assert message in err and not out.exists(), (text, err)
+    # A model to fine-tune: the fields the recipe may change, out of range, name it too.
+    path.write_text("model:\n  dropout: 1.5\n")
+    start = TransformerConfig(src_vocab_size=120, tgt_vocab_size=120, d_model=16, n_heads=2)
+    init = {"config": start.to_dict(), "path": "start.pt"}
+    wanted = f"{path}: recipe field model.dropout: must be in [0, 1), got 1.5"
+    with pytest.raises(RecipeError) as raised:
+        check_new_model(Recipe.from_yaml(path), init)
+    assert str(raised.value) == wanted
+    with pytest.raises(RecipeError) as raised:  # set in code: no file to name
+        check_new_model(Recipe(model={"d_model": -1}))
+    assert str(raised.value) == "recipe field model.d_model: must be a positive int, got -1"
+
+
+def test_data_settings_that_prepared_data_leaves_unused_are_noted(
+    tmp_path, sample_prepared, capsys
+):
+    """With prepared data (``data``, `--data`) the run trains on the data as prepared:
+    vocab_size, spm_model_type and max_len_words make nothing there. A recipe that set one
+    to other than the data's was followed without a word. Now each is a note naming where
+    it was set, the field, its value and the data's. A note, not a refusal: one recipe
+    serves raw text and prepared data (recipes/multi30k.yaml's max_len_words is 80, where
+    prepare's default is 100), and a resumed run of prepared data takes another value
+    (test_train_concurrency_and_refusals); values left at their defaults say nothing."""
+    from aiayn.train.model_checks import prepared_notes
+
+    data = sample_prepared.resolve()  # prepared with vocab_size 120, bpe, max_len_words 100
+    made = f"the prepared data in {data} was made with"
+    again = "prepare the text again to change it"
+    path = tmp_path / "r.yaml"
+    path.write_text("vocab_size: 8000\nspm_model_type: unigram\nmax_len_words: 100\n")
+    argv = ["train", "--config", str(path), "--data", str(data), "--out", str(tmp_path / "run")]
+    assert main([*argv, "--no-progress", "--set", *TINY_RUN, "max_steps=1", "max_len_words=0"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [
+        f"note: {path}: recipe field vocab_size=8000 is unused: {made} 120; {again}",
+        f"note: {path}: recipe field spm_model_type='unigram' is unused: {made} 'bpe'; {again}",
+        f"note: override 'max_len_words=0': recipe field max_len_words=0 is unused: {made} 100; "
+        + again,
+    ]
+    path.write_text("vocab_size: 120\nspm_model_type: bpe\nmax_len_words: 100\n")  # the data's
+    assert prepared_notes(Recipe.from_yaml(path, [f"data={data}"])) == []
+    assert prepared_notes(Recipe(data=str(data))) == []  # defaults (vocab_size 8000): not set
+    assert prepared_notes(Recipe(data=str(data), max_len_words=80)) == [  # set in code
+        f"recipe field max_len_words=80 is unused: {made} 100; {again}"
+    ]
+    path.write_text("vocab_size: 8000\n")
+    assert prepared_notes(Recipe.from_yaml(path)) == []  # raw text: the field is used

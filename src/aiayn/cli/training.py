@@ -60,6 +60,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from aiayn.cli.flags import note
+    from aiayn.train.model_checks import prepared_notes
     from aiayn.train.recipe import TEXT_FIELDS, Recipe
     from aiayn.train.trainer import Trainer
 
@@ -74,6 +76,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"recipe field {flag!r} is empty: give --{flag.replace('_', '-')} (or --data, "
                 "or a named data set: --set dataset=multi30k)"
             )
+    for text in prepared_notes(recipe):  # fields a run of prepared data leaves unused
+        note(text)
     resumes: dict[str | None, bool | str] = {None: False, "yes": True, "auto": "auto"}
     resume = resumes[args.resume]
     trainer = Trainer(recipe, args.out, resume=resume, progress=not args.no_progress)

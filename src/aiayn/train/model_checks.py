@@ -4,13 +4,17 @@ would otherwise ignore or contradict, refused before anything is written."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from aiayn.config import TransformerConfig
+from aiayn.data.shards import read_manifest
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World
-from aiayn.errors import ConfigError, RecipeError
+from aiayn.errors import AiaynError, ConfigError, RecipeError
 from aiayn.train.recipe import (
     FINE_TUNE_FIELDS,
     PREPARED_FIXED,
@@ -48,9 +52,10 @@ def check_new_model(
     those of ``recipe.model`` (with the recipe's ``vocab_size`` standing in for the
     tokenizer's, made later), or with ``init`` (the state of the model it starts from) what
     :func:`fine_tune_config` refuses; and a model too large to train in all the memory of
-    ``device`` (:func:`check_fits`). ConfigError or RecipeError naming the field."""
+    ``device`` (:func:`check_fits`). RecipeError naming the field, and the recipe file
+    (or override) that set it."""
     if init is not None:
-        cfg = fine_tune_config(recipe, TransformerConfig.from_dict(init["config"]), init["path"])
+        start = TransformerConfig.from_dict(init["config"])  # not the recipe's: unwrapped
     else:
         vocab = max(recipe.vocab_size, 8)  # a too small one is prepare's to name
         stand_in = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=0, bos_id=1, eos_id=2)
@@ -59,13 +64,28 @@ def check_new_model(
                 f"recipe field model.{given[0]}: the tokenizer sets it "
                 f"({SET_BY_TOKENIZER[given[0]]}); leave it out"
             )
-        try:
+    try:
+        if init is not None:
+            cfg = fine_tune_config(recipe, start, init["path"])
+        else:
             cfg = TransformerConfig.from_dict({**recipe.model, **stand_in})
-        except ConfigError as e:  # named as the recipe names it: model.d_model, not the class
-            message = f"recipe field {e}".replace("TransformerConfig.", "model.", 1)
-            raise RecipeError(message) from None
+    except ConfigError as e:  # named as the recipe names it: model.d_model, not the class
+        message = f"recipe field {e}".replace("TransformerConfig.", "model.", 1)
+        raise RecipeError(_set_where(recipe, str(e)) + message) from None
     if device is not None:
         check_fits(cfg, device)
+
+
+def _set_where(recipe: Recipe, error: str) -> str:
+    """``"FILE: "`` (or ``"override 'KEY=VALUE': "``) where the recipe set the model field
+    that the model's ``error`` names (for n_heads not dividing d_model, either of them),
+    or "" where the recipe's defaults or code set it."""
+    found = re.match(r"TransformerConfig\.(\w+):", error)
+    keys = [found[1], *(["d_model"] if found[1] == "n_heads" else [])] if found else []
+    for key in keys:
+        if (where := recipe.source_of(f"model.{key}")) not in (None, "recipe"):
+            return f"{where}: "
+    return ""
 
 
 # What training holds per parameter before any activation: fp32 weights, their gradients
@@ -166,6 +186,44 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
                 f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
                 f"has {saved[key]!r}){why}"
             )
+
+
+def prepared_notes(recipe: Recipe) -> list[str]:
+    """What a run of prepared data (``recipe.data``) leaves unused: each field of
+    :data:`PREPARED_FIXED` that the recipe sets (in its file, by an override, or in code to
+    other than its default) to other than what the data was prepared with, as one line
+    naming the field, where it was set, its value and the data's. Empty without ``data``,
+    and where the manifest cannot be read (the run refuses it, naming why). Notes, not
+    refusals: recipes set these fields for raw text, and one recipe serves both."""
+    try:
+        manifest = read_manifest(Path(recipe.data)) if recipe.data else None
+    except AiaynError:
+        manifest = None
+    if manifest is None:
+        return []
+    made = manifest.get("tokenizer")  # what prepare trained; {"from": ...} for one given
+    made = made if isinstance(made, dict) else {}
+    # The values that agree with the data: the vocabulary asked for and the one made (fewer,
+    # where the text holds fewer tokens); no model type for a tokenizer given to prepare.
+    agree: dict[str, list[Any]] = {
+        "vocab_size": [made.get("vocab_size"), manifest["vocab_size"]],
+        "spm_model_type": [made.get("model_type")] if "model_type" in made else [],
+        "max_len_words": [manifest["max_len_words"] or 0],  # null: no limit, as 0 is
+    }
+    notes, default = [], Recipe()
+    for key in PREPARED_FIXED:
+        value, where = getattr(recipe, key), recipe.source_of(key)
+        if (where is None and value == getattr(default, key)) or not agree[key]:
+            continue  # not set, or nothing to compare it with
+        if value not in agree[key]:
+            has = agree[key][-1]
+            shown = f"{has} (no limit)" if key == "max_len_words" and not has else repr(has)
+            origin = f"{where}: " if where not in (None, "recipe") else ""
+            notes.append(
+                f"{origin}recipe field {key}={value!r} is unused: the prepared data in "
+                f"{recipe.data} was made with {shown}; prepare the text again to change it"
+            )
+    return notes
 
 
 def run_config(

@@ -154,7 +154,16 @@ class Recipe:
         """A recipe built in code has the model :meth:`from_dict` makes of the same fields:
         ``model`` must name model fields (RecipeError otherwise), and is merged onto
         :data:`MODEL_DEFAULTS`; see :meth:`_merge_model` for the fields it sets."""
+        # Where a file or an override set a field (model.KEY for a model field): not a
+        # field itself, a copy (dataclasses.replace) is made without it (see source_of).
+        self._sources: dict[str, str] = {}
         self._merge_model("recipe")
+
+    def source_of(self, key: str) -> str | None:
+        """Where field ``key`` (``model.KEY`` for a model field) was set last: the recipe
+        file (or the ``source`` given to :meth:`from_dict`), or ``override 'KEY=VALUE'``;
+        None for a field left at its default or set in code, as by ``Recipe(key=...)``."""
+        return self._sources.get(key)
 
     def _merge_model(self, source: str) -> None:
         """``model`` merged onto :data:`MODEL_DEFAULTS`, and the fields it sets added to
@@ -224,6 +233,7 @@ class Recipe:
         recipe = cls()
         for key, value in data.items():
             recipe._set(key, value, source)
+            recipe._sources[key] = source  # a model's fields: each by _set
         return recipe
 
     def override(self, items: list[str]) -> Recipe:
@@ -250,10 +260,12 @@ class Recipe:
                 model = values.model_fields(model, f"override {item!r}")
                 self.model = {**self.model, **model}
                 self.given_model_fields.update(model)
+                self._sources.update({f"model.{k}": f"override {item!r}" for k in model})
             else:
                 if key not in {f.name for f in fields(self)} - {"given_model_fields"}:
                     raise RecipeError(f"override {item!r}: unknown field {key!r}")
                 self._set(key, value, f"override {item!r}")
+                self._sources[key] = f"override {item!r}"
         return self
 
     def check(self, source: str = "recipe") -> Recipe:
@@ -285,6 +297,7 @@ class Recipe:
         if key == "model":
             value = values.model_fields(value, source)
             self.given_model_fields.update(value)
+            self._sources.update({f"model.{k}": source for k in value})
             value = {**default, **value}
         elif key == "adam_betas":
             value = values.adam_betas(value, source)

@@ -461,6 +461,32 @@ def _binary_stdin(data: bytes) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
 
 
+def test_lines_longer_than_the_model_takes_are_noted(sample_model_dir, tmp_path, capsys):
+    """A line of more tokens than the model has positions is translated from its first
+    ones only (docs/decoding.md); translate and evaluate said nothing of it."""
+    from aiayn.checkpoint import load_model, resolve_checkpoint
+
+    model = str(sample_model_dir())
+    positions = load_model(resolve_checkpoint(model))[0].cfg.max_len
+    long = " ".join(["Ein Hund rennt über die Wiese."] * positions)
+    lines = ["Ein Hund.", long, "", long, "Zwei Männer."]
+    f = _files(tmp_path, in_de="".join(x + "\n" for x in lines), ref_en="a\nb\n\nc\nd\n")
+    note = (
+        f"note: 2 input line(s) longer than the model's {positions} source positions were "
+        f"translated from their first {positions} tokens only (line 2, 4)"
+    )
+    for quiet in ([], ["--quiet"]):
+        assert main(["translate", "--model", model, *quiet, str(f["in_de"])]) == 0
+        out, err = capsys.readouterr()
+        assert len(out.splitlines()) == 5 and err.count(note) == 1, err
+    evaluate = ["evaluate", "--model", model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
+    assert main([*evaluate, "--quiet"]) == 0
+    assert capsys.readouterr().err.count(note) == 1
+    f = _files(tmp_path, in_de="Ein Hund.\n\n")
+    assert main(["translate", "--model", model, str(f["in_de"])]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_stdin_may_be_gzip_as_a_file_may(sample_model_dir, tmp_path, monkeypatch, capsys):
     """Gzip data on stdin is read as a gzip file is (by its magic bytes; it was "invalid
     UTF-8 (byte 0x8b)"); cut short, it is one line naming stdin and the gzip data. Two

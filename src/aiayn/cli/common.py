@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from aiayn.cli.flags import decode_options, translator_for
+from aiayn.cli.flags import decode_options, note, translator_for
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
@@ -291,12 +291,16 @@ def translate_chunks(
         sizes = [min(size, len(lines) - a) for a in range(0, len(lines), size)]
         total = sum(len(world.shard(n)) for n in sizes)
     quiet = args.quiet or not world.is_main or total is None
-    source, start = iter(lines), 0
+    source, start, cut = iter(lines), 0, []
     with progress(total=total, desc="translate", unit="sent", disable=quiet) as bar:
         while True:
             chunk = list(islice(source, size))
             if start and not chunk:
-                return
+                break
+            if world.is_main:  # said once the bar is done (at once when there is none)
+                cut += [start + i for i in cut_lines(translator, chunk)]
+                if cut and quiet:
+                    cut = note_cut(cut, translator.max_source_tokens)
             share = world.shard(len(chunk))
             first, last = start + share.start, start + share.stop
             outputs = translator.translations(
@@ -321,8 +325,28 @@ def translate_chunks(
                 raise
             # Whether rank 0 goes on: a rank that decoded on alone would wait for it forever.
             if not chunk or not world.broadcast(True):  # no chunk: an empty input's
-                return
+                break
             start += len(chunk)
+    note_cut(cut, translator.max_source_tokens)
+
+
+def cut_lines(translator: Translator, lines: list[str]) -> list[int]:
+    """The indices of ``lines`` of more source tokens than the model has positions: each
+    is translated from its first ones only (:meth:`~aiayn.translator.Translator.encode`)."""
+    ids = translator.tokenizer.encode_batch([line if line.strip() else "" for line in lines])
+    return [i for i, row in enumerate(ids) if len(row) > translator.max_source_tokens]
+
+
+def note_cut(lines: list[int], positions: int) -> list[int]:
+    """Say which input ``lines`` (0-based) were cut to the model's ``positions``; returns
+    an empty list, the lines still to tell of."""
+    if lines:
+        shown = ", ".join(str(i + 1) for i in lines[:5]) + (" ..." if lines[5:] else "")
+        note(
+            f"{len(lines)} input line(s) longer than the model's {positions} source positions "
+            f"were translated from their first {positions} tokens only (line {shown})"
+        )
+    return []
 
 
 def typed_lines() -> Iterator[str]:

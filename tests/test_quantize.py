@@ -11,7 +11,12 @@ from aiayn.checkpoint import load_model, resolve_checkpoint
 from aiayn.cli import main
 from aiayn.data.batching import pad
 from aiayn.model import CrossAttentionCache, MultiHeadAttention
-from aiayn.quantize import SplitCrossAttention, is_quantized, quantize_dynamic_int8
+from aiayn.quantize import (
+    SplitCrossAttention,
+    is_quantized,
+    parameter_count,
+    quantize_dynamic_int8,
+)
 from aiayn.translator import Translator
 from numerics_util import log_probs, margins_and_shift
 from sample_data import PAIRS
@@ -58,6 +63,31 @@ def test_every_linear_layer_is_int8_and_the_float_model_is_untouched(models):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert "decoder.layers.0.cross_attn.in_proj.weight" in model.state_dict()  # loads as before
     assert model.out_proj is None and quantized.out_proj is not None
+
+
+def test_a_quantized_model_counts_the_parameters_of_the_float_model(models):
+    # Its int8 layers hold their weights packed, not as parameters: the server's /info
+    # said 11,520 parameters of 177,664 (the embeddings and LayerNorms alone).
+    from aiayn.config import TransformerConfig
+    from aiayn.model.transformer import Transformer
+
+    model, quantized, tokenizer = models
+    assert parameter_count(quantized) == parameter_count(model) == model.num_parameters()
+    assert quantized.num_parameters() < model.num_parameters() / 2  # the packed ones left out
+    cfg = TransformerConfig(
+        src_vocab_size=50, tgt_vocab_size=60, d_model=16, n_heads=2, d_ff=32, n_layers=1,
+        share_embeddings=False, tie_output=False, output_bias=True,
+    )  # fmt: skip
+    untied = Transformer(cfg)
+    assert parameter_count(quantize_dynamic_int8(untied)) == untied.num_parameters()
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve import ServeConfig, create_app
+
+    app = create_app(Translator(quantized, tokenizer), ServeConfig(worker="thread"))
+    with TestClient(app) as client:
+        assert client.get("/info").json()["model"]["parameters"] == model.num_parameters()
 
 
 def test_quantized_model_scores_and_translates_like_the_float_model(models):

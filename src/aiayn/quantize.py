@@ -82,6 +82,23 @@ def quantize_dynamic_int8(model: Transformer) -> Transformer:
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
+def parameter_count(model: Transformer) -> int:
+    """``model``'s parameters as :meth:`Transformer.num_parameters` counts them, also for an
+    int8 copy (:func:`quantize_dynamic_int8`), whose quantized layers hold their weights
+    packed, not as parameters, and whose tied output table is a copy of the embedding."""
+    from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+    count = model.num_parameters()
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            bias = module.bias()
+            count += module.weight().numel() + (bias.numel() if bias is not None else 0)
+    out_proj: nn.Module | None = model.out_proj  # an nn.Linear, or its int8 copy
+    if model.cfg.tie_output and isinstance(out_proj, QuantizedLinear):
+        count -= out_proj.weight().numel()  # the embedding's copy, counted already
+    return count
+
+
 def is_quantized(model: nn.Module) -> bool:
     """True if no float ``nn.Linear`` is left in ``model`` (all were quantized)."""
     return not any(type(m) is nn.Linear for m in model.modules())

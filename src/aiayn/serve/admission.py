@@ -19,6 +19,7 @@ from aiayn.config import TransformerConfig
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import DecodeOptions
 from aiayn.errors import AiaynError
+from aiayn.quantize import parameter_count
 from aiayn.serve.jobs import (
     CancelledJobError,
     DeadlineError,
@@ -54,7 +55,7 @@ class ModelInfo:
             translator.tokenizer,
             model.cfg,
             len(translator.models),
-            sum(m.num_parameters() for m in translator.models),
+            sum(parameter_count(m) for m in translator.models),  # int8 layers' too
             device,
             translator.max_source_tokens,
             translator.defaults,

@@ -408,3 +408,46 @@ def test_a_checkpoint_has_the_umasks_permissions_or_those_of_the_file_it_replace
     save_checkpoint({"x": 2}, path)
     assert path.stat().st_mode & 0o777 == 0o640
     assert torch.load(path, weights_only=True)["x"] == 2
+
+
+def test_a_whole_file_of_other_python_objects_is_not_called_corrupt(tmp_path):
+    """torch.save of a whole module, or a checkpoint with a numpy scalar in it, was "the
+    file is truncated or corrupt (UnpicklingError)": intact, they hold Python objects that
+    the weights-only loader refuses (and that are never unpickled). Damage is still named
+    damage, even where the damaged bytes name such an object."""
+    import numpy as np
+
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
+    torch.save(
+        {**state(1.0), "format": "aiayn-checkpoint-1", "bleu": np.float64(30.1)}, tmp_path / "np.pt"
+    )
+    for name, held in (("module.pt", r"torch\.nn\.modules\.linear\.Linear"), ("np.pt", "numpy")):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"{name}: not an aiayn checkpoint: it holds Python objects other than "
+            rf"tensors \({held}",
+        ):
+            load_checkpoint(tmp_path / name)
+    data = bytearray((tmp_path / "np.pt").read_bytes())
+    data[data.index(b"scalar")] = ord("S")  # another global, in a pickle whose CRC is wrong
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    with pytest.raises(
+        CheckpointError, match=r"bad\.pt: cannot read checkpoint, the file is trunc"
+    ):
+        load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_integer_weights_where_the_model_has_floats_are_refused(sample_model_dir, tmp_path):
+    """Cast by load_state_dict without a word, they translated garbage with exit 0."""
+    from aiayn.checkpoint import BEST, load_inference, load_model
+
+    sound = load_checkpoint(sample_model_dir() / BEST)
+    name = "src_embed.weight"
+    for dtype in (torch.int64, torch.bool):
+        model = {**sound["model"], name: sound["model"][name].round().to(dtype)}
+        path = save_checkpoint({**sound, "model": model}, tmp_path / "int.pt")
+        kind = str(dtype).removeprefix("torch.")
+        with pytest.raises(CheckpointError, match=rf"int\.pt: weight '{name}' holds {kind} val"):
+            load_model(path)
+    # A sound checkpoint still loads, quantized (int8 weights made after loading) too.
+    assert load_inference(sample_model_dir() / BEST, quantize=True)[0] is not None

@@ -186,7 +186,10 @@ def test_resume_continues_exactly(source, tmp_path, capsys):
     other[2] = str(straight)
     assert main(other) == 2
     assert f"init_from={straight} differs from the run being resumed" in capsys.readouterr().err
-    assert main([*args(source, resumed, "max_steps=4"), "--resume"]) == 0  # its own: resumed
+    # Its own checkpoint spelled another way (DIR:best, started as DIR) was refused too.
+    spelled = [*args(source, resumed, "max_steps=4"), "--resume"]
+    spelled[2] = f"{source['model']}:best"
+    assert main(spelled) == 0  # its own: resumed
     a, b = load_checkpoint(straight / LAST), load_checkpoint(resumed / LAST)
     assert a["step"] == b["step"] == 4
     for name, tensor in a["model"].items():

@@ -1,26 +1,26 @@
 """Checkpoints, used alike by training and by inference (fairseq's checkpoint_utils):
 atomic save, load with clear errors, the file names of a model directory, and loading a
-ready model and its tokenizer from one file (averaging, Section 6.1, is
-:mod:`aiayn.train.averaging`'s).
+ready model and its tokenizer from one file (averaging is :mod:`aiayn.train.averaging`'s).
 
 A checkpoint is a dict saved by torch: ``model`` (state_dict), ``config``
-(TransformerConfig as a dict), ``tokenizer`` (the tokenizer's bytes: a SentencePiece model,
-or a Marian tokenizer's archive; :meth:`Tokenizer.from_bytes` reads either), and for
-resuming ``optimizer``, ``schedule``, ``rng``, ``step``, ``epoch`` and the like.
-
-Models that came from elsewhere carry two more entries, kept by fine-tuning:
-``generation``, the generation settings they were published with (an imported Marian
-model's ``generation_config.json`` as a dict: ``num_beams``, ``max_length``,
-``length_penalty``, ``bad_words_ids``, ...; read with :func:`generation_settings`), and
-``origin`` (where it came from: ``{"format": "marian", "path": ...}``, and for a
-fine-tuned run the model it started from).
+(TransformerConfig as a dict), ``tokenizer`` (the tokenizer's bytes: a SentencePiece model
+or a Marian tokenizer's archive, read by :meth:`Tokenizer.from_bytes`), and for resuming
+``optimizer``, ``schedule``, ``rng``, ``step``, ``epoch`` and the like. Models from
+elsewhere carry, kept by fine-tuning, ``generation`` (the settings they were published
+with: an imported Marian model's ``generation_config.json``, see
+:func:`generation_settings`) and ``origin`` (``{"format": "marian", "path": ...}``; for a
+fine-tuned run, the model it started from).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import pickletools
+import re
 import stat
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ TMP_SUFFIX = ".tmp"  # save_checkpoint's temp files: ".<name>.<random>.tmp"
 LAST, BEST, AVERAGED = "checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_averaged.pt"
 CHECKPOINT_NAMES = {"best": BEST, "last": LAST, "averaged": AVERAGED}
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# The names of the epoch and timed checkpoints a run writes (and prunes, and averages).
+KEPT_NAME = re.compile(r"checkpoint_(epoch\d{3,}|step\d{7,})\.pt")
 
 
 def epoch_checkpoint_name(epoch: int) -> str:
@@ -54,19 +56,29 @@ def step_checkpoint_name(step: int) -> str:
 
 
 def epoch_checkpoints(model_dir: str | Path) -> list[Path]:
-    """The epoch and timed checkpoints of ``model_dir``, oldest first (by the time they
-    were written: the ones to average are the last ones)."""
-    found = [
-        *Path(model_dir).glob("checkpoint_epoch*.pt"),
-        *Path(model_dir).glob("checkpoint_step*.pt"),
-    ]
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    """The epoch and timed checkpoints (:data:`KEPT_NAME`) of ``model_dir``, oldest first: by
+    the step each was saved at (:func:`saved_step`; unreadable: newest, for an average to
+    name it), at one step the timed one first, then by the time written (a copy's, in a
+    copied run). One gone since the listing (pruned) is left out; a broken link refused."""
+    found = []
+    for path in filter(lambda p: KEPT_NAME.fullmatch(p.name), Path(model_dir).glob("*.pt")):
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError as e:  # gone since the listing (pruned), or a broken link
+            if isinstance(e, FileNotFoundError) and not path.is_symlink():
+                continue
+            link = f"a broken link to {os.readlink(path)}: " if path.is_symlink() else ""
+            raise CheckpointError(f"{path}: cannot read ({link}{e.strerror})") from None
+        if (step := saved_step(path)) is None and not os.path.lexists(path):
+            continue
+        epoch = path.name.startswith("checkpoint_epoch")  # at one step, after the timed one
+        found.append(((step is None, step or 0, epoch, mtime, path.name), path))
+    return [path for _, path in sorted(found)]
 
 
 def check_target(path: str | Path) -> None:
-    """CheckpointError unless a checkpoint can be saved to ``path``: nothing is there yet,
-    or a regular file (which the save replaces). A directory, device or FIFO there would
-    be replaced by the rename, or fail it after all the work."""
+    """CheckpointError unless a checkpoint can be saved to ``path``: nothing or a regular
+    file is there (a directory, device or FIFO would be replaced, or fail the rename)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -80,10 +92,9 @@ def check_target(path: str | Path) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write ``state`` to ``path`` atomically: a temp file in the same folder, flushed to
-    disk, then renamed over the old one. A crash mid-save leaves the old file intact, and
-    a failed save leaves no temp file; CheckpointError naming ``path`` when it cannot be
-    written (see :func:`check_target`; a folder that cannot be made, a full disk)."""
+    """Write ``state`` to ``path`` atomically: a temp file in the same folder, flushed, then
+    renamed over the old one (a crash mid-save leaves the old file; a failed save, no temp
+    file); CheckpointError naming ``path`` if it cannot be written (:func:`check_target`)."""
     path = Path(path)
     check_target(path)
     tmp = None
@@ -109,20 +120,17 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
 
 
 def remove_stale_temp_files(directory: str | Path) -> None:
-    """Delete temp files that a save cut short (a kill mid-save) left in ``directory``;
-    the checkpoints themselves are untouched."""
+    """Delete the temp files of saves cut short (a kill) in ``directory``, not checkpoints."""
     for stale in Path(directory).glob(f".*.pt.*{TMP_SUFFIX}"):
         stale.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`.
-
-    Raises CheckpointError (never a bare torch/pickle traceback) when the file is missing,
-    truncated, corrupt, or not an aiayn checkpoint, or when an entry is damaged (see
-    :func:`check_entries`: a NaN weight among them), and when ``map_location`` names no
-    device this machine has (``"auto"``: a GPU if torch sees one, else the CPU).
-    """
+    """Read a checkpoint written by :func:`save_checkpoint`. CheckpointError (never a bare
+    torch/pickle traceback) when the file is missing, truncated, corrupt, not an aiayn
+    checkpoint (Python objects other than tensors: never unpickled), or has a damaged entry
+    (:func:`check_entries`), and when ``map_location`` names no device this machine has
+    (``"auto"``: a GPU if torch sees one, else the CPU)."""
     if isinstance(map_location, (str, torch.device)):  # torch would call the file corrupt
         try:
             map_location = resolve_device(map_location)
@@ -136,6 +144,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
+        if isinstance(e, pickle.UnpicklingError) and (held := _unsafe_objects(path, e)):
+            raise CheckpointError(
+                f"{path}: not an aiayn checkpoint: it holds Python objects other than tensors "
+                f"({held}), which are never unpickled (that could run code); saved by other code?"
+            ) from None
         # Random or truncated bytes can fail anywhere inside torch's (un)pickler with almost
         # any exception type (UnpicklingError, EOFError, ValueError, KeyError, ...).
         raise CheckpointError(
@@ -148,6 +161,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             raise CheckpointError(f"{path}: checkpoint has no '{key}' entry")
     check_entries(state, path)
     return state
+
+
+def _unsafe_objects(path: Path, error: Exception) -> str | None:
+    """The type that torch's weights-only loader refused (``error``) in a file that is whole
+    (its pickle's checksum right, no opcode cut: torch checks neither); None if damaged."""
+    try:
+        with zipfile.ZipFile(path) as archive:  # read() checks the CRC
+            pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            all(True for _ in pickletools.genops(archive.read(pkl)))
+    except Exception:  # not a zip, no pickle, a bad checksum or a cut opcode
+        return None
+    found = re.search(r"GLOBAL (\S+) (?:was not|whose)", str(error))  # a class, a function
+    return found.group(1) if found else "a type outside torch's safe list"
 
 
 def _malformed(path: str | Path, key: str, why: str) -> CheckpointError:
@@ -167,12 +193,10 @@ def finite(tensor: torch.Tensor) -> bool:
 
 
 def check_entries(state: dict[str, Any], path: str | Path) -> None:
-    """CheckpointError naming ``path`` unless the entries that every use of a checkpoint
-    reads are sound: ``config`` a valid :class:`TransformerConfig`, ``model`` a mapping of
-    names to tensors whose floating-point values are all finite (a NaN weight decodes to
-    empty lines), ``tokenizer``, when there is one, a readable tokenizer, and
-    ``generation``, when there is one, a mapping. Whether the
-    weights fit the config is left to the model that loads them."""
+    """CheckpointError naming ``path`` unless the entries every use reads are sound: ``config``
+    a valid :class:`TransformerConfig`, ``model`` names to tensors, the float ones finite (a
+    NaN weight decodes to empty lines), ``tokenizer`` and ``generation``, where present, a
+    readable tokenizer and a mapping (whether weights fit the config: :func:`load_weights`)."""
     config = state["config"]
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
         raise _malformed(path, "config", f"{_kind(config)}, not a mapping of field names")
@@ -217,23 +241,16 @@ def check_vocab(
     """CheckpointError unless the checkpoint's model was built for ``tokenizer``: its
     source and target vocabulary sizes and its pad, BOS (decoder start) and EOS ids (or,
     given a number, for one joint vocabulary of that many tokens)."""
-    cfg = state["config"]
-    if isinstance(tokenizer, int):
-        sizes = {cfg["src_vocab_size"], cfg["tgt_vocab_size"]}
-        if sizes != {tokenizer}:
-            raise CheckpointError(
-                f"{path}: checkpoint was trained with vocabulary size {sorted(sizes)}, "
-                f"but {what} has {tokenizer} tokens; use the tokenizer it was trained with"
-            )
-        return
+    cfg, t = state["config"], tokenizer
     model = (cfg["src_vocab_size"], cfg["tgt_vocab_size"])
-    if model != (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size):
-        ours = sorted(set(model))
-        theirs = sorted({tokenizer.src_vocab_size, tokenizer.tgt_vocab_size})
+    sizes = (t, t) if isinstance(t, int) else (t.src_vocab_size, t.tgt_vocab_size)
+    if model != sizes:
         raise CheckpointError(
-            f"{path}: checkpoint was trained with vocabulary size {ours}, but {what} has "
-            f"{theirs} tokens; use the tokenizer it was trained with"
+            f"{path}: checkpoint was trained with vocabulary size {sorted(set(model))}, but "
+            f"{what} has {sorted(set(sizes))} tokens; use the tokenizer it was trained with"
         )
+    if isinstance(tokenizer, int):
+        return
     config = TransformerConfig.from_dict(cfg)
     for name in ("pad_id", "bos_id", "eos_id"):
         if getattr(config, name) != getattr(tokenizer, name):
@@ -250,9 +267,8 @@ def generation_settings(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def split_model_spec(spec: str | Path) -> tuple[Path, str]:
-    """``MODEL_DIR[:CHECKPOINT]`` -> (model directory, checkpoint: auto, best, last,
-    averaged or a file, relative to the directory unless absolute). A path that exists is
-    taken whole (a directory, or a checkpoint file)."""
+    """``MODEL_DIR[:CHECKPOINT]`` -> (model directory, checkpoint: auto, best, last, averaged
+    or a file, in the directory unless absolute); an existing path is taken whole."""
     text = str(spec)
     if Path(text).exists() or ":" not in text:
         path = Path(text)
@@ -312,7 +328,7 @@ def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
 
 def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transformer, Tokenizer]:
     """The model (float32, training mode) and tokenizer of a checkpoint read from ``path``
-    by :func:`load_checkpoint`; CheckpointError naming ``path`` when they do not fit."""
+    (:func:`load_checkpoint`); CheckpointError naming ``path`` when they do not fit."""
     tokenizer = checkpoint_tokenizer(state, path)
     check_vocab(state, tokenizer, path, "its tokenizer")
     cfg = TransformerConfig.from_dict(state["config"])
@@ -322,8 +338,13 @@ def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transform
 
 
 def load_weights(model: Transformer, state: dict[str, Any], path: str | Path) -> None:
-    """Load the weights of the checkpoint read from ``path`` into ``model``;
-    CheckpointError naming ``path`` and the first weight that does not fit."""
+    """Load the weights of the checkpoint read from ``path`` into ``model``; CheckpointError
+    naming ``path`` and the first weight that does not fit (or is integer: it would be cast)."""
+    ours = model.state_dict()
+    for name, tensor in state["model"].items():
+        if name in ours and ours[name].is_floating_point() and not tensor.is_floating_point():
+            kind = str(tensor.dtype).removeprefix("torch.")
+            raise CheckpointError(f"{path}: weight {name!r} holds {kind} values, not floats")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
@@ -353,8 +374,7 @@ def load_model(
     quantize: bool = False,
     precision: str = "fp32",
 ) -> tuple[Transformer, Tokenizer]:
-    """Model (in eval mode) and tokenizer from one checkpoint file: :func:`load_inference`
-    without the generation settings."""
+    """Model (eval mode) and tokenizer of one checkpoint file: :func:`load_inference`'s."""
     model, tokenizer, _ = load_inference(path, device, quantize, precision)
     return model, tokenizer
 
@@ -365,14 +385,10 @@ def load_inference(
     quantize: bool = False,
     precision: str = "fp32",
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
-    """Model (in eval mode), tokenizer and generation settings (:func:`generation_settings`)
-    from one checkpoint file, with clear errors.
-
-    ``quantize`` gives an int8 dynamically quantized model for CPU inference
-    (:func:`aiayn.quantize.quantize_dynamic_int8`); it needs the CPU.
-    ``precision="bf16"`` casts the weights to bfloat16, for inference: faster on GPUs and
-    on CPUs with bf16 instructions (AVX512-BF16, AMX), slower on others.
-    """
+    """Model (eval mode), tokenizer and generation settings (:func:`generation_settings`) of
+    one checkpoint file, with clear errors. ``quantize``: int8, dynamically quantized
+    (:func:`aiayn.quantize.quantize_dynamic_int8`), on the CPU. ``precision="bf16"`` casts the
+    weights to bfloat16: faster on GPUs and CPUs with AVX512-BF16 or AMX, slower on others."""
     check_inference_settings(device, quantize, precision)
     device = resolve_device("cpu" if quantize else device)
     state = load_checkpoint(path, map_location=device)

@@ -181,6 +181,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     from aiayn.checkpoint import (
         AVERAGED,
         BEST,
+        KEPT_NAME,
         LAST,
         check_target,
         epoch_checkpoints,
@@ -196,7 +197,7 @@ def cmd_average(args: argparse.Namespace) -> int:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
     out = Path(args.out) if args.out else model_dir / AVERAGED
     check_target(out)  # a folder or device there: refused before the work, never replaced
-    if out.exists() and out.name in {LAST, BEST, *(p.name for p in epoch_checkpoints(out.parent))}:
+    if out.exists() and (out.name in (LAST, BEST) or KEPT_NAME.fullmatch(out.name)):
         raise AiaynError(  # weights alone in place of a run's own checkpoint: resume lost
             f"{out}: a training run's own checkpoint, which the average would replace; "
             "choose another file"
@@ -221,9 +222,10 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def _newest_states(paths: list[Path], n: int) -> list[Path]:
-    """The newest ``n`` of ``paths`` (oldest first), less a timed checkpoint of the step of
-    a newer one: a run whose time limit is a multiple of its save period saves its last
-    update as a timed checkpoint and as the epoch's, one state the average counted twice."""
+    """The newest ``n`` of ``paths`` (oldest first, as :func:`epoch_checkpoints` orders
+    them: by step), less a timed checkpoint of the step of a newer one: a run whose time
+    limit is a multiple of its save period saves its last update as a timed checkpoint and
+    as the epoch's, one state the average counted twice."""
     from aiayn.checkpoint import saved_step
 
     chosen: list[Path] = []
@@ -320,7 +322,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         type=int,
         default=5,
         help="how many of the newest checkpoint_epochNNN.pt and checkpoint_stepNNNNNNN.pt, "
-        "by the time they were written (default 5)",
+        "by the training step they were saved at (default 5)",
     )
     p.add_argument("--out", help="default: MODEL/checkpoint_averaged.pt")
     p.set_defaults(func=cmd_average)

@@ -23,7 +23,6 @@ next call does what is left of them first, as a run resumed from a pending check
 from __future__ import annotations
 
 import math
-import re
 import weakref
 from typing import TYPE_CHECKING, cast
 
@@ -43,8 +42,6 @@ if TYPE_CHECKING:
 
 # The checkpoint key that marks a state saved before its step's validation and stop.
 PENDING = "duties_pending"
-# The names of the epoch and timed checkpoints a run writes (and prunes).
-KEPT_NAME = re.compile(r"checkpoint_(epoch\d{3,}|step\d{7,})\.pt")
 
 
 class Duties:
@@ -163,10 +160,11 @@ def drop_later_checkpoints(t: Trainer) -> None:
     checkpoint does not list and that were saved at or after its step. The killed run
     saved them after checkpoint_last.pt, from updates the resumed run does again (as
     metrics.jsonl is cut back); kept, they were never pruned, and ``aiayn average`` took
-    them among the newest."""
+    them among the newest. Only the names a run writes are looked at (a user's copy, such
+    as checkpoint_epoch004_old.pt, is not: :data:`~aiayn.checkpoint.KEPT_NAME`)."""
     for path in epoch_checkpoints(t.out_dir):
-        if not KEPT_NAME.fullmatch(path.name) or path.name in t.epoch_checkpoints:
-            continue  # a name a run does not write (a copy of the user's), or still listed
+        if path.name in t.epoch_checkpoints:
+            continue  # still listed
         step = saved_step(path)
         if step is not None and step >= t.step:
             path.unlink(missing_ok=True)

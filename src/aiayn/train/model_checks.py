@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import resolve_checkpoint, split_model_spec
 from aiayn.config import TransformerConfig
 from aiayn.data.shards import read_manifest
 from aiayn.data.tokenizer import Tokenizer
@@ -160,7 +161,7 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
             )
     saved = state.get("recipe") or {}
     started = saved.get("init_from") or ""
-    if recipe.init_from and recipe.init_from != started:  # it would be ignored
+    if recipe.init_from and recipe.init_from != started and not _started_from(recipe, state):
         was = f"started from {started}" if started else "started from scratch"
         raise RecipeError(
             f"recipe field init_from={recipe.init_from} differs from the run being resumed "
@@ -186,6 +187,19 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
                 f"recipe field {key}={value!r} differs from the run being resumed ({origin} "
                 f"has {saved[key]!r}){why}"
             )
+
+
+def _started_from(recipe: Recipe, state: dict) -> bool:
+    """Whether ``recipe.init_from`` names the checkpoint file the run of ``state`` started
+    from (its ``origin`` records it), in another spelling: DIR, DIR:best, DIR/checkpoint_best.pt."""
+    origin = (state.get("origin") or {}).get("init_from")
+    if not isinstance(origin, str):
+        return False
+    try:
+        named = resolve_checkpoint(*split_model_spec(recipe.init_from))
+        return named.resolve() == Path(origin).resolve() or os.path.samefile(named, origin)
+    except (AiaynError, OSError):  # names no checkpoint (any more): not the same one
+        return False
 
 
 def prepared_notes(recipe: Recipe) -> list[str]:

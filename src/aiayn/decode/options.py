@@ -157,13 +157,13 @@ class DecodeOptions:
     @classmethod
     def from_generation(cls, settings: dict[str, Any]) -> DecodeOptions:
         """The options that decode as Hugging Face's ``generate()`` does with these
-        generation settings (a ``generation_config.json``; missing keys take transformers'
-        defaults): ``num_beams``, ``length_penalty`` (its formula, |Y|^alpha), ``max_length``
-        (which counts the decoder's start token) or ``max_new_tokens``, ``early_stopping``,
-        ``forced_eos_token_id`` (without it, outputs are cut at the limit:
-        ``cut_at_limit``), ``num_return_sequences``, and sampling (``do_sample``,
-        ``temperature``, ``top_k``, ``top_p``). The pad id is always banned, as Marian's
-        ``bad_words_ids`` do.
+        generation settings (a ``generation_config.json``; missing or null keys take
+        transformers' defaults): ``num_beams``, ``length_penalty`` (its formula,
+        |Y|^alpha), ``max_length`` (which counts the decoder's start token) or
+        ``max_new_tokens``, ``early_stopping``, ``forced_eos_token_id`` (without it, outputs
+        are cut at the limit: ``cut_at_limit``), ``num_return_sequences``, and sampling
+        (``do_sample``, ``temperature``, ``top_k``, ``top_p``). The pad id is always
+        banned, as Marian's ``bad_words_ids`` do.
 
         Settings that give no length (neither ``max_length`` nor ``max_new_tokens``) take
         aiayn's own length rule (``max_len_a * source + max_len_b``), not transformers'
@@ -178,7 +178,7 @@ class DecodeOptions:
 
     @classmethod
     def _from_generation(cls, settings: dict[str, Any]) -> DecodeOptions:
-        get = settings.get
+        get = {k: v for k, v in settings.items() if v is not None}.get  # null: left unset
         sampling = bool(get("do_sample", False))
         max_new = get("max_new_tokens")
         rule: dict[str, Any] = {}

@@ -48,8 +48,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_p": (None, 0, 0.0),
 }
 # The type of each number or switch generate() reads (a JSON "4" is no number to it, nor
-# true: int("4") or float(True) would decode with a setting the file does not hold), and
-# whether a null may stand for it (left unset; the others have no default once present).
+# true: int("4") or float(True) would decode with a setting the file does not hold); a
+# null is a field left unset, as in transformers' GenerationConfig.
 INTEGERS = (
     "num_beams", "num_return_sequences", "top_k", "max_length", "max_new_tokens",
     "min_length", "min_new_tokens", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
@@ -61,12 +61,13 @@ NUMBERS = (
     "typical_p", "epsilon_cutoff", "eta_cutoff", "min_p",
 )  # fmt: skip
 SWITCHES = ("do_sample",)
-NOT_NULL = ("num_beams", "num_return_sequences", "length_penalty", "temperature", "top_k", "top_p")
 
 
 def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: str) -> None:
     """ConversionError naming ``where`` (the file the settings came from) and the field
-    unless aiayn decodes with ``settings`` as ``generate()`` does for the model of ``cfg``."""
+    unless aiayn decodes with ``settings`` as ``generate()`` does for the model of ``cfg``
+    (a null field as one left out)."""
+    settings = {key: value for key, value in settings.items() if value is not None}
 
     def refuse(key: str, why: str) -> ConversionError:
         return ConversionError(f"{where}: {key} {settings[key]!r}: {why}")
@@ -74,8 +75,6 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
     for key in (*INTEGERS, *NUMBERS, *SWITCHES):
         value = settings.get(key)
         if value is None:
-            if key in settings and key in NOT_NULL:
-                raise refuse(key, "must be a number; leave the field out for the default")
             continue
         if key in SWITCHES and not isinstance(value, bool):
             raise refuse(key, "must be true or false")

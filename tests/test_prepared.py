@@ -253,15 +253,16 @@ def test_text_with_carriage_returns_for_line_ends_is_named_so(tmp_path):
 
 
 def test_text_with_nul_bytes_is_refused_naming_the_file_and_line(tmp_path):
-    """A NUL byte is valid UTF-8: it was encoded as the unknown token, and a UTF-16 file of
-    ASCII text (every other byte a NUL) was prepared into nonsense without a word. Now it
-    is refused naming the file, line and column, with UTF-16 as the likely cause; so is
-    an invalid UTF-8 first line that starts with a UTF-16 byte order mark."""
+    """A NUL byte is valid UTF-8: a UTF-16 file of ASCII text (every other byte a NUL) was
+    prepared into nonsense without a word. A NUL in a first line is now refused naming the
+    file, line and column, with UTF-16 as the likely cause; so is an invalid UTF-8 first
+    line that starts with a UTF-16 byte order mark. A NUL further on, as a crawled corpus
+    may hold, is read as before (the unknown token)."""
     good = write(tmp_path / "good.en", b"one\ntwo\nthree\n")
     hint = r"not UTF-8 text \(a UTF-16 file, as some Windows editors save text\? save it as UTF-8"
     text = "eins\nzwei\ndrei\n"
     cases = [  # (file, line, column of its first NUL)
-        (write(tmp_path / "nul.de", b"eins\nzw\x00ei\ndrei\n"), 2, 3),
+        (write(tmp_path / "nul.de", b"ei\x00ns\nzwei\ndrei\n"), 1, 3),
         (write(tmp_path / "le.de", text.encode("utf-16-le")), 1, 2),
         (write(tmp_path / "gz.de", text.encode("utf-16-be"), gz=True), 1, 1),
     ]
@@ -277,8 +278,12 @@ def test_text_with_nul_bytes_is_refused_naming_the_file_and_line(tmp_path):
         prepare((bom, good), (good, good), tmp_path / "bom", 100, show_progress=False)
     with pytest.raises(CorpusError, match=r"line 2: invalid UTF-8 \(byte 0xff at column 1\)$"):
         read_lines(write(tmp_path / "late.de", b"eins\n\xff\xfe\n"))  # no hint past line 1
-    with pytest.raises(CorpusError, match=r"nul\.de, line 2: a NUL byte"):
+    with pytest.raises(CorpusError, match=r"nul\.de, line 1: a NUL byte"):
         read_lines(cases[0][0])  # every reader of text: translate's input, BLEU's references
+    late = write(tmp_path / "late_nul.de", b"eins\nzw\x00ei\ndrei\n")
+    assert read_lines(late) == ["eins", "zw\x00ei", "drei"]
+    prepare((late, good), (good, good), tmp_path / "late", 100, show_progress=False)
+    assert len(PreparedData(tmp_path / "late").train) == 3
 
 
 def test_prepare_fills_an_empty_folder_but_never_one_with_files(tmp_path):

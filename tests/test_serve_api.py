@@ -112,7 +112,9 @@ def test_health_ready_info_docs_and_page(client):
     info = client.get("/info").json()
     assert info["model"]["heads"] == 4 and info["limits"]["max_sentences"] == 4
     assert info["api_key_required"] is False
-    assert "/translate" in client.get("/openapi.json").json()["paths"]
+    paths = client.get("/openapi.json").json()["paths"]
+    ok = paths["/translate"]["post"]["responses"]["200"]  # an object, as before: not "{}"
+    assert ok["content"]["application/json"]["schema"] == {"type": "object"}
     assert client.get("/docs").status_code == 200
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]

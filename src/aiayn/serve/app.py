@@ -258,7 +258,10 @@ def create_app(
                 "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
             }
         },
-        responses={code: {} for code in (400, 401, 403, 408, 413, 415, 422, 429, 500, 503, 504)},
+        responses={
+            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+            **{code: {} for code in (400, 401, 403, 408, 413, 415, 422, 429, 500, 503, 504)},
+        },
         response_model=None,  # a dict, or the JSON of one encoded off the loop
     )
     async def translate(request: Request) -> dict[str, Any] | JSONResponse:

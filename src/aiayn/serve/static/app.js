@@ -17,8 +17,9 @@ async function loadInfo() {
 // compares them (a non-ASCII key was refused, or made fetch() throw).
 const headerBytes = (text) => String.fromCharCode(...new TextEncoder().encode(text));
 
-// A full queue (429) clears in the seconds its Retry-After names: wait and send again, a
-// few times, saying so, rather than show an error the user can only answer by clicking.
+// A full queue (429) clears in the seconds its Retry-After names: wait and send again (at
+// most BUSY_TRIES sends), saying so, rather than show an error the user can only answer
+// by clicking.
 const BUSY_TRIES = 5, BUSY_MAX_WAIT_S = 30;
 const sleep = (seconds) => new Promise((done) => setTimeout(done, seconds * 1000));
 

@@ -289,11 +289,16 @@ def test_generation_settings_of_the_wrong_type(sample_model_dir, tmp_path):
     for settings, message in (
         ({"num_beams": "abc"}, "generation settings: invalid literal"),
         ({"num_beams": 0}, "generation settings: beam must be an integer >= 1"),
-        ({"do_sample": True, "temperature": None}, "generation settings: float"),
+        ({"do_sample": True, "temperature": "hot"}, "generation settings: could not convert"),
         ([1, 2], "generation settings: a mapping, not list"),
     ):
         with pytest.raises(DecodeError, match=message):
             DecodeOptions.from_generation(settings)  # type: ignore[arg-type]
+    # A null is a setting left unset, as in transformers' GenerationConfig (the default).
+    unset = {"do_sample": True, "temperature": None, "top_k": None, "num_beams": None}
+    assert DecodeOptions.from_generation(unset) == DecodeOptions.from_generation(
+        {"do_sample": True}
+    )
     state = load_checkpoint(resolve_checkpoint(sample_model_dir()))
     path = save_checkpoint({**state, "generation": [1, 2]}, tmp_path / "g.pt")
     with pytest.raises(CheckpointError, match="checkpoint entry 'generation' is malformed"):

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from aiayn import Transformer
+from aiayn import Transformer, TransformerConfig
 from aiayn.decode import (
     DecodeOptions,
     beam_search,
@@ -276,6 +276,34 @@ def test_inference_context_restores_training_mode_even_on_error(tiny_model):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         greedy(tiny_model, bad)
     assert tiny_model.training
+
+
+def test_decoding_switches_off_dropout_in_a_part_left_in_training_mode():
+    """model.eval(); model.decoder.train() (a decoder fine-tuned alone): only the models'
+    own flags were looked at, so the decoder's dropout ran while decoding, and greedy
+    decoding gave another output each call. Nested blocks (a search's steps) walk nothing."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+        max_len=32, dropout=0.5,
+    )  # fmt: skip
+    model = Transformer(cfg).eval()
+    src = torch.tensor([[5, 6, 7, 8, 9]])
+    want = greedy(model, src, max_new_tokens=8)
+    model.decoder.train()
+    for _ in range(10):
+        assert torch.equal(greedy(model, src, max_new_tokens=8), want)
+        assert [h.tokens for h in beam_search(model, src, beam_size=2)[0]] == [
+            h.tokens for h in beam_search(model.eval(), src, beam_size=2)[0]
+        ]
+        model.decoder.train()
+    assert model.decoder.training and not model.training and not model.encoder.training
+    with inference(model):
+        assert not any(m.training for m in model.modules())
+        with inference([model]):  # nested: the outer block's switch holds
+            assert not any(m.training for m in model.modules())
+        assert not any(m.training for m in model.modules())
+    assert all(m.training for m in model.decoder.modules()) and not model.training
 
 
 def test_cache_survives_sentences_finishing_at_different_steps(tiny_model):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -51,20 +52,30 @@ def as_list(models: Models) -> list[Transformer]:
 
 @contextmanager
 def inference(models: Models) -> Iterator[None]:
-    """Eval mode (no dropout) and no autograd for the block, for one model or several;
-    each module's training flag is restored afterwards (a part the caller froze in eval
-    mode stays so), even if decoding raises."""
-    # train()/eval() walk every module: only the models in training mode are switched.
-    training = [m for m in ([models] if isinstance(models, Transformer) else models) if m.training]
-    flags = [(module, module.training) for model in training for module in model.modules()]
-    for model in training:
-        model.eval()
+    """Eval mode (no dropout) and no autograd for the block, for one model or several:
+    every module in training mode is switched (a model in eval mode may hold a part in
+    training mode: a decoder fine-tuned alone) and switched back afterwards, even if
+    decoding raises. Nested in a block of the same models (a search's steps), it costs
+    nothing: walking a model's modules costs more than a small model's decoding step."""
+    found = [models] if isinstance(models, Transformer) else list(models)
+    key, held = tuple(map(id, found)), _held.__dict__.setdefault("keys", set())
+    if key in held:
+        yield
+        return
+    training = [module for model in found for module in model.modules() if module.training]
+    for module in training:
+        module.training = False
+    held.add(key)
     try:
         with torch.inference_mode():
             yield
     finally:
-        for module, flag in flags:
-            module.training = flag
+        held.discard(key)
+        for module in training:
+            module.training = True
+
+
+_held = threading.local()  # per thread, the models whose inference() block runs now
 
 
 def check_src(src: object) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.beam import Hypothesis
-from aiayn.decode.core import Models, as_list, check_src
+from aiayn.decode.core import Models, as_list, check_src, inference
 from aiayn.decode.engine import BeamEngine
 from aiayn.decode.options import DecodeOptions, resolve
 from aiayn.errors import DecodeError
@@ -54,11 +54,12 @@ def _run(
     left (each leaves as soon as it is done): per sentence its first ``n_best`` outputs."""
     check_src(src)
     found: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-    if src.size(0):
-        engine.add(src, range(src.size(0)), prefix=prefix, lines=lines)
-    while len(engine):
-        for i, hypotheses in engine.step():
-            found[i] = hypotheses[: engine.options.n_best]
+    with inference(engine.models):  # once: not at every step
+        if src.size(0):
+            engine.add(src, range(src.size(0)), prefix=prefix, lines=lines)
+        while len(engine):
+            for i, hypotheses in engine.step():
+                found[i] = hypotheses[: engine.options.n_best]
     return found
 
 

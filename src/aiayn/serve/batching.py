@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from aiayn.decode.core import inference
 from aiayn.errors import AiaynError
 from aiayn.inspect.maps import attention_maps
 from aiayn.serve.jobs import (
@@ -245,8 +246,9 @@ class BatchWorker:
     # -- the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._turn():
-                pass
+            with inference(self.translator.models):  # for good: not at every step
+                while self._turn():
+                    pass
         except BaseException as e:  # anything at all: no job may be left waiting
             self._die(f"{type(e).__name__}: {e}")
 

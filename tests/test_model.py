@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from aiayn import Transformer, TransformerConfig
+from aiayn.errors import ModelInputError
 from aiayn.model import DecoderState, projection, sinusoidal_table
 from conftest import random_batch, tiny_config
 
@@ -484,14 +485,28 @@ def test_every_config_field_reaches_its_module():
 
 def test_a_state_may_not_step_past_max_len(tiny_model):
     """The positions a state has fed count against max_len (64 here): a state at 62 has
-    room for 2 more, not 3; and the batch-size refusals of forward and decode, word for
-    word (a 2-D memory; two target rows per source row)."""
+    room for 2 more, not 3, and says so (it said "tgt_in has length 3, longer than
+    max_len=2", the room left taken for max_len); the other tgt_in checks stay as they
+    were; and the batch-size refusals of forward and decode, word for word (a 2-D memory;
+    two target rows per source row)."""
     src = torch.ones(2, 3, dtype=torch.long)
     memory = tiny_model.encode(src)
     state = tiny_model.start_state(memory)
     state.offset = 62  # as if 62 steps were fed (their keys are not needed to check this)
-    with pytest.raises(ValueError, match="tgt_in has length 3, longer than max_len=2"):
+    with pytest.raises(ModelInputError) as e:
         tiny_model.decode(torch.ones(2, 3, dtype=torch.long), memory, src, state)
+    assert str(e.value) == "the state holds 62 positions and tgt_in adds 3: past max_len=64"
+    assert state.offset == 62  # refused before any step
+    state = tiny_model.start_state(memory)
+    state.offset = 1
+    for tgt_in, message in (
+        (torch.ones(2, 65, dtype=torch.long), "tgt_in has length 65, longer than max_len=64"),
+        (torch.ones(2, 1), "tgt_in must be torch.long (int64) token ids, got dtype torch.float32"),
+        (torch.ones(2, dtype=torch.long), "tgt_in must have shape [batch, length], got (2,)"),
+    ):
+        with pytest.raises(ModelInputError) as e:
+            tiny_model.decode(tgt_in, memory, src, state)
+        assert str(e.value) == message
     with pytest.raises(ValueError) as e:
         tiny_model(src, torch.ones(3, 4, dtype=torch.long))  # rows, not lengths, differ
     assert str(e.value) == "batch sizes differ: src has 2 rows, tgt_in 3"
@@ -505,6 +520,22 @@ def test_a_state_may_not_step_past_max_len(tiny_model):
             torch.ones(3, 1, dtype=torch.long), memory, src, tiny_model.start_state(memory, 2)
         )
     assert str(e.value).endswith("(2 target rows per source row)")
+
+
+def test_stepping_a_real_state_past_max_len_says_how_far_it_went():
+    """Step by step to max_len (4), then one more: the fifth step is refused naming the
+    positions held, not "tgt_in has length 1, longer than max_len=0"."""
+    model = Transformer(tiny_config(max_len=4)).eval()
+    src = torch.tensor([[5, 6, 7]])
+    memory = model.encode(src)
+    state = model.start_state(memory)
+    steps = [model.decode(torch.tensor([[5]]), memory, src, state) for _ in range(4)]
+    torch.testing.assert_close(
+        torch.cat(steps, 1), model(src, torch.tensor([[5, 5, 5, 5]])), atol=1e-5, rtol=1e-4
+    )
+    with pytest.raises(ModelInputError) as e:
+        model.decode(torch.tensor([[5]]), memory, src, state)
+    assert str(e.value) == "the state holds 4 positions and tgt_in adds 1: past max_len=4"
 
 
 def test_the_cpu_vendor_chooses_the_projection_form(tmp_path):

@@ -156,13 +156,15 @@ def plot_all(
 
 def text_heatmap(amap: AttentionMap, layer: int = -1, kind: str = "cross", head: int = 0) -> str:
     """``kind`` attention in ``layer`` (from 1, -1 = last) as text, the mean over the heads
-    or ``head`` alone (from 1): each querying piece with the pieces it attended to most."""
+    or ``head`` alone (from 1): each querying piece with the pieces it attended to most,
+    among those it could see (in decoder self-attention, row t sees the first t + 1)."""
     index = layer_index(amap, kind, layer)  # an unknown kind or layer fails here
     heads = amap.weights[kind][index]  # [h, rows, cols]
     weights = heads[head_index(amap, kind, head)] if head else heads.mean(0)
     queries, keys = amap.axes(kind)
     lines = []
-    for row, piece in zip(weights, queries):
+    for t, (row, piece) in enumerate(zip(weights, queries)):
+        row = row[: t + 1] if kind == "decoder_self" else row  # the later keys are masked
         top = row.topk(min(3, row.numel()))
         focus = ", ".join(
             f"{keys[j]} {w:.2f}" for w, j in zip(top.values.tolist(), top.indices.tolist())

@@ -124,8 +124,12 @@ def add_alignments(
     source ``src_ids[i]``): its hard word alignment, (source word, output word) pairs, from
     the encoder-decoder attention of decoder ``layer`` (from 1; -1 the last), heads
     averaged (:mod:`aiayn.decode.alignment`). One teacher-forced pass per batch of
-    outputs, which keeps only that layer's weights."""
-    model, piece = translator.model, translator.tokenizer.id_to_piece
+    outputs, which keeps only that layer's weights. A source that ends with the EOS the
+    tokenizer appends (Marian's, :attr:`add_source_eos`) has nothing aligned to it, as in
+    fairseq: it would read as part of the last source word."""
+    tokenizer = translator.tokenizer
+    model, piece = translator.model, tokenizer.id_to_piece
+    appended = getattr(tokenizer, "add_source_eos", False)
     layer_index(layer, model.cfg.decoder_layers)  # a wrong layer fails before any work
     if len(src_ids) != len(found):
         raise AiaynError(f"alignment: {len(src_ids)} sources for {len(found)} lines of outputs")
@@ -137,9 +141,12 @@ def add_alignments(
         weights = cross_attention(model, src, dec_in, layer).cpu()  # [B, T, S]
         for b, i in enumerate(chunk):
             ids, t = pairs[i]
+            eos = [len(ids) - 1] if appended and ids[-1] == tokenizer.eos_id else []
+            if len(eos) == len(ids):  # EOS alone: no source word to align to
+                continue
             src_words = word_starts([piece(p, source=True) for p in ids])
             tgt_words = word_starts([piece(p) for p in t.ids])
-            links = hard_alignment(weights[b, : len(t.ids), : len(ids)])
+            links = hard_alignment(weights[b, : len(t.ids), : len(ids)], skip_src=eos)
             t.alignment = word_alignment(links, src_words, tgt_words)
 
 

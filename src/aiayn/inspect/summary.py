@@ -8,8 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.decode.core import inference
 from aiayn.errors import AiaynError
 from aiayn.model.transformer import Transformer
+
+DEFAULT_LEN = 16  # the lengths of the pass, cut to the model's max_len
 
 
 def _shape(output: object) -> str:
@@ -20,13 +23,25 @@ def _shape(output: object) -> str:
     return "--"
 
 
-def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int = 3) -> str:
-    """Table of modules down to ``depth`` for one forward pass on a [1, src_len] source and a
-    [1, tgt_len] target. Shared (tied) parameters are counted once, where first met; a
-    module row counts its own parameters and those of everything below it."""
+def summary(
+    model: Transformer, src_len: int | None = None, tgt_len: int | None = None, depth: int = 3
+) -> str:
+    """Table of modules down to ``depth`` for one forward pass (eval mode, no autograd) on
+    a [1, src_len] source and a [1, tgt_len] target, built on the model's device; each
+    length is 16 unless given, or the model's max_len when that is shorter. Shared (tied)
+    parameters are counted once, where first met; a module row counts its own parameters
+    and those of everything below it."""
+    max_len = model.cfg.max_len
+    src_len = min(DEFAULT_LEN, max_len) if src_len is None else src_len
+    tgt_len = min(DEFAULT_LEN, max_len) if tgt_len is None else tgt_len
     for name, value in (("src_len", src_len), ("tgt_len", tgt_len), ("depth", depth)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise AiaynError(f"summary: {name} must be an integer >= 1, got {value!r}")
+    for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
+        if value > max_len:
+            raise AiaynError(
+                f"summary: {name} {value} is longer than the model's max_len={max_len}"
+            )
     shapes: dict[str, str] = {}
 
     def record(name: str) -> Callable[[nn.Module, Any, Any], None]:
@@ -39,16 +54,13 @@ def summary(model: Transformer, src_len: int = 16, tgt_len: int = 16, depth: int
     for name, module in model.named_modules():
         if name and name.count(".") < depth:
             hooks.append(module.register_forward_hook(record(name)))
-    cfg = model.cfg
-    src = torch.full((1, src_len), 4 % cfg.src_vocab_size, dtype=torch.long)
-    tgt = torch.full((1, tgt_len), 4 % cfg.tgt_vocab_size, dtype=torch.long)
-    was_training = model.training
-    model.eval()
+    cfg, device = model.cfg, model.src_embed.weight.device
+    src = torch.full((1, src_len), 4 % cfg.src_vocab_size, dtype=torch.long, device=device)
+    tgt = torch.full((1, tgt_len), 4 % cfg.tgt_vocab_size, dtype=torch.long, device=device)
     try:
-        with torch.no_grad():
+        with inference(model):  # each module's training flag comes back as it was
             logits = model(src, tgt)
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
 

@@ -258,10 +258,14 @@ class Transformer(nn.Module):
             raise ModelInputError(f"state must be a DecoderState, got {type(state).__name__}")
         offset = state.offset if state is not None else 0
         padded = state is not None and state.positions is not None  # rows at their own steps
-        room = self.cfg.max_len - (0 if padded else offset)
-        weight = self.tgt_embed.weight  # its device and dtype: comparisons, no synchronisation
+        weight, max_len = self.tgt_embed.weight, self.cfg.max_len  # device, dtype: no sync
         device = weight.device
-        check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, room, offset == 0, device)
+        check_ids("tgt_in", tgt_in, self.cfg.tgt_vocab_size, max_len, offset == 0, device)
+        if not padded and offset + tgt_in.size(1) > max_len:  # ints only: no synchronisation
+            raise ModelInputError(
+                f"the state holds {offset} positions and tgt_in adds {tgt_in.size(1)}: "
+                f"past max_len={max_len}"
+            )
         check_ids("src", src, self.cfg.src_vocab_size, self.cfg.max_len, False, device)
         check_memory(memory, self.cfg.d_model, device, weight.dtype)
         group = state.group if state is not None else 1  # target rows per source row

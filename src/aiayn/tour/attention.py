@@ -115,8 +115,8 @@ def check_attention(fn: Callable[..., object]) -> Report:
             raise FoundBugError(
                 "not_a_weighted_sum", "some weights are negative", "01-attention.md"
             )
-        out = call(q, k, v)
-        if not torch.allclose(out, w @ v, atol=1e-4):
+        out = call(q, k, v)  # in the learner's dtype (float64, say): compare in float64
+        if not torch.allclose(out.double(), w.double() @ v.double(), atol=1e-4):
             raise FoundBugError(
                 "not_a_weighted_sum",
                 "the output is not the weights times the values (weights @ v)",
@@ -364,6 +364,15 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> Report:
         if torch.equal(m, (~real)[:, None, None, :].expand(2, 3, 4, 5)):
             raise FoundBugError(
                 "inverted_mask", "True at the pads: aiayn's True means may attend", "04-masks.md"
+            )
+        if torch.equal(m, mask_of(7)):  # the same mask whatever the pad id
+            raise FoundBugError(
+                "ignores_pad_id",
+                "with pad_id=5 the keys holding 5 (the padding of sentence 1) are not masked, "
+                "and the mask is the same for pad_id=5 and pad_id=7: the pad_id argument is "
+                "not used (a pad id written into the function, ids != 0, say). Compare with "
+                "it: ids != pad_id.",
+                "04-masks.md",
             )
         raise FoundBugError(
             "wrong_axis",

@@ -39,6 +39,13 @@ def check_split_heads(
 
     def shape() -> None:
         out = split(x, H)
+        if not isinstance(out, Tensor):
+            raise FoundBugError(
+                "wrong_return",
+                f"split returned {type(out).__name__}, not a torch tensor: keep the tensor "
+                "a tensor (x.view(...).transpose(1, 2)), as the attention after it needs",
+                "05-multi-head.md",
+            )
         if tuple(out.shape) == (B, T, H, D_K):
             raise FoundBugError(
                 "split_without_transpose",
@@ -96,6 +103,12 @@ def check_split_heads(
     def merged(merge: Callable[[Tensor], Tensor]) -> None:
         heads = _split_reference(x, H)
         back = merge(heads)
+        if not isinstance(back, Tensor):
+            raise FoundBugError(
+                "wrong_return",
+                f"merge returned {type(back).__name__}, not a torch tensor",
+                "05-multi-head.md",
+            )
         if close(back, heads.reshape(B, T, D_MODEL), atol=0) and not close(back, x, atol=0):
             raise FoundBugError(
                 "merge_without_transpose",

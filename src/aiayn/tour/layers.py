@@ -24,6 +24,7 @@ from aiayn.tour.report import (
     expect_shape,
     first_tensor,
     name_of,
+    not_a_module,
     run_checks,
 )
 from aiayn.tour.residual import check_residual
@@ -44,6 +45,12 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
     ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
     ``unused_parameters``, ``not_position_wise``, ``no_relu``,
     ``relu_after_second_layer``, ``raises``."""
+    if (
+        refused := not_a_module(
+            module, f"check_feed_forward({name_of(module)})", "07-feed-forward.md"
+        )
+    ) is not None:
+        return refused
     x = torch.randn(B, T, d_model, generator=torch.Generator().manual_seed(0))
 
     def run(x: Tensor) -> Tensor:
@@ -176,7 +183,12 @@ def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
     ``modules_in_plain_list``, ``dropout_in_eval``, ``unused_parameters``,
     ``mixes_positions``, ``padding_leaks``, ``missing_scale``, ``divides_by_d_k``,
     ``scale_by_d_model``, ``wrong_scale``, ``missing_residual``,
-    ``residual_on_normalized_input``, ``raises``."""
+    ``residual_on_normalized_input``, ``not_a_module``, ``raises``. A scale it cannot fit,
+    or a residual path it cannot silence, is reported as not checked, never as passed."""
+    if (
+        refused := not_a_module(layer, f"check_encoder_layer({name_of(layer)})", "09-encoder.md")
+    ) is not None:
+        return refused
     x = torch.randn(B, S, d_model, generator=torch.Generator().manual_seed(0))
     everyone = torch.ones(B, 1, 1, S, dtype=torch.bool)
 
@@ -231,6 +243,10 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     ``self_mask_in_cross_attention``, ``kv_from_query``, ``returns_self_attention_twice``,
     ``wrong_cross_weights``, ``future_leaks``, ``ignores_memory``, ``source_padding_leaks``,
     ``wrong_return``, and those of the encoder layer."""
+    if (
+        refused := not_a_module(layer, f"check_decoder_layer({name_of(layer)})", "10-decoder.md")
+    ) is not None:
+        return refused
     g = torch.Generator().manual_seed(0)
     x, memory = torch.randn(B, T, d_model, generator=g), torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]

@@ -4,6 +4,8 @@ from, every weight in use, and the scale of its scores."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor, nn
 
@@ -20,6 +22,7 @@ from aiayn.tour.report import (
     expect_shape,
     first_tensor,
     name_of,
+    not_a_module,
     run_checks,
 )
 from aiayn.tour.scale import check_scales
@@ -35,13 +38,18 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
     ``d_model`` defaults to ``module.d_model``.
 
     The scale of the scores is fitted against the module's own projections as it runs
-    (see :func:`aiayn.tour.scale.measure_scales`); attention inside nn.MultiheadAttention
-    is torch's own and passes unmeasured. Bugs: ``wrong_shape``,
+    (see :func:`aiayn.tour.scale.watch_scales`); attention inside nn.MultiheadAttention
+    is torch's own, right by construction, and passes unmeasured. Bugs: ``wrong_shape``,
     ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
     ``unused_parameters``, ``mixes_positions``, ``future_leaks``, ``query_from_memory``,
     ``kv_from_query``, ``queries_interact``, ``ignores_memory``, ``source_padding_leaks``,
-    ``missing_scale``, ``divides_by_d_k``, ``scale_by_d_model``, ``wrong_scale``,
-    ``raises``."""
+    ``missing_scale``, ``divides_by_d_k``, ``scale_by_d_model``,
+    ``divides_by_d_k_or_sqrt_d_model``, ``wrong_scale``, ``not_a_module``, ``raises``. A
+    scale it cannot fit (queries and keys it cannot find among the projections) is
+    reported as not checked (:attr:`Report.unchecked`), never as passed."""
+    subject = f"check_multi_head_attention({name_of(module)})"
+    if (refused := not_a_module(module, subject, "05-multi-head.md")) is not None:
+        return refused
     d = d_model or getattr(module, "d_model", None)
     if d is None:
         raise TypeError("pass d_model=... (the module has no d_model attribute)")
@@ -56,8 +64,35 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
     def self_shape() -> None:
         expect_shape(attend(x), (B, T, d), f"The output for x {[B, T, d]}")
 
+    def cross(x: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Cross-attention; an error of the learner's forward there (where self-attention
+        ran) is named as that call's, with its own message."""
+        try:
+            return attend(x, memory, mask)
+        except (RuntimeError, IndexError, ValueError) as error:
+            hint = ""
+            if f"({T})" in str(error) and f"({S})" in str(error):
+                hint = (
+                    f"\n(An axis of the {T} query positions meets one of the {S} memory "
+                    "positions where the heads should be: self-attention, where both are "
+                    f"{T}, hides this. A head split whose transpose(1, 2) result is thrown "
+                    "away (t.transpose(1, 2) on a line of its own leaves t as it was) keeps "
+                    "the positions on axis 1, so the scores pair positions, not heads.)"
+                )
+            raise FoundBugError(
+                "raises",
+                f"calling it as cross-attention, module(x {[B, T, d]}, memory={[B, S, d]}), "
+                f"raised {type(error).__name__}: {error}{hint}",
+                "05-multi-head.md",
+            ) from None
+
     def built_in_forward() -> None:
-        check_no_modules_built_in_forward(module, lambda: attend(x, memory))
+        def both() -> None:
+            attend(x)
+            with contextlib.suppress(Exception):  # an error of its own is check 6's to report
+                attend(x, memory)
+
+        check_no_modules_built_in_forward(module, both)
 
     def gradients() -> None:
         def loss() -> Tensor:  # both uses: a weight used in either one counts
@@ -78,7 +113,8 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
                 "without a mask, self-attention treats positions alike: shuffling the input "
                 "positions must shuffle the outputs the same way, and here it does not. "
                 "The usual cause is the head split: a reshape to [B, h, T, d_k] without "
-                "the transpose.",
+                "the transpose, or a transpose(1, 2) whose result is thrown away "
+                "(t.transpose(1, 2) on a line of its own leaves t as it was).",
                 "05-multi-head.md",
             )
 
@@ -98,7 +134,7 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             )
 
     def cross_shape() -> None:
-        out = attend(x, memory)
+        out = cross(x, memory)
         if tuple(out.shape) == (B, S, d):
             raise FoundBugError(
                 "query_from_memory",
@@ -151,7 +187,7 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             )
 
     return run_checks(
-        f"check_multi_head_attention({name_of(module)})",
+        subject,
         [
             ("self-attention returns [B, T, d_model]", self_shape),
             ("every module that runs belongs to it (nothing built in forward)", built_in_forward),

@@ -25,6 +25,16 @@ class FoundBugError(Exception):
         self.bug, self.message, self.page = bug, message, page
 
 
+class NotCheckedError(Exception):
+    """Raised inside a check that could not measure what it checks (a scale fitted against
+    projections it cannot find, say): the check is reported as not checked, never as ok,
+    and the checks after it still run. ``why`` says what could not be measured."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
 @dataclass
 class Report:
     """The result of one checker. True when every check passed.
@@ -32,7 +42,9 @@ class Report:
     ``passed`` names the checks that passed, in order; ``failed`` the check that found a
     bug (None if none did), ``bug`` that bug's short name, ``message`` the explanation and
     ``page`` the tour page about it. Checks after the first failure are not run: fix one
-    bug at a time.
+    bug at a time. ``unchecked`` holds (name, why) for each check that could not measure
+    what it checks: such a check neither passed nor failed. ``ok`` means no bug was found;
+    ``complete`` that, and that every check ran.
     """
 
     subject: str
@@ -41,20 +53,32 @@ class Report:
     bug: str | None = None
     message: str = ""
     page: str | None = None
+    unchecked: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.failed is None
 
+    @property
+    def complete(self) -> bool:
+        """True when every check ran and passed (none of them left not checked)."""
+        return self.ok and not self.unchecked
+
     def __bool__(self) -> bool:
         return self.ok
 
     def __str__(self) -> str:
-        if self.ok:
+        if self.complete:
             lines = [f"{self.subject}: all {len(self.passed)} checks passed"]
-        else:
+        elif self.ok:
             lines = [
-                f"{self.subject}: FAILED check {len(self.passed) + 1}, {self.failed!r}",
+                f"{self.subject}: no bug found, but NOT ALL CHECKED: {len(self.passed)} checks "
+                f"passed, {len(self.unchecked)} could not be run"
+            ]
+        else:
+            number = len(self.passed) + len(self.unchecked) + 1
+            lines = [
+                f"{self.subject}: FAILED check {number}, {self.failed!r}",
                 f"  bug: {(self.bug or '').replace('_', ' ')}",
             ]
             for paragraph in self.message.splitlines():
@@ -62,14 +86,23 @@ class Report:
             if self.page:
                 lines.append(f"  see {TOUR}{self.page}")
         lines += [f"  ok  {name}" for name in self.passed]
+        for name, why in self.unchecked:
+            lines += textwrap.wrap(
+                f"not checked: {name}: {why}",
+                86,
+                initial_indent="  ??  ",
+                subsequent_indent="      ",
+            )
         return "\n".join(lines)
 
 
 def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
-    """Run ``checks`` (name, function) in order until one raises :class:`FoundBugError`. Any other
-    exception comes from the learner's code and is reported as the bug ``raises``. ``page``
-    is the tour page of the piece checked: a failure that names no page of its own (the
-    learner's code raised, returned no tensor, a wrong shape) points there."""
+    """Run ``checks`` (name, function) in order until one raises :class:`FoundBugError`. A
+    check that raises :class:`NotCheckedError` is listed as not checked, and the next one
+    runs. Any other exception comes from the learner's code and is reported as the bug
+    ``raises``. ``page`` is the tour page of the piece checked: a failure that names no
+    page of its own (the learner's code raised, returned no tensor, a wrong shape) points
+    there."""
     report = Report(subject)
     for name, check in checks:
         try:
@@ -78,6 +111,9 @@ def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
             report.failed, report.bug, report.page = name, found.bug, found.page or page
             report.message = found.message
             return report
+        except NotCheckedError as missed:
+            report.unchecked.append((name, missed.why))
+            continue
         except Exception as error:  # the learner's function raised: say where and what
             report.failed, report.bug, report.page = name, "raises", page
             report.message = f"calling it raised {type(error).__name__}: {error}"
@@ -133,3 +169,20 @@ def evaluating(module: nn.Module) -> Iterator[nn.Module]:
 
 def close(a: Tensor, b: Tensor, atol: float = 1e-5) -> bool:
     return a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=atol, rtol=1e-4)
+
+
+def not_a_module(thing: object, subject: str, page: str) -> Report | None:
+    """A failed report when ``thing``, given to a module checker, is no nn.Module instance
+    (a plain function, or the class itself), else None."""
+    if isinstance(thing, nn.Module):
+        return None
+    if isinstance(thing, type) and issubclass(thing, nn.Module):
+        said = f"{thing.__name__} is the class: pass an instance, {thing.__name__}(...)"
+    else:
+        said = (
+            f"got {type(thing).__name__} {name_of(thing)!r}: the checker takes an instance of "
+            "an nn.Module subclass, whose weights it can list and whose eval() it can call"
+        )
+    return Report(
+        subject, failed="an nn.Module instance", bug="not_a_module", message=said, page=page
+    )

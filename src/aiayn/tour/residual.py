@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from aiayn.tour.report import FoundBugError
+from aiayn.tour.report import FoundBugError, NotCheckedError
 
 PAGE = "08-residual-layernorm.md"
 
@@ -28,6 +28,20 @@ def _silenceable(layer: nn.Module) -> bool:
     return bool(matrices) and all(id(p) in linear_owned for p in matrices)
 
 
+def _silence_raw(layer: nn.Module) -> None:
+    """Zero the weights that sit outside nn.Linear (raw nn.Parameter matrices, used as
+    x @ W or in einsum): every parameter of two or more axes, and the 1-D parameters (the
+    biases) of a module that holds such a matrix itself. The 1-D parameters of a module
+    holding no matrix, a hand-written LayerNorm's gain and bias, are left as they are."""
+    for m in layer.modules():
+        if isinstance(m, nn.LayerNorm):
+            continue
+        own = list(m.parameters(recurse=False))
+        if any(p.dim() >= 2 for p in own):
+            for p in own:
+                p.zero_()
+
+
 def _normalized(y: Tensor) -> bool:
     """Each position of ``y`` has mean 0 and one common spread, as LayerNorm with its
     initial gain 1 and bias 0 leaves it (whatever its eps or variance estimator)."""
@@ -44,11 +58,12 @@ def check_residual(
     On a copy whose nn.Linear weights and biases are all zero and whose nn.LayerNorms are
     reset, every sub-layer outputs 0, so a pre-LN layer must return x and a post-LN one a
     per-position normalisation of x; a post-LN layer must also return normalised vectors
-    with its weights in place. A layer whose weights are not all in nn.Linear modules
-    cannot be silenced this way and passes unchecked.
+    with its weights in place. A layer whose weights are not all in nn.Linear modules has
+    its raw matrices (and their biases) zeroed too; as that may miss a weight, its output
+    then proves a bug only when it is 0 (x reaches the output by no path), and any other
+    output that is neither x nor LayerNorm(x) raises :class:`NotCheckedError`.
     """
-    if not _silenceable(layer):
-        return
+    strict = _silenceable(layer)
     copied = copy.deepcopy(layer)
     with torch.no_grad():
         for m in copied.modules():
@@ -62,6 +77,8 @@ def check_residual(
                 m.weight.zero_()
                 if m.bias is not None:
                     m.bias.zero_()
+        if not strict:
+            _silence_raw(copied)
         silent = call(copied, x)
     if torch.allclose(silent, x, atol=1e-5):
         return  # pre-LN: the residual stream is x itself
@@ -79,9 +96,18 @@ def check_residual(
             "x + sublayer(norm(x)), adding to x itself.",
             PAGE,
         )
+    if not strict and not bool((silent.abs() < 1e-6).all()):
+        raise NotCheckedError(
+            "some of the layer's weights are not in nn.Linear modules (raw nn.Parameter "
+            "matrices); with every matrix the checker found set to 0 the layer returns "
+            "neither x (pre-LN) nor LayerNorm(x) (post-LN), which may be a weight it could "
+            "not silence, so the residual connections could not be checked. Check by hand: "
+            "norm(x + sublayer(x)) (post-LN) or x + sublayer(norm(x)) (pre-LN)."
+        )
+    zeroed = "nn.Linear weights and biases" if strict else "weight matrices and their biases"
     raise FoundBugError(
         "missing_residual",
-        "with every sub-layer silenced (all nn.Linear weights and biases 0) a layer must "
+        f"with every sub-layer silenced (all {zeroed} 0) a layer must "
         "pass its input through its residual connections: x itself (pre-LN) or "
         "LayerNorm(x) (post-LN). This one returns neither, so some sub-layer's output is "
         "not added to its input: write norm(x + sublayer(x)) (post-LN) or "

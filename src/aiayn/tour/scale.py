@@ -5,7 +5,8 @@ A module's output depends on its scale s only through s * W^Q W^K^T, so s cannot
 off the output: it is fitted against the module's own projections while the module runs.
 A torch function mode records the attention weights of every softmax (and of every
 F.scaled_dot_product_attention) and the output of every product with a 2-D weight
-(nn.Linear, F.linear, x @ W): the candidate queries and keys. The log-weights of head h
+(nn.Linear, F.linear, x @ W) and of every einsum: the candidate queries and keys, whole
+(a head's slice is tried) or one head's. The log-weights of head h
 are s * q_h . k_h plus a constant per query (the softmax's normaliser) and one per key (a
 query bias dotted with the keys); centring over both queries and keys removes those, and
 the candidate pair that leaves no residual gives s.
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from aiayn.tour.report import FoundBugError
+from aiayn.tour.report import FoundBugError, NotCheckedError
 
 PAGE = "03-scaled-dot-product.md"
 _SOFTMAX = (torch.softmax, torch.Tensor.softmax, F.softmax)
@@ -45,13 +46,16 @@ def _sdpa_weights(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
 
 
 class _Watch(TorchFunctionMode):
-    """While active, records the weights of every softmax and the output of every product
-    with a 2-D right operand (the projections; a product of scores has none)."""
+    """While active, records the weights of every softmax, the output of every product with
+    a 2-D right operand (the projections; a product of scores has none) and of every
+    einsum (projections by 3-D weights), and counts the calls of torch's own
+    F.multi_head_attention_forward, whose scale is 1/sqrt(head_dim) by construction."""
 
     def __init__(self) -> None:
         super().__init__()
         self.weights: list[Tensor] = []
         self.products: list[Tensor] = []
+        self.torch_own = 0
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -63,6 +67,10 @@ class _Watch(TorchFunctionMode):
                 self.weights.append(out.detach().double())
             elif func is F.scaled_dot_product_attention:
                 self.weights.append(_sdpa_weights(args, kwargs).detach().double())
+            elif func is F.multi_head_attention_forward:
+                self.torch_own += 1
+            elif func is torch.einsum and isinstance(out, Tensor) and out.dim() in (3, 4):
+                self.products.append(out.detach().double())
             elif func in _PRODUCTS and isinstance(out, Tensor) and out.dim() == 3:
                 weight = args[1] if len(args) > 1 else kwargs.get("weight", kwargs.get("other"))
                 if isinstance(weight, Tensor) and weight.dim() == 2:
@@ -74,12 +82,22 @@ class _Watch(TorchFunctionMode):
 
 @dataclass
 class Measured:
-    """One attention of the module: its heads, query and key lengths, and fitted scale."""
+    """One attention of the module: its heads, query and key lengths, and fitted scale
+    (the mean over its heads)."""
 
     heads: int
     t_q: int
     t_k: int
     s: float
+
+
+@dataclass
+class Unmeasured:
+    """An attention whose weights no pair of recorded projections explains."""
+
+    heads: int
+    t_q: int
+    t_k: int
 
 
 def _attentions(weights: list[Tensor], batch: int) -> list[Tensor]:
@@ -99,61 +117,104 @@ def _centred(t: Tensor) -> Tensor:
     return t - t.mean(-1, keepdim=True) - t.mean(-2, keepdim=True) + t.mean((-2, -1), keepdim=True)
 
 
-def _blocks(products: list[Tensor], batch: int, length: int, d_model: int) -> list[Tensor]:
-    """Every ``[B, length, d_model]`` block of the recorded projections (a fused one,
-    ``[B, length, 3 d_model]``, gives three)."""
-    return [
-        block
-        for p in products
-        if p.size(0) == batch and p.size(1) == length and p.size(2) % d_model == 0
-        for block in p.split(d_model, dim=-1)
-    ]
+def _head_candidates(
+    products: list[Tensor], batch: int, length: int, heads: int, head: int, d_model: int
+) -> list[Tensor]:
+    """What the recorded projections offer as head ``head``'s queries (or keys) of
+    ``length`` positions, ``[B, length, d_k]``: its slice of every ``[B, length, d_model]``
+    block (a fused ``[B, length, 3 d_model]`` has three), every ``[B, length, d_k]``
+    product (one nn.Linear(d_model, d_k) per head), and its row of every
+    ``[B, h, length, d_k]`` or ``[B, length, h, d_k]`` einsum."""
+    d_k = d_model // heads
+    found = []
+    for p in products:
+        if p.size(0) != batch:
+            continue
+        if p.dim() == 3 and p.size(1) == length:
+            if p.size(2) % d_model == 0:
+                found += [b.unflatten(-1, (heads, -1))[..., head, :] for b in p.split(d_model, -1)]
+            elif p.size(2) == d_k:
+                found.append(p)
+        elif p.dim() == 4 and p.size(3) == d_k:
+            if p.size(1) == heads and p.size(2) == length:
+                found.append(p[:, head])
+            elif p.size(2) == heads and p.size(1) == length:
+                found.append(p[:, :, head])
+    return found
 
 
 def _fit(weights: Tensor, products: list[Tensor], d_model: int) -> float | None:
     """The scale s with log-weights = s * q_h . k_h (up to the per-query and per-key
-    constants), for the recorded projections q and k that fit best, or None when no pair
-    fits (or the weights carry nothing to fit)."""
+    constants), each head fitted against the recorded projections q_h and k_h that fit it
+    best, or None when no pair fits some head (or the weights carry nothing to fit)."""
     batch, heads, t_q, t_k = weights.shape
     if d_model % heads or not bool((weights > 0).all()):  # a masked key: -inf log-weight
         return None
-    logs = _centred(weights.log())
-    if float(logs.norm()) < 1e-6:  # uniform weights: any scale would do
-        return None
-    best: tuple[float, float] | None = None
-    for q in _blocks(products, batch, t_q, d_model):
-        q_h = q.unflatten(-1, (heads, -1)).transpose(1, 2)
-        for k in _blocks(products, batch, t_k, d_model):
-            dots = _centred(q_h @ k.unflatten(-1, (heads, -1)).permute(0, 2, 3, 1))
-            s = float((logs * dots).sum() / (dots * dots).sum().clamp_min(1e-30))
-            misfit = float((logs - s * dots).norm() / logs.norm())
-            if best is None or misfit < best[0]:
-                best = (misfit, s)
-    return best[1] if best is not None and best[0] < 1e-3 else None
+    scales = []
+    for head in range(heads):
+        logs = _centred(weights[:, head].log())
+        if float(logs.norm()) < 1e-6:  # uniform weights: any scale would do
+            return None
+        best: tuple[float, float] | None = None
+        keys = _head_candidates(products, batch, t_k, heads, head, d_model)
+        for q in _head_candidates(products, batch, t_q, heads, head, d_model):
+            for k in keys:
+                dots = _centred(q @ k.transpose(-2, -1))
+                s = float((logs * dots).sum() / (dots * dots).sum().clamp_min(1e-30))
+                misfit = float((logs - s * dots).norm() / logs.norm())
+                if best is None or misfit < best[0]:
+                    best = (misfit, s)
+        if best is None or best[0] >= 1e-3:
+            return None
+        scales.append(best[1])
+    return sum(scales) / len(scales)
 
 
-def measure_scales(call: Callable[[], object], batch: int, d_model: int) -> list[Measured]:
-    """Run ``call()`` and fit the scale of every attention it computes whose queries and
-    keys are outputs of the module's own projections (run it with masks that allow every
-    key: a masked key has no log-weight). Attentions it cannot fit are left out: one
-    inside nn.MultiheadAttention, say, whose internals a function mode does not see."""
+@dataclass
+class Scales:
+    """What :func:`watch_scales` saw: the attentions it fitted, those it could not, and how
+    many ran inside torch's own nn.MultiheadAttention."""
+
+    measured: list[Measured]
+    unmeasured: list[Unmeasured]
+    torch_own: int
+
+
+def watch_scales(call: Callable[[], object], batch: int, d_model: int) -> Scales:
+    """Run ``call()`` and fit the scale of every attention it computes against the module's
+    own projections (run it with masks that allow every key: a masked key has no
+    log-weight)."""
     watch = _Watch()
     with watch:
         call()
-    measured = []
+    measured: list[Measured] = []
+    unmeasured: list[Unmeasured] = []
     for weights in _attentions(watch.weights, batch):
+        _, heads, t_q, t_k = weights.shape
         s = _fit(weights, watch.products, d_model)
-        if s is not None:
-            _, heads, t_q, t_k = weights.shape
+        if s is None:
+            unmeasured.append(Unmeasured(heads, t_q, t_k))
+        else:
             measured.append(Measured(heads, t_q, t_k, s))
-    return measured
+    return Scales(measured, unmeasured, watch.torch_own)
+
+
+def measure_scales(call: Callable[[], object], batch: int, d_model: int) -> list[Measured]:
+    """The attentions of ``call()`` whose scale :func:`watch_scales` fits. Those it cannot
+    fit are left out: one inside nn.MultiheadAttention, say, whose internals a function
+    mode does not see."""
+    return watch_scales(call, batch, d_model).measured
 
 
 def check_scales(call: Callable[[], object], batch: int, d_model: int) -> None:
-    """Raise :class:`FoundBugError` unless every attention :func:`measure_scales` fits
-    has s = 1/sqrt(d_k), d_k = d_model / heads. Bugs: ``missing_scale``,
-    ``divides_by_d_k``, ``scale_by_d_model``, ``wrong_scale`` (check_attention's names)."""
-    for m in measure_scales(call, batch, d_model):
+    """Raise :class:`FoundBugError` unless every attention :func:`watch_scales` fits has
+    s = 1/sqrt(d_k), d_k = d_model / heads. Bugs: ``missing_scale``, ``divides_by_d_k``,
+    ``scale_by_d_model``, ``divides_by_d_k_or_sqrt_d_model`` (d_model = h^2, where the
+    two agree), ``wrong_scale`` (check_attention's names). Raise :class:`NotCheckedError`
+    when some attention could not be fitted, or none was seen at all (torch's own
+    nn.MultiheadAttention, whose scale is right by construction, counts as seen)."""
+    seen = watch_scales(call, batch, d_model)
+    for m in seen.measured:
         d_k = d_model // m.heads
         if abs(m.s * math.sqrt(d_k) - 1) < 0.01:
             continue
@@ -166,6 +227,15 @@ def check_scales(call: Callable[[], object], batch: int, d_model: int) -> None:
         )
         if abs(m.s - 1) < 0.01:
             raise FoundBugError("missing_scale", said + ": the scores are not scaled.", PAGE)
+        if abs(m.s * d_k - 1) < 0.01 and d_k * d_k == d_model:
+            raise FoundBugError(
+                "divides_by_d_k_or_sqrt_d_model",
+                said + f": s = 1/d_k, which here (d_model = {d_model} = d_k^2) is also "
+                f"1/sqrt(d_model). Either the scores are divided by d_k, not sqrt(d_k), or "
+                "by sqrt(d_model), the size of the whole model: each head scales its own "
+                "scores by 1/sqrt(d_k), the size of one head (q.size(-1) after the split).",
+                PAGE,
+            )
         if abs(m.s * d_k - 1) < 0.01:
             raise FoundBugError(
                 "divides_by_d_k", said + ": they are divided by d_k, not sqrt(d_k).", PAGE
@@ -179,3 +249,17 @@ def check_scales(call: Callable[[], object], batch: int, d_model: int) -> None:
                 PAGE,
             )
         raise FoundBugError("wrong_scale", said + ".", PAGE)
+    if seen.unmeasured:
+        shapes = ", ".join(f"{[batch, u.heads, u.t_q, u.t_k]}" for u in seen.unmeasured)
+        raise NotCheckedError(
+            f"the weights of {shapes} ([B, h, T_q, T_k]) are not softmax(s * q . k) of any "
+            "queries and keys the checker could find among the module's projections "
+            "(nn.Linear, x @ W, einsum), so their scale could not be measured. Check by "
+            "hand that each head divides its scores by sqrt(d_k), d_k = d_model / h."
+        )
+    if not seen.measured and not seen.torch_own:
+        raise NotCheckedError(
+            "no softmax (nor F.scaled_dot_product_attention, nor nn.MultiheadAttention) ran "
+            "where the checker could see it, so the scale could not be measured. Check by "
+            "hand that each head divides its scores by sqrt(d_k), d_k = d_model / h."
+        )

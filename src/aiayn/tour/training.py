@@ -82,9 +82,14 @@ def check_shift_target(fn: Callable) -> Report:
 
     def shifted() -> None:
         tgt_in, tgt_out = fn(ys)
-        tgt_in, tgt_out = [list(r) for r in tgt_in], [list(r) for r in tgt_out]
-        if tgt_in == [[BOS_ID, *y] for y in ys] and tgt_out == [[*y, EOS_ID] for y in ys]:
+        tgt_in = [[int(t) for t in r] for r in tgt_in]  # ids as ints, from a tensor's rows too
+        tgt_out = [[int(t) for t in r] for r in tgt_out]
+        want_in, want_out = [[BOS_ID, *y] for y in ys], [[*y, EOS_ID] for y in ys]
+        if tgt_in == want_in and tgt_out == want_out:
             return
+        rows = zip(tgt_in, tgt_out, want_in, want_out)  # quote the first row that differs
+        i = next((i for i, (a, b, c, d) in enumerate(rows) if (a, b) != (c, d)), 0)
+        i = min(i, len(tgt_in) - 1, len(tgt_out) - 1, len(ys) - 1)
         if tgt_in == tgt_out:
             raise FoundBugError(
                 "not_shifted",
@@ -99,7 +104,7 @@ def check_shift_target(fn: Callable) -> Report:
                 "first and predict EOS last",
                 "12-teacher-forcing.md",
             )
-        said = f"for y = {ys[0]} tgt_in is {tgt_in[0]} and tgt_out {tgt_out[0]}: "
+        said = f"for y = {ys[i]} tgt_in is {tgt_in[i]} and tgt_out {tgt_out[i]}: "
         if tgt_in == [[BOS_ID, *y, EOS_ID] for y in ys]:
             raise FoundBugError(
                 "eos_in_input",
@@ -121,10 +126,21 @@ def check_shift_target(fn: Callable) -> Report:
                 "model never learns to end a sentence. The labels are y + EOS.",
                 "12-teacher-forcing.md",
             )
+        padded = all(
+            len(a) >= len(b) and a[: len(b)] == b and set(a[len(b) :]) <= {PAD_ID}
+            for got, want in ((tgt_in, want_in), (tgt_out, want_out))
+            for a, b in zip(got, want)
+        )
         raise FoundBugError(
             "wrong_shift",
-            f"for y = {ys[0]} expected tgt_in {[BOS_ID, *ys[0]]} and "
-            f"tgt_out {[*ys[0], EOS_ID]}, got {tgt_in[0]} and {tgt_out[0]}",
+            f"for y = {ys[i]} expected tgt_in {want_in[i]} and tgt_out {want_out[i]}, got "
+            f"{tgt_in[i]} and {tgt_out[i]}"
+            + (
+                ": the rows are right but padded with PAD. fn returns one list of ids per "
+                "sentence, unpadded; the batch is padded afterwards (page 4's pad)."
+                if padded and len(tgt_in) == len(ys) == len(tgt_out)
+                else ""
+            ),
             "12-teacher-forcing.md",
         )
 
@@ -172,7 +188,24 @@ def check_label_smoothing(fn: Callable) -> Report:
 
     def value() -> None:
         result = fn(logits, target, eps, PAD_ID)
-        got = float(result[0] if isinstance(result, (tuple, list)) else result)
+        loss = result[0] if isinstance(result, (tuple, list)) and result else result
+        if isinstance(loss, Tensor) and loss.numel() != 1:
+            raise FoundBugError(
+                "not_a_scalar",
+                f"fn returned a tensor of shape {list(loss.shape)}, not one number: the loss "
+                f"of the batch is a scalar, the per-token losses summed over the {n} non-pad "
+                "targets (or averaged over them), as reduction='sum' gives, not "
+                "reduction='none'",
+                "13-label-smoothing.md",
+            )
+        if not isinstance(loss, (Tensor, float, int)) or isinstance(loss, bool):
+            raise FoundBugError(
+                "wrong_return",
+                f"fn returned {type(loss).__name__}: the loss must be a scalar tensor "
+                "(or a number)",
+                "13-label-smoothing.md",
+            )
+        got = float(loss)
         if any(math.isclose(got, t, rel_tol=1e-5) for t in totals(right, real)):
             return
         candidates = {

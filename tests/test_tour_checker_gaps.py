@@ -1,0 +1,251 @@
+"""Gaps found in aiayn.tour's checkers: a check that could not measure said "ok", errors of
+the checker's own code were blamed on the learner, and some diagnoses named the wrong
+cause. A check that cannot measure is now reported as not checked (never ok)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn import tour
+from test_tour_checks import LearnerMHA
+
+SCALE = "each head scales its scores by 1/sqrt(d_k)"
+RESIDUAL = "the residual connections (post-LN or pre-LN)"
+
+
+class PerHeadLinears(nn.Module):
+    """One nn.Linear(d_model, d_k) per head (the formula read literally), scaled by
+    ``scale`` (1/sqrt(d_k) by default)."""
+
+    def __init__(self, d_model=32, h=4, scale=None):
+        super().__init__()
+        self.d_model, d_k = d_model, d_model // h
+        self.scale = 1 / math.sqrt(d_k) if scale is None else scale
+        self.q, self.k, self.v = (
+            nn.ModuleList(nn.Linear(d_model, d_k) for _ in range(h)) for _ in range(3)
+        )
+        self.o = nn.Linear(d_model, d_model)
+
+    def forward(self, x, memory=None, mask=None):
+        m = x if memory is None else memory
+        heads = []
+        for q, k, v in zip(self.q, self.k, self.v):
+            s = q(x) @ k(m).transpose(-2, -1) * self.scale
+            if mask is not None:
+                s = s.masked_fill(~mask[:, 0], float("-inf"))
+            heads.append(s.softmax(-1) @ v(m))
+        return self.o(torch.cat(heads, -1))
+
+
+class EinsumParams(nn.Module):
+    """Raw [d_model, h, d_k] parameters used through einsum, scaled by ``scale``."""
+
+    def __init__(self, d_model=32, h=4, scale=None):
+        super().__init__()
+        self.d_model, d_k = d_model, d_model // h
+        self.scale = 1 / math.sqrt(d_k) if scale is None else scale
+        self.wq, self.wk, self.wv = (
+            nn.Parameter(torch.randn(d_model, h, d_k) / d_model**0.5) for _ in range(3)
+        )
+        self.wo = nn.Parameter(torch.randn(h, d_k, d_model) / d_model**0.5)
+
+    def forward(self, x, memory=None, mask=None):
+        m = x if memory is None else memory
+        q = torch.einsum("btd,dhk->bhtk", x, self.wq)
+        k = torch.einsum("bsd,dhk->bhsk", m, self.wk)
+        v = torch.einsum("bsd,dhk->bhsk", m, self.wv)
+        s = torch.einsum("bhtk,bhsk->bhts", q, k) * self.scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.einsum("bhts,bhsk,hkd->btd", s.softmax(-1), v, self.wo)
+
+
+class StridedHeads(nn.Module):
+    """Correct attention whose head i owns features i, i + h, ...: no recorded projection
+    holds a head's queries, so its scale cannot be fitted."""
+
+    def __init__(self, d_model=32, h=4):
+        super().__init__()
+        self.d_model, self.h = d_model, h
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def split(self, t):
+        return t.unflatten(-1, (-1, self.h)).permute(0, 3, 1, 2)
+
+    def forward(self, x, memory=None, mask=None):
+        m = x if memory is None else memory
+        q, k, v = self.split(self.wq(x)), self.split(self.wk(m)), self.split(self.wv(m))
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return self.wo((s.softmax(-1) @ v).permute(0, 2, 3, 1).flatten(2))
+
+
+@pytest.mark.parametrize("style", [PerHeadLinears, EinsumParams])
+def test_the_scale_is_measured_in_per_head_and_einsum_styles(style):
+    """Both passed "each head scales its scores by 1/sqrt(d_k)" whatever their scale."""
+    assert tour.check_multi_head_attention(style()).complete
+    wrong = tour.check_multi_head_attention(style(scale=1.0))
+    assert wrong.bug == "missing_scale", str(wrong)
+    too_small = tour.check_multi_head_attention(style(scale=1 / math.sqrt(32)))
+    assert too_small.bug == "scale_by_d_model", str(too_small)
+
+
+def test_an_unmeasured_scale_is_not_checked_never_ok():
+    report = tour.check_multi_head_attention(StridedHeads())
+    assert report.ok and not report.complete, str(report)  # no bug found: not a failure
+    assert SCALE not in report.passed and [n for n, _ in report.unchecked] == [SCALE]
+    said = str(report)
+    assert "NOT ALL CHECKED" in said and "all 10 checks passed" not in said
+    assert f"not checked: {SCALE}" in said and "could not be measured" in said
+    layer = RawLayer()
+    layer.att = StridedHeads()
+    encoder = tour.check_encoder_layer(layer, 32)
+    assert encoder.ok and [n for n, _ in encoder.unchecked] == [SCALE], str(encoder)
+    assert "NOT ALL CHECKED" in str(encoder) and "7 checks passed" in str(encoder)
+
+
+class RawAttention(nn.Module):
+    """Self-attention with its four matrices as raw nn.Parameters (x @ W)."""
+
+    def __init__(self, d=32, h=4):
+        super().__init__()
+        self.h = h
+        self.W = nn.ParameterList(nn.Parameter(torch.randn(d, d) / d**0.5) for _ in range(4))
+
+    def forward(self, x, mask=None):
+        def split(t):
+            return t.unflatten(-1, (self.h, -1)).transpose(1, 2)
+
+        q, k, v = split(x @ self.W[0]), split(x @ self.W[1]), split(x @ self.W[2])
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2).flatten(2) @ self.W[3]
+
+
+class RawLayer(nn.Module):
+    def __init__(self, d=32, style="post", bias=False):
+        super().__init__()
+        self.att, self.style = RawAttention(d), style
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, d))
+        self.shift = nn.Parameter(torch.randn(d)) if bias else None  # no matrix: not silenced
+
+    def forward(self, x, mask):
+        a = self.att(x, mask=mask) + (0 if self.shift is None else self.shift)
+        if self.style == "pre":
+            x = x + self.att(self.n1(x), mask=mask)
+            return x + self.ff(self.n2(x))
+        if self.style == "no_residual":
+            return self.n2(self.n1(a) + self.ff(self.n1(a)))
+        x = self.n1(x + a)
+        return self.n2(x + self.ff(x))
+
+
+def test_the_residual_check_silences_raw_parameters():
+    """A layer whose attention keeps raw nn.Parameter matrices passed the residual check
+    unchecked, missing residual and all."""
+    torch.manual_seed(0)
+    missing = tour.check_encoder_layer(RawLayer(style="no_residual"), 32)
+    assert missing.bug == "missing_residual", str(missing)
+    for style in ("post", "pre"):
+        assert tour.check_encoder_layer(RawLayer(style=style), 32).complete, style
+    shifted = tour.check_encoder_layer(RawLayer(bias=True), 32)  # a weight it cannot zero
+    assert shifted.ok and [n for n, _ in shifted.unchecked] == [RESIDUAL], str(shifted)
+    assert RESIDUAL not in shifted.passed and "could not be checked" in str(shifted)
+
+
+def attention_f64(q, k, v, mask=None):
+    q, k, v = q.double(), k.double(), v.double()
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v
+
+
+def test_errors_of_the_checkers_own_code_are_not_blamed_on_the_learner():
+    assert tour.check_attention(attention_f64).complete  # the checker's w @ v mixed dtypes
+
+    def per_token(logits, target, eps, pad_id):
+        return F.cross_entropy(
+            logits, target, ignore_index=pad_id, label_smoothing=eps, reduction="none"
+        )
+
+    loss = tour.check_label_smoothing(per_token)
+    assert loss.bug == "not_a_scalar" and "[6]" in loss.message, str(loss)
+
+    def split_numpy(x, h):
+        b, t, d = x.shape
+        return np.asarray(x).reshape(b, t, h, d // h).transpose(0, 2, 1, 3)
+
+    split = tour.check_split_heads(split_numpy)
+    assert split.bug == "wrong_return" and "ndarray" in split.message, str(split)
+
+    def function(x, memory=None, mask=None):
+        return x
+
+    for checker, args in (
+        (tour.check_multi_head_attention, (32,)),
+        (tour.check_feed_forward, (32,)),
+        (tour.check_encoder_layer, (32,)),
+        (tour.check_decoder_layer, (32,)),
+    ):
+        report = checker(function, *args)
+        assert report.bug == "not_a_module" and "function" in report.message, str(report)
+    as_class = tour.check_multi_head_attention(PerHeadLinears, 32)
+    assert as_class.bug == "not_a_module" and "PerHeadLinears(...)" in as_class.message
+
+
+def test_a_hard_coded_pad_id_is_named():
+    report = tour.check_padding_mask(lambda ids, pad_id: (ids != 0)[:, None, None, :])
+    assert report.bug == "ignores_pad_id", str(report)  # it was named wrong_axis
+
+
+class ThrownTranspose(LearnerMHA):
+    def split(self, x):
+        B, T, _ = x.shape
+        x = x.view(B, T, self.h, -1)
+        x.transpose(1, 2)  # the bug: its result is thrown away
+        return x
+
+
+class CrossRaises(LearnerMHA):
+    def split(self, x):
+        return x.view(x.size(0), 5, self.h, -1).transpose(1, 2)  # the bug: T fixed at 5
+
+
+def test_an_error_in_forward_is_not_blamed_on_modules_built_in_forward():
+    thrown = tour.check_multi_head_attention(ThrownTranspose(32, 4))
+    assert thrown.bug == "mixes_positions" and "thrown away" in thrown.message, str(thrown)
+    raised = tour.check_multi_head_attention(CrossRaises(32, 4))
+    assert raised.failed == "cross-attention returns one row per query position", str(raised)
+    assert raised.bug == "raises" and "cross-attention" in raised.message
+    assert "is invalid for input of size" in raised.message  # the learner's own error
+    assert "every module that runs belongs to it (nothing built in forward)" in raised.passed
+
+
+def test_shift_target_quotes_the_row_that_differs_as_ints():
+    def padded(ys):
+        n = max(map(len, ys)) + 1
+        tgt_in = torch.tensor([[1, *y] + [0] * (n - 1 - len(y)) for y in ys])
+        return tgt_in, torch.tensor([[*y, 2] + [0] * (n - 1 - len(y)) for y in ys])
+
+    report = tour.check_shift_target(padded)
+    assert report.bug == "wrong_shift" and "tensor(" not in report.message, str(report)
+    assert "for y = [10]" in report.message and "[1, 10, 0, 0]" in report.message
+    assert "padded" in report.message
+
+
+@pytest.mark.parametrize("d_model, h", [(16, 4), (64, 8)])
+def test_when_d_model_is_h_squared_both_slips_are_named(d_model, h):
+    for bug in ("divides_by_d_k", "scale_by_d_model"):
+        report = tour.check_multi_head_attention(LearnerMHA(d_model, h, bug=bug))
+        assert report.bug == "divides_by_d_k_or_sqrt_d_model", str(report)
+        assert "sqrt(d_model)" in report.message and "divided by d_k" in report.message

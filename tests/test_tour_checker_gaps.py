@@ -149,6 +149,47 @@ class RawLayer(nn.Module):
         return self.n2(x + self.ff(x))
 
 
+class InlineNormLayer(nn.Module):
+    """Post-LN (or pre-LN) with every weight a raw parameter on the layer itself: the
+    attention's and the feed-forward network's matrices, their biases and the LayerNorms'
+    gains and biases (F.layer_norm)."""
+
+    def __init__(self, d=32, h=4, style="post"):
+        super().__init__()
+        self.h, self.style = h, style
+        self.wq, self.wk, self.wv, self.wo = (
+            nn.Parameter(torch.randn(d, d) / d**0.5) for _ in range(4)
+        )
+        self.w1 = nn.Parameter(torch.randn(d, 4 * d) / d**0.5)
+        self.w2 = nn.Parameter(torch.randn(4 * d, d) / (4 * d) ** 0.5)
+        self.b1, self.b2 = nn.Parameter(torch.zeros(4 * d)), nn.Parameter(torch.zeros(d))
+        self.g1, self.beta1 = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+        self.g2, self.beta2 = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def attend(self, x, mask):
+        def split(t):
+            return t.unflatten(-1, (self.h, -1)).transpose(1, 2)
+
+        q, k, v = split(x @ self.wq), split(x @ self.wk), split(x @ self.wv)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2).flatten(2) @ self.wo
+
+    def forward(self, x, mask):
+        def ff(y):
+            return F.relu(y @ self.w1 + self.b1) @ self.w2 + self.b2
+
+        def norm(y, g, b):
+            return F.layer_norm(y, y.shape[-1:], g, b)
+
+        if self.style == "pre":
+            x = x + self.attend(norm(x, self.g1, self.beta1), mask)
+            return x + ff(norm(x, self.g2, self.beta2))
+        x = norm(x + self.attend(x, mask), self.g1, self.beta1)
+        return norm(x + ff(x), self.g2, self.beta2)
+
+
 def test_the_residual_check_silences_raw_parameters():
     """A layer whose attention keeps raw nn.Parameter matrices passed the residual check
     unchecked, missing residual and all."""
@@ -157,6 +198,11 @@ def test_the_residual_check_silences_raw_parameters():
     assert missing.bug == "missing_residual", str(missing)
     for style in ("post", "pre"):
         assert tour.check_encoder_layer(RawLayer(style=style), 32).complete, style
+    # A LayerNorm's gain kept beside raw matrices is zeroed with them: the correct post-LN
+    # layer then returns 0, which proves no missing residual (it was reported as one).
+    inline = tour.check_encoder_layer(InlineNormLayer(), 32)
+    assert inline.ok and [n for n, _ in inline.unchecked] == [RESIDUAL], str(inline)
+    assert tour.check_encoder_layer(InlineNormLayer(style="pre"), 32).complete
     shifted = tour.check_encoder_layer(RawLayer(bias=True), 32)  # a weight it cannot zero
     assert shifted.ok and [n for n, _ in shifted.unchecked] == [RESIDUAL], str(shifted)
     assert RESIDUAL not in shifted.passed and "could not be checked" in str(shifted)

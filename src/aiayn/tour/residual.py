@@ -28,18 +28,23 @@ def _silenceable(layer: nn.Module) -> bool:
     return bool(matrices) and all(id(p) in linear_owned for p in matrices)
 
 
-def _silence_raw(layer: nn.Module) -> None:
+def _silence_raw(layer: nn.Module) -> bool:
     """Zero the weights that sit outside nn.Linear (raw nn.Parameter matrices, used as
     x @ W or in einsum): every parameter of two or more axes, and the 1-D parameters (the
     biases) of a module that holds such a matrix itself. The 1-D parameters of a module
-    holding no matrix, a hand-written LayerNorm's gain and bias, are left as they are."""
+    holding no matrix, a hand-written LayerNorm's gain and bias, are left as they are.
+    Returns whether any 1-D parameter was zeroed: it may have been a LayerNorm's gain kept
+    beside the matrices, which alone makes the layer's output 0."""
+    vectors = False
     for m in layer.modules():
-        if isinstance(m, nn.LayerNorm):
+        if isinstance(m, (nn.LayerNorm, nn.Linear)):  # reset, and zeroed, by the caller
             continue
         own = list(m.parameters(recurse=False))
         if any(p.dim() >= 2 for p in own):
             for p in own:
+                vectors |= p.dim() < 2
                 p.zero_()
+    return vectors
 
 
 def _normalized(y: Tensor) -> bool:
@@ -60,8 +65,10 @@ def check_residual(
     per-position normalisation of x; a post-LN layer must also return normalised vectors
     with its weights in place. A layer whose weights are not all in nn.Linear modules has
     its raw matrices (and their biases) zeroed too; as that may miss a weight, its output
-    then proves a bug only when it is 0 (x reaches the output by no path), and any other
-    output that is neither x nor LayerNorm(x) raises :class:`NotCheckedError`.
+    then proves a bug only when it is 0 (x reaches the output by no path) and no 1-D
+    parameter beside a matrix was zeroed (a hand-written LayerNorm's gain kept there would
+    make it 0); any other output that is neither x nor LayerNorm(x) raises
+    :class:`NotCheckedError`.
     """
     strict = _silenceable(layer)
     copied = copy.deepcopy(layer)
@@ -77,8 +84,7 @@ def check_residual(
                 m.weight.zero_()
                 if m.bias is not None:
                     m.bias.zero_()
-        if not strict:
-            _silence_raw(copied)
+        gains_maybe_zeroed = not strict and _silence_raw(copied)
         silent = call(copied, x)
     if torch.allclose(silent, x, atol=1e-5):
         return  # pre-LN: the residual stream is x itself
@@ -96,7 +102,7 @@ def check_residual(
             "x + sublayer(norm(x)), adding to x itself.",
             PAGE,
         )
-    if not strict and not bool((silent.abs() < 1e-6).all()):
+    if not strict and (gains_maybe_zeroed or not bool((silent.abs() < 1e-6).all())):
         raise NotCheckedError(
             "some of the layer's weights are not in nn.Linear modules (raw nn.Parameter "
             "matrices); with every matrix the checker found set to 0 the layer returns "

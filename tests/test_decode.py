@@ -306,6 +306,46 @@ def test_decoding_switches_off_dropout_in_a_part_left_in_training_mode():
     assert all(m.training for m in model.decoder.modules()) and not model.training
 
 
+def test_a_block_ending_in_another_thread_leaves_a_search_in_eval_mode():
+    """Thread A holds inference() on a model in training mode while thread B decodes with
+    it: when A's block ended, it switched the modes back under B's search, whose steps then
+    ran with dropout (a per-thread record of blocks; the last block now switches back)."""
+    import threading
+    import time
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+        max_len=64, dropout=0.5,
+    )  # fmt: skip
+    model = Transformer(cfg).train()
+    calls: list[bool] = []
+
+    def hook(module, args):
+        calls.append(any(m.training for m in model.modules()))
+        time.sleep(0.005)
+
+    model.decoder.register_forward_pre_hook(hook)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with inference(model):
+            entered.set()
+            release.wait(30)
+
+    a = threading.Thread(target=hold)
+    a.start()
+    assert entered.wait(30)
+    b = threading.Thread(target=lambda: greedy(model, torch.tensor([[5, 6, 7]]), max_new_tokens=30))
+    b.start()
+    time.sleep(0.05)
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert len(calls) > 10 and not any(calls), calls
+    assert all(m.training for m in model.modules())  # the last block switched them back
+
+
 def test_cache_survives_sentences_finishing_at_different_steps(tiny_model):
     cfg = tiny_model.cfg
     with torch.no_grad():  # make EOS competitive so rows end at different steps

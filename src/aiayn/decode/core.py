@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 from aiayn.config import TransformerConfig
@@ -54,28 +54,39 @@ def as_list(models: Models) -> list[Transformer]:
 def inference(models: Models) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the block, for one model or several:
     every module in training mode is switched (a model in eval mode may hold a part in
-    training mode: a decoder fine-tuned alone) and switched back afterwards, even if
-    decoding raises. Nested in a block of the same models (a search's steps), it costs
-    nothing: walking a model's modules costs more than a small model's decoding step."""
+    training mode: a decoder fine-tuned alone) and switched back when the last block open
+    on the model ends, in any thread, even if decoding raises. Within another block on the
+    same model (a search's steps, or a second thread's) it walks no module, which costs
+    more than a small model's decoding step, unless the model was put in training mode."""
     found = [models] if isinstance(models, Transformer) else list(models)
-    key, held = tuple(map(id, found)), _held.__dict__.setdefault("keys", set())
-    if key in held:
-        yield
-        return
-    training = [module for model in found for module in model.modules() if module.training]
-    for module in training:
-        module.training = False
-    held.add(key)
+    with _lock:
+        for model in found:
+            count, switched = _open.get(id(model), (0, []))
+            if not count or model.training:  # a model.train() since: switch that too
+                switched = switched + [m for m in model.modules() if m.training]
+                for module in switched:
+                    module.training = False
+            _open[id(model)] = (count + 1, switched)
     try:
-        with torch.inference_mode():
+        if torch.is_inference_mode_enabled():
             yield
+        else:
+            with torch.inference_mode():
+                yield
     finally:
-        held.discard(key)
-        for module in training:
-            module.training = True
+        with _lock:
+            for model in found:
+                count, switched = _open.pop(id(model))
+                if count > 1:
+                    _open[id(model)] = (count - 1, switched)
+                for module in switched if count == 1 else ():
+                    module.training = True
 
 
-_held = threading.local()  # per thread, the models whose inference() block runs now
+# Per model (by id, alive while its blocks are open): inference() blocks open on it, and
+# the modules the first of them switched to eval mode.
+_open: dict[int, tuple[int, list[nn.Module]]] = {}
+_lock = threading.Lock()
 
 
 def check_src(src: object) -> None:

@@ -100,10 +100,11 @@ def test_alignments_never_point_at_the_eos_a_tokenizer_appends(sample_model_dir,
     last_word = len(tokenizer.decode(ids).split()) - 1
     assert aligned(plain, [ids]) == [[(last_word, j) for j in range(n_words)]]  # no EOS added
     short = [*plain.encode("Hund."), eos]
-    assert aligned(Translator(model, marian), [ids, short, [eos]]) == [
+    assert aligned(Translator(model, marian), [ids, short, [eos], []]) == [
         [(0, j) for j in range(n_words)],
         [(0, j) for j in range(n_words)],
         [],  # the EOS alone: nothing to align to
+        [],  # no source at all (an IndexError on its last id)
     ]
 
 

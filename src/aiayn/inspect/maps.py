@@ -141,7 +141,7 @@ def add_alignments(
         weights = cross_attention(model, src, dec_in, layer).cpu()  # [B, T, S]
         for b, i in enumerate(chunk):
             ids, t = pairs[i]
-            eos = [len(ids) - 1] if appended and ids[-1] == tokenizer.eos_id else []
+            eos = [len(ids) - 1] if appended and ids and ids[-1] == tokenizer.eos_id else []
             if len(eos) == len(ids):  # EOS alone: no source word to align to
                 continue
             src_words = word_starts([piece(p, source=True) for p in ids])

@@ -14,18 +14,20 @@ from torch import nn
 
 from aiayn import tour
 from test_tour_checks import LearnerMHA
+from test_tour_module_checks import TorchMHA
 
 SCALE = "each head scales its scores by 1/sqrt(d_k)"
 RESIDUAL = "the residual connections (post-LN or pre-LN)"
+FULLY_MASKED = "a fully masked query gets no NaN"
 
 
 class PerHeadLinears(nn.Module):
     """One nn.Linear(d_model, d_k) per head (the formula read literally), scaled by
     ``scale`` (1/sqrt(d_k) by default)."""
 
-    def __init__(self, d_model=32, h=4, scale=None):
+    def __init__(self, d_model=32, h=4, scale=None, nan_safe=True):
         super().__init__()
-        self.d_model, d_k = d_model, d_model // h
+        self.d_model, d_k, self.nan_safe = d_model, d_model // h, nan_safe
         self.scale = 1 / math.sqrt(d_k) if scale is None else scale
         self.q, self.k, self.v = (
             nn.ModuleList(nn.Linear(d_model, d_k) for _ in range(h)) for _ in range(3)
@@ -39,7 +41,8 @@ class PerHeadLinears(nn.Module):
             s = q(x) @ k(m).transpose(-2, -1) * self.scale
             if mask is not None:
                 s = s.masked_fill(~mask[:, 0], float("-inf"))
-            heads.append(s.softmax(-1) @ v(m))
+            w = s.softmax(-1)
+            heads.append((w.nan_to_num(0.0) if self.nan_safe else w) @ v(m))
         return self.o(torch.cat(heads, -1))
 
 
@@ -63,7 +66,7 @@ class EinsumParams(nn.Module):
         s = torch.einsum("bhtk,bhsk->bhts", q, k) * self.scale
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
-        return torch.einsum("bhts,bhsk,hkd->btd", s.softmax(-1), v, self.wo)
+        return torch.einsum("bhts,bhsk,hkd->btd", s.softmax(-1).nan_to_num(0.0), v, self.wo)
 
 
 class StridedHeads(nn.Module):
@@ -84,7 +87,7 @@ class StridedHeads(nn.Module):
         s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
-        return self.wo((s.softmax(-1) @ v).permute(0, 2, 3, 1).flatten(2))
+        return self.wo((s.softmax(-1).nan_to_num(0.0) @ v).permute(0, 2, 3, 1).flatten(2))
 
 
 @pytest.mark.parametrize("style", [PerHeadLinears, EinsumParams])
@@ -102,7 +105,7 @@ def test_an_unmeasured_scale_is_not_checked_never_ok():
     assert report.ok and not report.complete, str(report)  # no bug found: not a failure
     assert SCALE not in report.passed and [n for n, _ in report.unchecked] == [SCALE]
     said = str(report)
-    assert "NOT ALL CHECKED" in said and "all 10 checks passed" not in said
+    assert "NOT ALL CHECKED" in said and "all 11 checks passed" not in said
     assert f"not checked: {SCALE}" in said and "could not be measured" in said
     layer = RawLayer()
     layer.att = StridedHeads()
@@ -295,3 +298,47 @@ def test_when_d_model_is_h_squared_both_slips_are_named(d_model, h):
         report = tour.check_multi_head_attention(LearnerMHA(d_model, h, bug=bug))
         assert report.bug == "divides_by_d_k_or_sqrt_d_model", str(report)
         assert "sqrt(d_model)" in report.message and "divided by d_k" in report.message
+
+
+def test_a_zero_scale_is_named_not_left_unchecked():
+    """scores * (1 // math.sqrt(d_k)) multiplies by 0.0: every weight alike, which no
+    scale but 0 explains. It was "not checked"."""
+    for module in (PerHeadLinears(scale=1 // math.sqrt(8)), EinsumParams(scale=0.0)):
+        report = tour.check_multi_head_attention(module)
+        assert report.bug == "wrong_scale", str(report)
+        assert "multiplied by 0" in str(report) and "1 // math.sqrt(d_k)" in str(report)
+
+
+class SmoothFFN(nn.Module):
+    """The FFN with another activation between the two maps."""
+
+    def __init__(self, activation, d_model=16, d_ff=64):
+        super().__init__()
+        self.w1, self.w2, self.act = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model), activation
+
+    def forward(self, x):
+        return self.w2(self.act(self.w1(x)))
+
+
+@pytest.mark.parametrize(
+    ("activation", "name"),
+    [(nn.GELU(), "gelu"), (F.silu, "silu"), (lambda h: h * torch.sigmoid(1.702 * h), "sigmoid")],
+    ids=["gelu", "silu", "sigmoid_gelu"],
+)
+def test_an_ffn_without_relu_is_named(activation, name):
+    """A GELU FFN passed "a ReLU between the two maps": it is not affine, which was all
+    that check asked."""
+    report = tour.check_feed_forward(SmoothFFN(activation), 16)
+    assert report.bug == "not_relu" and name in str(report), str(report)
+    assert tour.check_feed_forward(SmoothFFN(nn.ReLU()), 16).complete
+    assert tour.check_feed_forward(SmoothFFN(lambda h: h.clamp(min=0)), 16).complete
+
+
+def test_multi_head_attention_names_nan_on_fully_masked_rows():
+    """Only check_attention asked what a query whose keys are all masked gets."""
+    report = tour.check_multi_head_attention(PerHeadLinears(nan_safe=False))
+    assert report.bug == "nan_on_fully_masked_rows", str(report)
+    assert "nan_to_num(0.0)" in str(report)
+    assert tour.check_multi_head_attention(PerHeadLinears()).complete
+    torch_own = tour.check_multi_head_attention(TorchMHA(12, 3))  # NaN by torch's design
+    assert torch_own.ok and [n for n, _ in torch_own.unchecked] == [FULLY_MASKED]

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.tour.modules import (
+    activations_not_relu,
     check_deterministic,
     check_gradients,
     check_no_modules_built_in_forward,
@@ -43,8 +44,8 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
     """Check a learner's ``module(x [B, T, d_model]) -> [B, T, d_model]``, the position-wise
     FFN: each position's output depends on that position alone. Bugs: ``wrong_shape``,
     ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
-    ``unused_parameters``, ``not_position_wise``, ``no_relu``,
-    ``relu_after_second_layer``, ``raises``."""
+    ``unused_parameters``, ``not_position_wise``, ``no_relu``, ``not_relu``
+    (GELU, SiLU, tanh, ... where the ReLU belongs), ``relu_after_second_layer``, ``raises``."""
     if (
         refused := not_a_module(
             module, f"check_feed_forward({name_of(module)})", "07-feed-forward.md"
@@ -77,6 +78,15 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
             raise FoundBugError(
                 "no_relu",
                 "the network is affine: the ReLU between W_1 and W_2 is missing",
+                "07-feed-forward.md",
+            )
+        if found := activations_not_relu(lambda: run(x)):
+            raise FoundBugError(
+                "not_relu",
+                f"the activation between the two maps is {', '.join(found)}, not ReLU: "
+                "the FFN is max(0, x W_1 + b_1) W_2 + b_2, and max(0, .) gives exactly 0 "
+                "for every negative input, where GELU, SiLU and the like give small "
+                "negative values. Use torch.relu (or nn.ReLU()).",
                 "07-feed-forward.md",
             )
 

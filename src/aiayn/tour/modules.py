@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from aiayn.tour.report import FoundBugError, close
 
@@ -24,6 +26,36 @@ _MODE_DEPENDENT = (
     nn.modules.batchnorm._NormBase,  # batch and instance norm: batch statistics in training
 )
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # _parameters, _modules, hooks, ...
+# Activations that are not max(0, x): smooth ones, and those with a slope below 0.
+_NOT_RELU = frozenset(
+    {"gelu", "silu", "elu", "selu", "celu", "softplus", "mish", "leaky_relu", "prelu"}
+    | {"rrelu", "tanh", "sigmoid", "erf", "hardswish", "hardtanh", "logsigmoid", "softsign"}
+    | {"relu6"}
+)
+
+
+class _Activations(TorchFunctionMode):
+    """While active, records the name of every activation in ``_NOT_RELU`` that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        name = str(getattr(func, "__name__", "")).strip("_")
+        if name in _NOT_RELU and name not in self.seen:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def activations_not_relu(call: Callable[[], object]) -> list[str]:
+    """The names of the activations other than ReLU (GELU, SiLU, tanh, ...) that run in
+    ``call()``, in the order they first run."""
+    with _Activations() as watch:
+        call()
+    return watch.seen
 
 
 @contextmanager

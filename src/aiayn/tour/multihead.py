@@ -16,6 +16,7 @@ from aiayn.tour.modules import (
 )
 from aiayn.tour.report import (
     FoundBugError,
+    NotCheckedError,
     Report,
     close,
     evaluating,
@@ -42,11 +43,13 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
     is torch's own, right by construction, and passes unmeasured. Bugs: ``wrong_shape``,
     ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
     ``unused_parameters``, ``mixes_positions``, ``future_leaks``, ``query_from_memory``,
-    ``kv_from_query``, ``queries_interact``, ``ignores_memory``, ``source_padding_leaks``,
-    ``missing_scale``, ``divides_by_d_k``, ``scale_by_d_model``,
-    ``divides_by_d_k_or_sqrt_d_model``, ``wrong_scale``, ``not_a_module``, ``raises``. A
-    scale it cannot fit (queries and keys it cannot find among the projections) is
-    reported as not checked (:attr:`Report.unchecked`), never as passed."""
+    ``nan_on_fully_masked_rows``, ``kv_from_query``, ``queries_interact``,
+    ``ignores_memory``, ``source_padding_leaks``, ``missing_scale``, ``divides_by_d_k``,
+    ``scale_by_d_model``, ``divides_by_d_k_or_sqrt_d_model``, ``wrong_scale`` (a scale
+    of 0, which makes every weight alike, too), ``not_a_module``, ``raises``. A scale it
+    cannot fit (queries and keys it cannot find among the projections), or a NaN for a
+    fully masked query inside torch's own nn.MultiheadAttention, is reported as not
+    checked (:attr:`Report.unchecked`), never as passed."""
     subject = f"check_multi_head_attention({name_of(module)})"
     if (refused := not_a_module(module, subject, "05-multi-head.md")) is not None:
         return refused
@@ -186,6 +189,32 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
                 "04-masks.md",
             )
 
+    def fully_masked() -> None:
+        nobody = torch.ones(1, 1, T, T, dtype=torch.bool)
+        nobody[..., 1, :] = False  # query 1 may see no key at all
+        xg = x.clone().requires_grad_()
+        with evaluating(module), torch.enable_grad():
+            out = first_tensor(module(xg, memory=None, mask=nobody), "the module")
+            (grad,) = torch.autograd.grad(out.sum(), xg, allow_unused=True)
+        if torch.isfinite(out).all() and (grad is None or torch.isfinite(grad).all()):
+            return
+        where = "output" if not torch.isfinite(out).all() else "gradient"
+        if any(isinstance(m, nn.MultiheadAttention) for m in module.modules()):
+            raise NotCheckedError(
+                f"the {where} for a query whose keys are all masked is NaN inside torch's own "
+                "nn.MultiheadAttention, which does that by design. aiayn gives such rows "
+                "zero weights: check by hand that no such row reaches the loss."
+            )
+        raise FoundBugError(
+            "nan_on_fully_masked_rows",
+            "a query whose keys are all masked gets NaN (softmax of all -inf is 0/0), "
+            "and a NaN poisons the loss and every gradient. aiayn gives such rows zero "
+            "weights: torch.softmax(scores, -1).nan_to_num(0.0)."
+            if where == "output"
+            else "the output is finite but the gradient through a fully masked row is NaN",
+            "04-masks.md",
+        )
+
     return run_checks(
         subject,
         [
@@ -202,6 +231,7 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             ("cross-attention: masked memory positions are ignored", source_padding),
             ("every parameter gets a gradient (W^O included)", gradients),
             ("each head scales its scores by 1/sqrt(d_k)", scales),
+            ("a fully masked query gets no NaN", fully_masked),
         ],
         "05-multi-head.md",
     )

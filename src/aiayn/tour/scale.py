@@ -153,13 +153,15 @@ def _fit(weights: Tensor, products: list[Tensor], d_model: int) -> float | None:
     scales = []
     for head in range(heads):
         logs = _centred(weights[:, head].log())
-        if float(logs.norm()) < 1e-6:  # uniform weights: any scale would do
-            return None
+        uniform = float(logs.norm()) < 1e-6  # s = 0, if some q . k is not uniform too
         best: tuple[float, float] | None = None
         keys = _head_candidates(products, batch, t_k, heads, head, d_model)
         for q in _head_candidates(products, batch, t_q, heads, head, d_model):
             for k in keys:
                 dots = _centred(q @ k.transpose(-2, -1))
+                if uniform:
+                    best = (0.0, 0.0) if float(dots.norm()) > 1e-3 else best
+                    continue
                 s = float((logs * dots).sum() / (dots * dots).sum().clamp_min(1e-30))
                 misfit = float((logs - s * dots).norm() / logs.norm())
                 if best is None or misfit < best[0]:
@@ -225,6 +227,14 @@ def check_scales(call: Callable[[], object], batch: int, d_model: int) -> None:
             f"with {m.heads} heads of d_k = {d_k} it must be 1/sqrt(d_k) = "
             f"{1 / math.sqrt(d_k):.4f}"
         )
+        if m.s == 0:
+            raise FoundBugError(
+                "wrong_scale",
+                said + ": the scores were multiplied by 0, so every key gets the same "
+                "weight. A common cause is integer division: 1 // math.sqrt(d_k) is 0.0; "
+                "write 1 / math.sqrt(d_k).",
+                PAGE,
+            )
         if abs(m.s - 1) < 0.01:
             raise FoundBugError("missing_scale", said + ": the scores are not scaled.", PAGE)
         if abs(m.s * d_k - 1) < 0.01 and d_k * d_k == d_model:

@@ -40,8 +40,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         note_stale_averages(args.model, args.checkpoint)
         path = resolve_checkpoint(args.model, args.checkpoint or "auto")
         model, _, generation = load_inference(path)
-        length = min(16, model.cfg.max_len)  # the pass's source and target: within its positions
-        print(summary(model, length, length, depth=args.depth))
+        print(summary(model, depth=args.depth))  # its lengths fit the model's positions
         defaults = DecodeOptions.from_generation(generation) if generation else DecodeOptions()
         print(f"output length by default: {length_rule(defaults, model.cfg.max_len, generation)}")
         return 0

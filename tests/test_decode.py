@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from aiayn import Transformer, TransformerConfig
+from aiayn import Transformer
 from aiayn.decode import (
     DecodeOptions,
     beam_search,
@@ -283,11 +283,7 @@ def test_decoding_switches_off_dropout_in_a_part_left_in_training_mode():
     own flags were looked at, so the decoder's dropout ran while decoding, and greedy
     decoding gave another output each call. Nested blocks (a search's steps) walk nothing."""
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32,
-        max_len=32, dropout=0.5,
-    )  # fmt: skip
-    model = Transformer(cfg).eval()
+    model = Transformer(tiny_config(dropout=0.5)).eval()
     src = torch.tensor([[5, 6, 7, 8, 9]])
     want = greedy(model, src, max_new_tokens=8)
     model.decoder.train()
@@ -314,11 +310,7 @@ def test_a_block_ending_in_another_thread_leaves_a_search_in_eval_mode():
     import time
 
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32,
-        max_len=64, dropout=0.5,
-    )  # fmt: skip
-    model = Transformer(cfg).train()
+    model = Transformer(tiny_config(dropout=0.5)).train()
     calls: list[bool] = []
 
     def hook(module, args):

@@ -91,15 +91,6 @@ class Measured:
     s: float
 
 
-@dataclass
-class Unmeasured:
-    """An attention whose weights no pair of recorded projections explains."""
-
-    heads: int
-    t_q: int
-    t_k: int
-
-
 def _attentions(weights: list[Tensor], batch: int) -> list[Tensor]:
     """The recorded weights as attentions ``[B, h, T_q, T_k]``: a 4-D softmax is one, and
     3-D ones of one shape (``[B * h, ..]``, or ``[B, ..]`` once per head in a loop over the
@@ -178,7 +169,7 @@ class Scales:
     many ran inside torch's own nn.MultiheadAttention."""
 
     measured: list[Measured]
-    unmeasured: list[Unmeasured]
+    unmeasured: list[tuple[int, int, int]]  # (heads, t_q, t_k): no projections explain it
     torch_own: int
 
 
@@ -190,12 +181,12 @@ def watch_scales(call: Callable[[], object], batch: int, d_model: int) -> Scales
     with watch:
         call()
     measured: list[Measured] = []
-    unmeasured: list[Unmeasured] = []
+    unmeasured: list[tuple[int, int, int]] = []
     for weights in _attentions(watch.weights, batch):
         _, heads, t_q, t_k = weights.shape
         s = _fit(weights, watch.products, d_model)
         if s is None:
-            unmeasured.append(Unmeasured(heads, t_q, t_k))
+            unmeasured.append((heads, t_q, t_k))
         else:
             measured.append(Measured(heads, t_q, t_k, s))
     return Scales(measured, unmeasured, watch.torch_own)
@@ -260,7 +251,7 @@ def check_scales(call: Callable[[], object], batch: int, d_model: int) -> None:
             )
         raise FoundBugError("wrong_scale", said + ".", PAGE)
     if seen.unmeasured:
-        shapes = ", ".join(f"{[batch, u.heads, u.t_q, u.t_k]}" for u in seen.unmeasured)
+        shapes = ", ".join(f"{[batch, *shape]}" for shape in seen.unmeasured)
         raise NotCheckedError(
             f"the weights of {shapes} ([B, h, T_q, T_k]) are not softmax(s * q . k) of any "
             "queries and keys the checker could find among the module's projections "

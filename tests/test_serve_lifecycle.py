@@ -299,10 +299,10 @@ def test_an_unexpected_error_in_the_worker_processs_reader_fails_every_request(p
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie has ended too
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # gone, also between the two calls
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended too
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.mark.parametrize("worker", WORKERS)

@@ -256,6 +256,37 @@ BREAKS = {
         lambda f: _generation(f, decoder_start_token_id=5),
         r"generation_config\.json: decoder_start_token_id 5: aiayn decodes with the config's",
     ),
+    # generate() reads its start and stop ids from generation_config.json alone, and
+    # starts from bos_token_id without a decoder_start_token_id; aiayn took config.json's.
+    "start from bos_token_id": (
+        lambda f: _generation(f, decoder_start_token_id=None, bos_token_id=5),
+        r"generation_config\.json: bos_token_id 5: generate\(\) starts from it",
+    ),
+    "no start id": (  # generate() raises; aiayn translated
+        lambda f: _generation(f, decoder_start_token_id=None, bos_token_id=None),
+        r"generation_config\.json: no decoder_start_token_id or bos_token_id, so generate",
+    ),
+    "no eos id": (  # generate() runs every output to its length limit
+        lambda f: _generation(f, eos_token_id=None),
+        r"generation_config\.json: no eos_token_id, so generate\(\) never stops at an EOS",
+    ),
+    # transformers 5's processors and stopping rules that aiayn lacks (they were ignored)
+    "top_h": (
+        lambda f: _generation(f, do_sample=True, top_h=0.2),
+        r"generation_config\.json: top_h 0\.2: aiayn's searches have no such setting",
+    ),
+    "watermarking_config": (
+        lambda f: _generation(f, watermarking_config={"greenlist_ratio": 0.25, "bias": 8.0}),
+        r"generation_config\.json: watermarking_config \{.*\}: aiayn's searches have no",
+    ),
+    "max_time": (
+        lambda f: _generation(f, max_time=0.5),
+        r"generation_config\.json: max_time 0\.5: aiayn's searches have no such setting",
+    ),
+    "stop_strings": (
+        lambda f: _generation(f, stop_strings=["."]),
+        r"generation_config\.json: stop_strings \['\.'\]: aiayn's searches have no such",
+    ),
     "negative length_penalty": (
         lambda f: _generation(f, length_penalty=-1.0),
         r"generation_config\.json: length_penalty -1\.0: aiayn's length penalty exponent",
@@ -339,6 +370,7 @@ def test_the_unbroken_folder_imports(marian, tmp_path, capsys):
         lambda f: _generation(f, renormalize_logits=True),  # as OPUS-MT folders have
         lambda f: _generation(f, bad_words_ids=None),  # an older or re-saved folder
         lambda f: _generation(f, bad_words_ids=[]),
+        lambda f: _generation(f, decoder_start_token_id=None, bos_token_id=_pad(f)),
         _settings_in_config,  # no generation_config.json, no bad_words_ids in config.json
         _as_older_transformers_saved,
     ],
@@ -346,6 +378,7 @@ def test_the_unbroken_folder_imports(marian, tmp_path, capsys):
         "renormalize_logits",
         "no bad_words_ids",
         "empty bad_words_ids",
+        "start id as bos_token_id",
         "config.json only",
         "older transformers",
     ],
@@ -358,6 +391,37 @@ def test_folders_as_published_import(marian, tmp_path, change):
     shutil.copytree(marian, folder)
     change(folder)
     assert main(["import", "marian", str(folder), "--out", str(tmp_path / "ok")]) == 0
+
+
+# The GenerationConfig fields that cannot change which tokens generate() outputs (what
+# it returns beside them, caches, speed-ups that keep the output, metadata), and
+# renormalize_logits (see test_folders_as_published_import).
+HARMLESS = {
+    "_from_model_config", "transformers_version", "output_attentions", "output_hidden_states",
+    "output_logits", "output_scores", "return_dict_in_generate", "use_cache", "cache_config",
+    "cache_implementation", "compile_config", "disable_compile", "low_memory", "max_cache_len",
+    "prefill_chunk_size", "continuous_batching_config", "remove_invalid_values",
+    "renormalize_logits", "is_assistant", "assistant_confidence_threshold",
+    "assistant_early_exit", "assistant_ensemble_weight", "assistant_lookbehind",
+    "target_lookbehind", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "max_matching_ngram_size", "prompt_lookup_num_tokens", "speculation_type", "use_mtp",
+}  # fmt: skip
+
+
+def test_every_generation_field_is_read_refused_or_harmless():
+    """Each field of the installed transformers' GenerationConfig is one aiayn reads
+    (GENERATION_KEYS), refuses unless neutral (NEUTRAL) or knows cannot change the output:
+    a field added by a newer transformers fails here until it is sorted (top_h,
+    watermarking_config and max_time were ignored, and changed or cut outputs)."""
+    from transformers import GenerationConfig
+
+    from aiayn.marian.generation import NEUTRAL
+    from aiayn.marian.weights import GENERATION_KEYS
+
+    fields = set(GenerationConfig().to_dict())
+    assert {"num_beams", "top_h", "bad_words_ids"} <= fields  # what the test reads
+    sorted_out = {*GENERATION_KEYS, *NEUTRAL, *HARMLESS}
+    assert fields - sorted_out == set()
 
 
 def test_export_refuses_another_layer_norm_epsilon(sample_model_dir, tmp_path, capsys):

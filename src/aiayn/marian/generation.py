@@ -46,6 +46,12 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "epsilon_cutoff": (None, 0, 0.0),
     "eta_cutoff": (None, 0, 0.0),
     "min_p": (None, 0, 0.0),
+    "top_h": (None,),
+    "watermarking_config": (None,),
+    "dola_layers": (None,),
+    "token_healing": (None, False),
+    "stop_strings": (None, [], ""),
+    "max_time": (None,),  # generate() stops when the time is up, aiayn at its length limit
 }
 # The type of each number or switch generate() reads (a JSON "4" is no number to it, nor
 # true: int("4") or float(True) would decode with a setting the file does not hold); a
@@ -94,13 +100,29 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
     for key, neutral in NEUTRAL.items():
         if key in settings and not any(_same(settings[key], v) for v in neutral):
             raise refuse(key, "aiayn's searches have no such setting; remove it to import")
-    ids = {"eos_token_id": cfg.eos_id, "forced_eos_token_id": cfg.eos_id}
-    ids["decoder_start_token_id"] = cfg.bos_id
+    # generate() takes its start and stop ids from these settings alone, never from
+    # config.json, and starts from bos_token_id where no decoder_start_token_id is set.
+    start = "decoder_start_token_id" if "decoder_start_token_id" in settings else "bos_token_id"
+    if start not in settings:
+        raise ConversionError(
+            f"{where}: no decoder_start_token_id or bos_token_id, so generate() has no id to "
+            f"start from; aiayn starts from the model's {cfg.bos_id} (add "
+            f"decoder_start_token_id {cfg.bos_id})"
+        )
+    if "eos_token_id" not in settings:
+        raise ConversionError(
+            f"{where}: no eos_token_id, so generate() never stops at an EOS; aiayn stops at "
+            f"the model's {cfg.eos_id} (add eos_token_id {cfg.eos_id})"
+        )
+    ids = {"eos_token_id": cfg.eos_id, "forced_eos_token_id": cfg.eos_id, start: cfg.bos_id}
     for key, want in ids.items():
         value = settings.get(key)
         found = value if isinstance(value, list) else [value]
         if value is not None and any(v != want for v in found):
-            raise refuse(key, f"aiayn decodes with the config's id {want} only")
+            why = f"aiayn decodes with the config's id {want} only"
+            if key == "bos_token_id":  # the start id: no decoder_start_token_id is set
+                why = f"generate() starts from it (no decoder_start_token_id); {why}"
+            raise refuse(key, why)
     # aiayn always bans the pad and start ids; a folder that bans fewer (none: an older or
     # re-saved folder; the pad only, where the start id is another) differs only where
     # generate() would output one of them, which training never made a target (a model

@@ -26,15 +26,11 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from aiayn.checkpoint import (
-    average_checkpoints,
-    epoch_checkpoints,
-    load_model,
-    save_checkpoint,
-)
+from aiayn.checkpoint import epoch_checkpoints, load_model, save_checkpoint
 from aiayn.data.corpus import read_lines
 from aiayn.data.datasets import pair_files
 from aiayn.metrics import corpus_bleu
+from aiayn.train.averaging import average_checkpoints
 from aiayn.train.recipe import Recipe
 from aiayn.train.trainer import Trainer
 from aiayn.translator import Translator

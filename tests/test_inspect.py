@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from importlib.util import find_spec
 
 import pytest
@@ -324,3 +325,25 @@ def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, 
         assert len(err.splitlines()) == 1 and message in err, err
     assert main(["summary", "--model", model, "--checkpoint", "best", "--depth", "1"]) == 0
     assert "Total params" in capsys.readouterr().out
+
+
+def test_drawing_without_matplotlib_is_one_line_naming_the_extra(
+    sample_model_dir, tmp_path, capsys, monkeypatch
+):
+    """matplotlib is the optional plot extra: without it `aiayn plot` and `aiayn attention
+    --out` were a ModuleNotFoundError traceback (attention's after the translation)."""
+    run = tmp_path / "run"
+    _metrics_file(run)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    err = one_line_error(["plot", "--run", str(run)], capsys)
+    assert "drawing needs matplotlib: pip install 'aiayn[plot]'" in err
+    assert not (run / "plots").exists()
+    model = str(sample_model_dir())
+    argv = ["attention", "--model", model, SENTENCES[0], "--out", str(tmp_path / "a.png")]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "drawing needs matplotlib: pip install 'aiayn[plot]'" in err
+    assert "translation:" not in out  # refused before translating
+    assert main(["attention", "--model", model, SENTENCES[0]]) == 0  # text needs no plot

@@ -78,6 +78,7 @@ def _preset_model(preset: str, vocab: int) -> Transformer:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
+    from aiayn.inspect.curves import pyplot
     from aiayn.inspect.maps import attention
 
     picture = (args.out or "").lower().endswith(PICTURES)  # else a folder of PNGs
@@ -85,6 +86,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
         raise AiaynError(
             f"--out {args.out}: a file; give a picture ({', '.join(PICTURES)}) or a folder"
         )
+    if args.out:
+        pyplot()  # matplotlib, an optional extra: missing, say so before translating
     translator = translator_for(args)
     amap = attention(translator, args.sentence, beam=args.beam, alpha=args.alpha)
     # The output's pieces: the labels less their EOS (an output cut at max_len has none).

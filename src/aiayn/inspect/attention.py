@@ -13,6 +13,7 @@ from torch import Tensor
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import alignment
 from aiayn.errors import AiaynError
+from aiayn.inspect.curves import pyplot
 from aiayn.inspect.maps import ATTENTION_KINDS, AttentionMap, attention
 from aiayn.model.transformer import Transformer
 from aiayn.translator import Translator
@@ -84,11 +85,7 @@ def plot_attention(
     """Save a PNG of ``kind`` attention in ``layer`` (counted from 1, -1 = last): one
     heatmap of ``head`` (counted from 1), or with ``head=0`` a grid of every head plus
     their mean. Rows are the querying pieces, columns the pieces attended to."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     li = layer_index(amap, kind, layer)
     heads = amap.weights[kind][li]  # [h, rows, cols]
     if head:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from aiayn.errors import AiaynError
 
@@ -101,15 +101,24 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot, drawing to files only (no display needed); AiaynError naming the
+    extra to install where matplotlib is missing (it is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise AiaynError(f"drawing needs matplotlib: pip install 'aiayn[plot]' ({e})") from None
+    return plt
+
+
 def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw loss, validation BLEU, learning rate and tokens/s against the update step into
     PNGs in ``out_dir`` (default ``plots`` beside the metrics file); curves without data
     are skipped. AiaynError naming the file it cannot read or write."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     records = read_metrics(run_dir)
     run = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent  # or its file's
     out = Path(out_dir) if out_dir else run / "plots"

@@ -315,7 +315,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     of their types; CorpusError naming the file (and field) otherwise."""
     path = directory / MANIFEST
     if not path.is_file():
-        raise CorpusError(f"{directory}: not a prepared data directory (no {MANIFEST})")
+        what = "not a prepared data directory" if directory.is_dir() else "no such folder"
+        raise CorpusError(f"{directory}: {what} (no {MANIFEST}; prepare the data first)")
     try:
         manifest = json.loads(path.read_text("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:

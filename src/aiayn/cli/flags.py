@@ -142,7 +142,7 @@ def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> No
             help="auto|averaged|best|last or a .pt file",
         )
     p.add_argument(
-        "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4; 1 sampling)"
+        "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4)"
     )
     p.add_argument("--alpha", type=float, default=None, help="length penalty (default 0.6)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
@@ -186,7 +186,7 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         "--sampling",
         action="store_true",
         default=None,
-        help="draw each token (--n-best N: N samples)",
+        help="draw each token, beam 1 (--n-best N: N samples)",
     )
     g.add_argument("--temperature", type=float, help="(default 1.0)")
     g.add_argument("--top-k", type=int, help="only the k most likely (default 0: all)")

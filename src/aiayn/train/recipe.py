@@ -138,7 +138,7 @@ class Recipe:
     log_every: int = 10  # progress-bar refresh, in updates
     seed: int = 1  # the run's random seed (initialisation, batch order, dropout)
     threads: int = 0  # torch intra-op threads; 0 = torch's default
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     # Unset (null): the device's default, DEVICE_DEFAULTS; a value given always wins.
     precision: str | None = None  # fp32 | bf16 | fp16 (autocast; fp16 with a loss scale)
     compile: bool | None = None  # the training step through torch.compile (inductor)

@@ -252,6 +252,18 @@ def test_every_model_option_exports_exactly(variant_dir, tmp_path, norm_first):
     assert max(max(lp) for lp in ours) - min(min(lp) for lp in ours) > 5.0  # far from uniform
 
 
+def test_a_model_without_encoder_layers_is_refused(variant_dir, tmp_path):
+    """CTranslate2 cannot load a Transformer of no encoder layer (it looks for layer 0's
+    weights): the export wrote one that failed only when loaded."""
+    state = torch.load(variant_dir / "checkpoint_last.pt", weights_only=True)
+    cfg = TransformerConfig.from_dict({**state["config"], "n_encoder_layers": 0})
+    state = {**state, "model": Transformer(cfg).state_dict(), "config": cfg.to_dict()}
+    save_checkpoint({k: v for k, v in state.items() if k != "format"}, variant_dir / "c.pt")
+    with pytest.raises(ExportError, match="n_encoder_layers 0: CTranslate2's Transformer"):
+        export_ctranslate2(variant_dir, tmp_path / "ct2", checkpoint=str(variant_dir / "c.pt"))
+    assert not (tmp_path / "ct2").exists()
+
+
 def test_cli_export_and_its_errors(sample_model_dir, tmp_path, capsys):
     model_dir = sample_model_dir(False)
     out = tmp_path / "ct2"

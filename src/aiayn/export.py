@@ -44,7 +44,8 @@ Decoding differences (the model is the same; the search options are CTranslate2'
 * Positions past the model's ``max_len`` do not exist. Our decoders stop there;
   CTranslate2 raises a RuntimeError ("No position encodings are defined for positions
   >= max_len"), so keep ``max_decoding_length`` <= max_len (and ``max_input_length``
-  <= max_len, as our Translator truncates sources to max_len - 1).
+  <= max_len, as our Translator truncates sources to max_len, a Marian source's EOS
+  included).
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ def build_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
             f"model vocabulary ({cfg.src_vocab_size}, {cfg.tgt_vocab_size}) does not match "
             f"the tokenizer's {sizes} pieces"
         )
+    if not cfg.encoder_layers:  # CTranslate2 loads its encoder from layer 0's weights
+        raise ExportError("n_encoder_layers 0: CTranslate2's Transformer needs an encoder layer")
     activations = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}  # gelu: the exact one
     spec = ct2.specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),

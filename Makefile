@@ -94,9 +94,10 @@ figures: setup
 table3: setup
 	$(BIN)/python benchmarks/table3_mini.py --out runs/table3-mini
 
-# Mutation score of the core modules (BENCHMARKS.md): mutmut over model/, train/loss.py and
-# schedule.py, decode/beam.py and engine.py, metrics/bleu.py, each with its fast tests
-# (about an hour on 2 cores; not part of `make test`). Results in bench_out/mutation/.
+# Mutation score of the core modules (BENCHMARKS.md): mutmut over model/, train/loss.py,
+# schedule.py and averaging.py, decode/, data/tokenizer.py and metrics/bleu.py, each with
+# its fast tests (hours on 2 cores: `python benchmarks/mutation.py --out DIR MODULE` runs
+# one; not part of `make test`). Results in bench_out/mutation/.
 mutation: setup
 	$(BIN)/python benchmarks/mutation.py --out bench_out/mutation
 

@@ -11,7 +11,7 @@ and their test subsets do not mix and a run can be repeated or resumed module by
     python benchmarks/mutation.py --out bench_out/mutation            # every module
     python benchmarks/mutation.py --out bench_out/mutation masks      # one (or a few)
 
-Not part of `make test` (`make mutation` runs it): about an hour on 2 cores. Writes
+Not part of `make test` (`make mutation` runs it): hours on 2 cores. Writes
 ``--out/scores.json`` and ``--out/scores.md`` (per module: mutants, killed, survived,
 score), and ``--out/NAME/survivors.txt`` (each surviving mutant's diff). The surviving
 mutants judged equivalent (no test can kill them) are listed in BENCHMARKS.md.
@@ -42,6 +42,7 @@ DECODE_TESTS = [
     "test_decode_edges.py",
     "test_beam_bounds.py",
 ]
+FAST_DECODE_TESTS = [t for t in DECODE_TESTS if t != "test_decode_workflows.py"]
 MODULES: dict[str, tuple[str, list[str]]] = {
     "masks": ("model/masks.py", MODEL_TESTS),
     "attention": ("model/attention.py", [*MODEL_TESTS, "test_decode.py", "test_decode_edges.py"]),
@@ -66,6 +67,60 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         [*DECODE_TESTS, "test_continuous.py", "test_engine_units.py", "test_sampling.py"],
     ),
     "bleu": ("metrics/bleu.py", ["test_bleu.py"]),
+    # Sampling's distribution and draws, the options every search takes and what the
+    # searches share (length rule, bans, prefixes, the decode step).
+    "sampling": (
+        "decode/sampling.py",
+        [
+            "test_sampling.py",
+            "test_sampling_and_options.py",
+            "test_engine_units.py",
+            "test_decode_workflows.py",
+        ],
+    ),
+    # Without test_decode_workflows.py and test_sampling.py, whose tests of a trained
+    # model (a fixture built again for every mutant) would take options and core past half
+    # an hour each on 2 cores.
+    "options": (
+        "decode/options.py",
+        [
+            *FAST_DECODE_TESTS,
+            "test_sampling_and_options.py",
+            "test_engine_units.py",
+            "test_library_refusals.py",
+        ],
+    ),
+    "core": (
+        "decode/core.py",
+        [
+            *FAST_DECODE_TESTS,
+            "test_engine_units.py",
+            "test_continuous.py",
+            "test_library_refusals.py",
+        ],
+    ),
+    "projection": (
+        "model/projection.py",
+        ["test_model.py", "test_decode.py", "test_model_inputs_and_cpu.py"],
+    ),
+    "inputs": (
+        "model/inputs.py",
+        [
+            *MODEL_TESTS,
+            "test_input_refusals.py",
+            "test_library_refusals.py",
+            "test_continuous.py",
+            "test_model_inputs_and_cpu.py",
+        ],
+    ),
+    "tokenizer": (
+        "data/tokenizer.py",
+        ["test_data.py", "test_tokenizer.py", "test_input_refusals.py", "test_marian_tokenizer.py"],
+    ),
+    "averaging": (
+        "train/averaging.py",
+        ["test_checkpoint.py", "test_averaging.py", "test_input_refusals.py"],
+    ),
 }
 
 STATUS = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 0: "survived"}

@@ -510,7 +510,7 @@ def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsy
     with pytest.raises(CorpusError, match="not a prepared data directory"):
         PreparedData(tmp_path)
     # a recipe's data: before `aiayn prepare` made it (was "not a prepared data directory")
-    with pytest.raises(CorpusError, match="gone: no such folder .no manifest.json; prepare"):
+    with pytest.raises(CorpusError, match=r"gone: no such folder \(no manifest\.json; prepare"):
         PreparedData(tmp_path / "gone")
     damaged = tmp_path / "damaged"
     prepare((corpus["train.de"], corpus["train.en"]), valid, damaged, 350, show_progress=False)

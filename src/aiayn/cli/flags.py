@@ -141,9 +141,7 @@ def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> No
             default="auto",
             help="auto|averaged|best|last or a .pt file",
         )
-    p.add_argument(
-        "--beam", type=int, default=None, help="beam size; 1 = greedy (default 4)"
-    )
+    p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default 4)")
     p.add_argument("--alpha", type=float, default=None, help="length penalty (default 0.6)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

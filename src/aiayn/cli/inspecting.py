@@ -133,7 +133,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--vocab", type=int, help="joint vocabulary of the preset (default 37000)")
     p.add_argument("--model", help="a trained model directory instead of a preset")
-    p.add_argument("--checkpoint", help="with --model: auto (default)|averaged|best|last or a .pt file")
+    p.add_argument(
+        "--checkpoint", help="with --model: auto (default)|averaged|best|last or a .pt file"
+    )
     p.add_argument("--depth", type=int, default=3, help="module nesting shown, from 1")
     p.set_defaults(func=cmd_summary)
 

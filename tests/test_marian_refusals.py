@@ -72,6 +72,12 @@ def _generation(folder, **changes) -> None:
     path.write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
 
 
+def _config_without(folder, key: str) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def _null(path, key: str) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), key: None}))
 
@@ -270,6 +276,18 @@ BREAKS = {
         lambda f: _generation(f, eos_token_id=None),
         r"generation_config\.json: no eos_token_id, so generate\(\) never stops at an EOS",
     ),
+    "empty eos list": (  # generate() stops at no EOS
+        lambda f: _generation(f, eos_token_id=[]),
+        r"generation_config\.json: eos_token_id \[\]: an empty list; aiayn decodes with one",
+    ),
+    "empty start list": (  # generate() raises
+        lambda f: _generation(f, decoder_start_token_id=[]),
+        r"generation_config\.json: decoder_start_token_id \[\]: an empty list",
+    ),
+    "config.json only, no eos id": (  # transformers 5 reads config.json's as they are
+        lambda f: (_settings_in_config(f), _config_without(f, "eos_token_id")),
+        r"config\.json: no eos_token_id, so generate\(\) never stops at an EOS",
+    ),
     # transformers 5's processors and stopping rules that aiayn lacks (they were ignored)
     "top_h": (
         lambda f: _generation(f, do_sample=True, top_h=0.2),
@@ -286,6 +304,10 @@ BREAKS = {
     "stop_strings": (
         lambda f: _generation(f, stop_strings=["."]),
         r"generation_config\.json: stop_strings \['\.'\]: aiayn's searches have no such",
+    ),
+    "empty stop_strings": (  # generate() stops after the first token
+        lambda f: _generation(f, stop_strings=""),
+        r"generation_config\.json: stop_strings '': aiayn's searches have no such setting",
     ),
     "negative length_penalty": (
         lambda f: _generation(f, length_penalty=-1.0),

@@ -512,6 +512,9 @@ def test_mismatched_or_damaged_data_is_refused(tmp_path, corpus, prepared, capsy
     # a recipe's data: before `aiayn prepare` made it (was "not a prepared data directory")
     with pytest.raises(CorpusError, match=r"gone: no such folder \(no manifest\.json; prepare"):
         PreparedData(tmp_path / "gone")
+    (tmp_path / "text.txt").write_text("a recipe's data: a text file\n")
+    with pytest.raises(CorpusError, match=r"text\.txt: not a prepared data directory"):
+        PreparedData(tmp_path / "text.txt")
     damaged = tmp_path / "damaged"
     prepare((corpus["train.de"], corpus["train.en"]), valid, damaged, 350, show_progress=False)
     with (damaged / "train.tgt.bin").open("r+b") as f:

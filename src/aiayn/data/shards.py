@@ -315,7 +315,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     of their types; CorpusError naming the file (and field) otherwise."""
     path = directory / MANIFEST
     if not path.is_file():
-        what = "not a prepared data directory" if directory.is_dir() else "no such folder"
+        what = "not a prepared data directory" if directory.exists() else "no such folder"
         raise CorpusError(f"{directory}: {what} (no {MANIFEST}; prepare the data first)")
     try:
         manifest = json.loads(path.read_text("utf-8"))

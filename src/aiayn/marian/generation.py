@@ -50,7 +50,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "watermarking_config": (None,),
     "dola_layers": (None,),
     "token_healing": (None, False),
-    "stop_strings": (None, [], ""),
+    "stop_strings": (None,),  # "" and [] too: generate() stops after a token, or raises
     "max_time": (None,),  # generate() stops when the time is up, aiayn at its length limit
 }
 # The type of each number or switch generate() reads (a JSON "4" is no number to it, nor
@@ -103,6 +103,9 @@ def check_generation(settings: dict[str, Any], cfg: TransformerConfig, where: st
     # generate() takes its start and stop ids from these settings alone, never from
     # config.json, and starts from bos_token_id where no decoder_start_token_id is set.
     start = "decoder_start_token_id" if "decoder_start_token_id" in settings else "bos_token_id"
+    for key in (start, "eos_token_id", "forced_eos_token_id"):
+        if settings.get(key) == []:  # generate() stops at no EOS, or raises
+            raise refuse(key, "an empty list; aiayn decodes with one id")
     if start not in settings:
         raise ConversionError(
             f"{where}: no decoder_start_token_id or bos_token_id, so generate() has no id to "

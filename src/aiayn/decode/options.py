@@ -182,6 +182,10 @@ class DecodeOptions:
         sampling = bool(get("do_sample", False))
         max_new = get("max_new_tokens")
         rule: dict[str, Any] = {}
+        if sampling and int(get("num_beams", 1)) > 1:  # generate()'s beam sampling
+            raise DecodeError(
+                f"num_beams {get('num_beams')!r} with do_sample: aiayn samples without a beam"
+            )
         if sets_length(settings):
             tokens = int(max_new) if max_new is not None else int(get("max_length", 0)) - 1
             if tokens < 1:  # generate() refuses a max_new_tokens of 0 or less

@@ -73,7 +73,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "decode/sampling.py",
         [
             "test_sampling.py",
-            "test_sampling_and_options.py",
+            "test_sampling_draws.py",
             "test_engine_units.py",
             "test_decode_workflows.py",
         ],
@@ -86,7 +86,6 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "decode/options.py",
         [
             *FAST_DECODE_TESTS,
-            "test_sampling_and_options.py",
             "test_engine_units.py",
             "test_library_refusals.py",
             "test_options_and_core.py",

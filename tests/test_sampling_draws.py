@@ -1,17 +1,13 @@
-"""Gaps a mutation run found in decode/sampling.py, decode/options.py and decode/core.py:
-the sampling streams, the inverse-cdf draw at its edges, the options' checks and what the
-searches share."""
+"""Gaps a mutation run found in decode/sampling.py: the random streams, the inverse-cdf
+draw at its edges, and the top-k, nucleus and temperature cuts (decode/options.py and
+decode/core.py: tests/test_options_and_core.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from aiayn.decode.options import DecodeOptions, length_rule
 from aiayn.decode.sampling import draw, row_uniforms, sampling_probs, stream_seed
-from aiayn.errors import DecodeError
-
-# -- sampling ------------------------------------------------------------------------------
 
 
 def test_without_a_seed_every_call_draws_streams_of_its_own():
@@ -116,72 +112,3 @@ def test_the_limit_of_temperature_shares_ties_in_float64():
         assert sampling_probs(logp, temperature, 0, 1.0).dtype == torch.float64
     probs = sampling_probs(logp, 1e-310, 0, 1.0)
     assert probs[0].tolist() == [1 / 3, 1 / 3, 1 / 3, 0.0]
-
-
-# -- options -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("settings", "tokens"),
-    [({"max_new_tokens": 1}, 1), ({"max_length": 2}, 1), ({"max_new_tokens": 7}, 7)],
-)
-def test_generation_lengths_down_to_one_token(settings, tokens):
-    """max_new_tokens, or max_length less the decoder's start token, is the output's
-    length: one token is enough room (generate() refuses only 0 or less)."""
-    options = DecodeOptions.from_generation({"max_length": 20, **settings})
-    assert (options.max_len_a, options.max_len_b) == (0.0, tokens)
-
-
-def test_generation_lengths_without_room_are_named():
-    """The setting that leaves no room is the one named; max_length's message says why."""
-    with pytest.raises(DecodeError) as e:
-        DecodeOptions.from_generation({"max_length": 1})
-    assert str(e.value) == (
-        "generation settings: max_length 1 leaves no room for an output token "
-        "(it counts the decoder's start token)"
-    )
-    with pytest.raises(DecodeError) as e:
-        DecodeOptions.from_generation({"max_new_tokens": 0, "max_length": 40})
-    assert (
-        str(e.value) == "generation settings: max_new_tokens 0 leaves no room for an output token"
-    )
-
-
-def test_a_forced_eos_id_ends_outputs_at_the_limit_with_eos():
-    """forced_eos_token_id set: forced_eos, not cut_at_limit; without it the other way."""
-    forced = DecodeOptions.from_generation({"forced_eos_token_id": 0, "num_beams": 4})
-    assert (forced.forced_eos, forced.cut_at_limit, forced.beam) == (True, False, 4)
-    plain = DecodeOptions.from_generation({"forced_eos_token_id": None})
-    assert (plain.forced_eos, plain.cut_at_limit) == (False, True)
-
-
-def test_the_length_rule_is_said_in_one_line_with_where_it_comes_from():
-    """length_rule: the cap (max_new_tokens, a fixed length, or the rule of the source's
-    length), the model's positions, and whose rule it is."""
-    rule = DecodeOptions(max_len_a=1.5, max_len_b=10)
-    assert (
-        length_rule(rule, 64)
-        == "1.5 x source + 10 tokens, within the model's 64 positions (aiayn's rule)"
-    )
-    fixed = DecodeOptions(max_len_a=0.0, max_len_b=20)
-    imported = {"max_length": 21}
-    assert length_rule(fixed, 512, imported) == (
-        "at most 20 tokens, within the model's 512 positions (generation_config.json)"
-    )
-    capped = DecodeOptions(max_new_tokens=7)
-    assert length_rule(capped, 64, {"num_beams": 4}) == (
-        "at most 7 tokens, within the model's 64 positions "
-        "(aiayn's rule: generation_config.json sets no max_length)"
-    )
-
-
-def test_sampling_given_without_a_beam_samples_and_with_one_is_refused():
-    """given(sampling=True) on options of a beam (the defaults: 4) samples with beam 1 and
-    keeps the other settings; a beam given with it is taken as given, so beam 4 with
-    sampling is the usual refusal."""
-    options = DecodeOptions(beam=5, n_best=2, alpha=0.8).given(sampling=True, top_k=3)
-    assert (options.sampling, options.beam, options.n_best, options.top_k) == (True, 1, 2, 3)
-    assert options.alpha == 0.8 and not options.greedy
-    assert DecodeOptions().given(sampling=True, beam=None).beam == 1
-    with pytest.raises(DecodeError, match="sampling draws one token at a time"):
-        DecodeOptions().given(sampling=True, beam=4)

@@ -342,3 +342,18 @@ def test_multi_head_attention_names_nan_on_fully_masked_rows():
     assert tour.check_multi_head_attention(PerHeadLinears()).complete
     torch_own = tour.check_multi_head_attention(TorchMHA(12, 3))  # NaN by torch's design
     assert torch_own.ok and [n for n, _ in torch_own.unchecked] == [FULLY_MASKED]
+
+
+def test_a_checker_gives_back_each_submodules_own_mode():
+    """A checker runs the learner's module in eval mode, then put it back with
+    ``train(was_training)``, which sets every submodule alike: a part held in eval mode on
+    purpose (a frozen projection) came back in training mode, and one in training mode
+    inside a module in eval mode came back in eval mode."""
+    module = PerHeadLinears()
+    module.q.eval()
+    assert tour.check_multi_head_attention(module).complete
+    assert module.training and not module.q.training and module.k.training
+    module.eval()
+    module.o.train()
+    assert tour.check_multi_head_attention(module).complete
+    assert not module.training and module.o.training and not module.v.training

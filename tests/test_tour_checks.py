@@ -629,11 +629,12 @@ def test_trace_shapes_observes_the_model():
         share_embeddings=True,
     )
     model = Transformer(cfg).train()
+    model.encoder.eval()  # a part in eval mode on purpose keeps it: not train(True) for all
     stages = {
         s.key: s.shape
         for s in tour.trace_shapes(model, torch.ones(1, 7).long() + 4, torch.ones(1, 5).long() + 4)
     }
-    assert model.training
+    assert model.training and model.decoder.training and not model.encoder.training
     assert stages["src_embed"] == (1, 7, 16) and stages["tgt_embed"] == (1, 5, 16)
     assert stages["enc_q"] == (1, 2, 7, 8) and stages["enc_ffn_inner"] == (1, 7, 40)
     assert stages["dec_cross_q"] == (1, 2, 5, 8) and stages["dec_cross_k"] == (1, 2, 7, 8)

@@ -10,7 +10,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from aiayn.tour.report import FoundBugError, close
+from aiayn.tour.report import FoundBugError, close, eval_mode
 
 PAGE = "08-residual-layernorm.md"
 
@@ -175,15 +175,13 @@ def check_gradients(module: nn.Module, loss: Callable[[], Tensor], what: str) ->
     """A backward of ``loss()`` (``module`` in eval mode, with autograd) must reach every
     parameter of ``module`` that requires one: a weight that gets no gradient is one the
     module defines but never uses (``unused_parameters``)."""
-    was = module.training
-    module.eval()
     try:
-        module.zero_grad()
-        loss().backward()
-        idle = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
+        with eval_mode(module):
+            module.zero_grad()
+            loss().backward()
+            idle = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
     finally:
         module.zero_grad()  # the learner's optimizer must not step on the checker's gradients
-        module.train(was)
     if idle:
         raise FoundBugError(
             "unused_parameters",

@@ -156,15 +156,24 @@ def expect_shape(t: Tensor, shape: tuple[int, ...], what: str, page: str | None 
 
 
 @contextmanager
-def evaluating(module: nn.Module) -> Iterator[nn.Module]:
-    """``module`` in eval mode (dropout off) and without autograd, restored afterwards."""
-    was_training = module.training
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` in eval mode (dropout off); afterwards every submodule's mode is as it
+    was (``train(mode)`` would set them all alike, and a learner may hold a part in eval
+    mode on purpose, or one in training mode)."""
+    modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        with torch.no_grad():
-            yield module
+        yield module
     finally:
-        module.train(was_training)
+        for m, training in modes:
+            m.training = training
+
+
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` in eval mode and without autograd, each mode restored afterwards."""
+    with eval_mode(module), torch.no_grad():
+        yield module
 
 
 def close(a: Tensor, b: Tensor, atol: float = 1e-5) -> bool:

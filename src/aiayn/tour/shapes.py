@@ -15,6 +15,7 @@ import aiayn.model.attention as attention_module
 from aiayn.errors import AiaynError
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.transformer import Transformer
+from aiayn.tour.report import evaluating
 
 
 @dataclass
@@ -99,13 +100,10 @@ def trace_shapes(model: Transformer, src: Tensor, tgt_in: Tensor) -> list[Stage]
     if model.tgt_embed is not model.src_embed:
         handles.append(watch(model.tgt_embed, "embed"))
     calls: list[tuple[Tensor, Tensor, Tensor | None]] = []
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad(), _recorded_attention(calls):
+        with evaluating(model), _recorded_attention(calls):
             logits, _ = model.forward_with_attention(src, tgt_in)
     finally:
-        model.train(was_training)
         for h in handles:
             h.remove()
     embeds = [o for name, o in outputs if name == "embed"]

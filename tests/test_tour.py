@@ -176,6 +176,16 @@ def test_links_and_pictures_exist():
                 assert anchor in _anchors(path), f"{page.name}: no heading #{anchor} in {path.name}"
 
 
+def test_the_sample_size_the_pages_give_is_the_samples():
+    """Page 16 said "the built-in 100-pair sample" of a sample of 70 pairs."""
+    from sample_data import PAIRS
+
+    for page in [*PAGES, TOUR / "README.md"]:
+        text = page.read_text(encoding="utf-8")
+        for n in re.findall(r"(\d+)-pair sample|sample of (\d+)[^.]*?pairs", text):
+            assert int(next(filter(None, n))) == len(PAIRS), f"{page.name}: {n}"
+
+
 def test_every_page_ends_with_exercises():
     for page in PAGES:
         text = page.read_text(encoding="utf-8")

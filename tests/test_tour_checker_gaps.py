@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import tour
-from test_tour_checks import LearnerMHA
+from aiayn.model.layers import DecoderLayer
+from test_tour_checks import CFG, LearnerMHA
 from test_tour_module_checks import TorchMHA
 
 SCALE = "each head scales its scores by 1/sqrt(d_k)"
@@ -357,3 +358,83 @@ def test_a_checker_gives_back_each_submodules_own_mode():
     module.o.train()
     assert tour.check_multi_head_attention(module).complete
     assert not module.training and module.o.training and not module.v.training
+
+
+class InvertedMaskLayer(nn.Module):
+    """A post-LN encoder layer on torch's nn.MultiheadAttention, handed aiayn's mask (True:
+    may attend) as key_padding_mask (True: masked): every key is masked, every output NaN."""
+
+    def __init__(self, d_model=12):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d_model, 3, batch_first=True)
+        self.ffn = nn.Sequential(nn.Linear(d_model, 24), nn.ReLU(), nn.Linear(24, d_model))
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+
+    def forward(self, x, src_mask):
+        x = self.norm1(x + self.attn(x, x, x, key_padding_mask=src_mask[:, 0, 0])[0])
+        return self.norm2(x + self.ffn(x))
+
+
+def test_a_mask_read_the_other_way_round_is_named_not_blamed_on_dropout():
+    """An all-NaN output passed "returns [B, T, d_model]", then failed "eval mode is
+    deterministic" (NaN is never equal to NaN) as dropout left on."""
+    report = tour.check_encoder_layer(InvertedMaskLayer(), 12)
+    assert report.bug == "nan_output" and report.failed == "returns [B, T, d_model]"
+    assert "~mask" in report.message and "dropout" not in report.message, str(report)
+
+    class Fixed(InvertedMaskLayer):
+        def forward(self, x, src_mask):
+            return super().forward(x, ~src_mask)
+
+    assert tour.check_encoder_layer(Fixed(), 12).ok
+
+
+class DictDecoder(nn.Module):
+    def forward(self, x, memory, self_mask, cross_mask):
+        return {"x": x}
+
+
+class AnnotatedOrder(DecoderLayer):
+    """The Annotated Transformer's forward(x, memory, src_mask, tgt_mask)."""
+
+    def forward(self, x, memory, src_mask, tgt_mask, need_weights=False):
+        return super().forward(x, memory, tgt_mask, src_mask, need_weights=need_weights)
+
+
+class ThrownTransposeMasked(nn.Module):
+    """A head split whose transpose result is thrown away: [B, T, h, d_k] stays, and
+    self-attention without a mask runs (positions pair up as if they were heads), and
+    shuffles alike; the causal mask [1, 1, T, T] then does not fit the scores [B, T, h, h]."""
+
+    def __init__(self, d_model=32, h=4):
+        super().__init__()
+        self.d_model, self.h = d_model, h
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def split(self, t):
+        t = t.view(t.size(0), t.size(1), self.h, -1)
+        t.transpose(1, 2)  # the bug: the result is thrown away
+        return t
+
+    def forward(self, x, memory=None, mask=None):
+        m = x if memory is None else memory
+        q, k, v = self.split(self.wq(x)), self.split(self.wk(m)), self.split(self.wv(m))
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return self.wo((s.softmax(-1).nan_to_num(0.0) @ v).reshape(x.shape))
+
+
+def test_shape_hints_fit_the_checker():
+    """Every error of two shapes that do not fit got the k.T hint of attention scores,
+    whatever was checked: a positional table, a head split whose transpose was thrown
+    away, a decoder layer taking its masks in the Annotated Transformer's order."""
+    report = tour.check_positional_encoding(lambda n, d: torch.zeros(n, d) + torch.zeros(n, d + 1))
+    assert report.bug == "raises" and "k.T" not in report.message, str(report)
+    report = tour.check_multi_head_attention(ThrownTransposeMasked())
+    assert report.bug == "raises" and "thrown away" in report.message, str(report)
+    assert "batch first" in report.message
+    report = tour.check_decoder_layer(AnnotatedOrder(CFG), 12)
+    assert report.bug == "raises" and "swaps the two masks" in report.message, str(report)
+    report = tour.check_decoder_layer(DictDecoder(), 12)
+    assert report.bug == "wrong_return" and "returned a dict" in report.message, str(report)

@@ -18,6 +18,11 @@ from torch import Tensor
 from aiayn.tour.report import FoundBugError, Report, expect_shape, first_tensor, name_of, run_checks
 
 B, H, T_Q, T_K, D_K = 2, 3, 4, 6, 16  # T_q != T_k != d_k, so no two axes can be confused
+# Why a learner's attention may raise "must match": two shapes that do not fit.
+K_T = (
+    "If the scores use k.T: on 4-D tensors it reverses every axis; transpose the last two "
+    "with k.transpose(-2, -1)."
+)
 
 
 def _inputs(seed: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -67,11 +72,8 @@ def check_attention(fn: Callable[..., object]) -> Report:
 
     def shape() -> None:
         out = call(q, k, v)
-        expect_shape(
-            out,
-            (B, H, T_Q, D_K),
-            f"The output for q {[B, H, T_Q, D_K]}, k and v {[B, H, T_K, D_K]}",
-        )
+        shapes = f"q {[B, H, T_Q, D_K]}, k and v {[B, H, T_K, D_K]}"
+        expect_shape(out, (B, H, T_Q, D_K), f"The output for {shapes}")
         if not torch.equal(out, call(q, k, v)):
             raise FoundBugError(
                 "random_output",
@@ -91,9 +93,9 @@ def check_attention(fn: Callable[..., object]) -> Report:
             raise FoundBugError(
                 "scale_after_softmax",
                 f"with d_k = {D_K}, each row of weights sums to {rows.mean():.3f} = "
-                "1/sqrt(d_k), not 1: the "
-                "division by sqrt(d_k) comes after the softmax. It belongs to the scores, "
-                "before the softmax: softmax(q @ k.transpose(-2, -1) / sqrt(d_k)).",
+                "1/sqrt(d_k), not 1: the division by sqrt(d_k) comes after the softmax. It "
+                "belongs to the scores, before the softmax: softmax(q @ k.transpose(-2, -1) "
+                "/ sqrt(d_k)).",
                 "03-scaled-dot-product.md",
             )
         elif torch.allclose(cols, torch.ones_like(cols), atol=1e-4):
@@ -262,6 +264,7 @@ def check_attention(fn: Callable[..., object]) -> Report:
             ("sentences and heads are computed independently", independent),
         ],
         "03-scaled-dot-product.md",
+        shape_hint=K_T,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from aiayn.tour.attention import K_T
 from aiayn.tour.modules import (
     activations_not_relu,
     check_deterministic,
@@ -17,11 +18,14 @@ from aiayn.tour.modules import (
     check_no_modules_built_in_forward,
 )
 from aiayn.tour.report import (
+    HEAD_SPLIT,
+    INVERTED_MASK,
     Check,
     FoundBugError,
     Report,
     close,
     evaluating,
+    expect_finite,
     expect_shape,
     first_tensor,
     name_of,
@@ -43,14 +47,11 @@ class _Run(Protocol):
 def check_feed_forward(module: nn.Module, d_model: int) -> Report:
     """Check a learner's ``module(x [B, T, d_model]) -> [B, T, d_model]``, the position-wise
     FFN: each position's output depends on that position alone. Bugs: ``wrong_shape``,
-    ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
+    ``nan_output``, ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
     ``unused_parameters``, ``not_position_wise``, ``no_relu``, ``not_relu``
     (GELU, SiLU, tanh, ... where the ReLU belongs), ``relu_after_second_layer``, ``raises``."""
-    if (
-        refused := not_a_module(
-            module, f"check_feed_forward({name_of(module)})", "07-feed-forward.md"
-        )
-    ) is not None:
+    subject = f"check_feed_forward({name_of(module)})"
+    if (refused := not_a_module(module, subject, "07-feed-forward.md")) is not None:
         return refused
     x = torch.randn(B, T, d_model, generator=torch.Generator().manual_seed(0))
 
@@ -100,9 +101,9 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
             )
 
     return run_checks(
-        f"check_feed_forward({name_of(module)})",
+        subject,
         [
-            ("returns [B, T, d_model]", lambda: expect_shape(run(x), (B, T, d_model), "output")),
+            ("returns [B, T, d_model]", lambda: expect_output(run(x), (B, T, d_model))),
             (
                 "nothing built in forward",
                 lambda: check_no_modules_built_in_forward(module, lambda: run(x)),
@@ -169,9 +170,17 @@ def _with_weights(layer: nn.Module, *args: object) -> object:
     return layer(*args)
 
 
+def expect_output(out: Tensor, shape: tuple[int, ...], masks: bool = False) -> None:
+    """The output has ``shape`` and is finite (NaN there would pass every later check that
+    compares outputs, or fail one for the wrong reason); ``masks``: the call was given masks
+    that leave every query a key."""
+    expect_shape(out, shape, "The output")
+    expect_finite(out, "The output", INVERTED_MASK if masks else "")
+
+
 def _common_checks(layer: nn.Module, run: _Run, x: Tensor, d: int) -> list[Check]:
     return [
-        ("returns [B, T, d_model]", lambda: expect_shape(run(x), (*x.shape[:2], d), "The output")),
+        ("returns [B, T, d_model]", lambda: expect_output(run(x), (*x.shape[:2], d), True)),
         (
             "nothing built in forward (a LayerNorm made in forward)",
             lambda: check_no_modules_built_in_forward(layer, lambda: run(x)),
@@ -189,15 +198,15 @@ def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
     ``layer(x [B, S, d_model], src_mask [B, 1, 1, S])`` returning x or ``(x, weights)``.
     The scale of its attention is fitted against its own projections (see
     :func:`aiayn.tour.scale.measure_scales`; one inside nn.MultiheadAttention is torch's
-    and passes unmeasured). Bugs: ``wrong_shape``, ``module_built_in_forward``,
-    ``modules_in_plain_list``, ``dropout_in_eval``, ``unused_parameters``,
-    ``mixes_positions``, ``padding_leaks``, ``missing_scale``, ``divides_by_d_k``,
-    ``scale_by_d_model``, ``wrong_scale``, ``missing_residual``,
-    ``residual_on_normalized_input``, ``not_a_module``, ``raises``. A scale it cannot fit,
+    and passes unmeasured). Bugs: ``wrong_shape``, ``nan_output`` (a mask read the other
+    way round, say), ``module_built_in_forward``, ``modules_in_plain_list``,
+    ``dropout_in_eval``, ``unused_parameters``, ``mixes_positions``, ``padding_leaks``,
+    ``missing_scale``, ``divides_by_d_k``, ``scale_by_d_model``, ``wrong_scale``,
+    ``missing_residual``, ``residual_on_normalized_input``, ``not_a_module``,
+    ``raises``. A scale it cannot fit,
     or a residual path it cannot silence, is reported as not checked, never as passed."""
-    if (
-        refused := not_a_module(layer, f"check_encoder_layer({name_of(layer)})", "09-encoder.md")
-    ) is not None:
+    subject = f"check_encoder_layer({name_of(layer)})"
+    if (refused := not_a_module(layer, subject, "09-encoder.md")) is not None:
         return refused
     x = torch.randn(B, S, d_model, generator=torch.Generator().manual_seed(0))
     everyone = torch.ones(B, 1, 1, S, dtype=torch.bool)
@@ -242,7 +251,11 @@ def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
         ),
         ("the residual connections (post-LN or pre-LN)", residual),
     ]
-    return run_checks(f"check_encoder_layer({name_of(layer)})", checks, "09-encoder.md")
+    hint = (
+        "The layer is called batch first, layer(x [B, S, d_model], src_mask [B, 1, 1, S]), "
+        f"as aiayn's EncoderLayer. {HEAD_SPLIT} {K_T}"
+    )
+    return run_checks(subject, checks, "09-encoder.md", hint)
 
 
 def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
@@ -253,9 +266,8 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     ``self_mask_in_cross_attention``, ``kv_from_query``, ``returns_self_attention_twice``,
     ``wrong_cross_weights``, ``future_leaks``, ``ignores_memory``, ``source_padding_leaks``,
     ``wrong_return``, and those of the encoder layer."""
-    if (
-        refused := not_a_module(layer, f"check_decoder_layer({name_of(layer)})", "10-decoder.md")
-    ) is not None:
+    subject = f"check_decoder_layer({name_of(layer)})"
+    if (refused := not_a_module(layer, subject, "10-decoder.md")) is not None:
         return refused
     g = torch.Generator().manual_seed(0)
     x, memory = torch.randn(B, T, d_model, generator=g), torch.randn(B, S, d_model, generator=g)
@@ -280,11 +292,15 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
             _explain_raise(lambda *masks: call(x, memory, grad, module, *masks), causal, sources)
             raise
         if not (isinstance(result, (tuple, list)) and len(result) == 3):
+            got = (
+                f"{len(result)} values"
+                if isinstance(result, (tuple, list))
+                else f"a {type(result).__name__}"
+            )
             raise FoundBugError(
                 "wrong_return",
                 "a decoder layer returns (x, self-attention weights, encoder-decoder "
-                "weights), as aiayn's DecoderLayer does; this one returned "
-                + (f"{len(result)} values" if isinstance(result, (tuple, list)) else "a tensor"),
+                f"weights), as aiayn's DecoderLayer does; this one returned {got}",
                 "10-decoder.md",
             )
         return result
@@ -373,4 +389,10 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
             lambda: check_residual(layer, lambda m, x: outputs(x, module=m)[0], x),
         ),
     ]
-    return run_checks(f"check_decoder_layer({name_of(layer)})", checks, "10-decoder.md")
+    hint = (
+        "The layer is called batch first, in aiayn's DecoderLayer's order: layer(x [B, T, "
+        "d_model], memory [B, S, d_model], self_mask [1, 1, T, T], cross_mask [B, 1, 1, S]); "
+        "a forward(x, memory, src_mask, tgt_mask), the Annotated Transformer's order, swaps "
+        f"the two masks. {HEAD_SPLIT} {K_T}"
+    )
+    return run_checks(subject, checks, "10-decoder.md", hint)

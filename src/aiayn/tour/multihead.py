@@ -9,12 +9,14 @@ import contextlib
 import torch
 from torch import Tensor, nn
 
+from aiayn.tour.attention import K_T
 from aiayn.tour.modules import (
     check_deterministic,
     check_gradients,
     check_no_modules_built_in_forward,
 )
 from aiayn.tour.report import (
+    HEAD_SPLIT,
     FoundBugError,
     NotCheckedError,
     Report,
@@ -234,4 +236,9 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             ("a fully masked query gets no NaN", fully_masked),
         ],
         "05-multi-head.md",
+        shape_hint=(
+            "The module is called batch first, module(x [B, T, d_model], memory=None, "
+            "mask=None), as aiayn's MultiHeadAttention: one written for [T, B, d_model] "
+            f"reads the batch as positions. {HEAD_SPLIT} {K_T}"
+        ),
     )

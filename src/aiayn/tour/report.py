@@ -96,13 +96,22 @@ class Report:
         return "\n".join(lines)
 
 
-def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
+# Why a learner's multi-head attention may raise "must match" (with attention.K_T).
+HEAD_SPLIT = (
+    "A head split whose transpose(1, 2) or view() result is thrown away (on a line of its "
+    "own, it leaves t as it was) keeps the positions where the heads belong; self-attention "
+    "without a mask can hide this when the shapes happen to fit."
+)
+
+
+def run_checks(subject: str, checks: Sequence[Check], page: str, shape_hint: str = "") -> Report:
     """Run ``checks`` (name, function) in order until one raises :class:`FoundBugError`. A
     check that raises :class:`NotCheckedError` is listed as not checked, and the next one
     runs. Any other exception comes from the learner's code and is reported as the bug
     ``raises``. ``page`` is the tour page of the piece checked: a failure that names no
     page of its own (the learner's code raised, returned no tensor, a wrong shape) points
-    there."""
+    there. ``shape_hint`` follows an error of two shapes that do not fit: this checker's
+    likely causes."""
     report = Report(subject)
     for name, check in checks:
         try:
@@ -117,11 +126,8 @@ def run_checks(subject: str, checks: Sequence[Check], page: str) -> Report:
         except Exception as error:  # the learner's function raised: say where and what
             report.failed, report.bug, report.page = name, "raises", page
             report.message = f"calling it raised {type(error).__name__}: {error}"
-            if "size of tensor" in str(error) or "must match" in str(error):
-                report.message += (
-                    "\n(Two shapes that do not fit. If the scores use k.T: on 4-D tensors "
-                    "it reverses every axis; transpose the last two with k.transpose(-2, -1).)"
-                )
+            if shape_hint and ("size of tensor" in str(error) or "must match" in str(error)):
+                report.message += f"\n(Two shapes that do not fit. {shape_hint})"
             if "view size is not compatible" in str(error):
                 report.message += (
                     "\n(.view() on a non-contiguous tensor, a transposed one say, which view "
@@ -152,6 +158,26 @@ def expect_shape(t: Tensor, shape: tuple[int, ...], what: str, page: str | None 
     if tuple(t.shape) != shape:
         raise FoundBugError(
             "wrong_shape", f"{what} has shape {list(t.shape)}, expected {list(shape)}", page
+        )
+
+
+# Why a layer's output holds NaN when its masks hide no query's every key.
+INVERTED_MASK = (
+    " No query has all its keys masked here, so a mask is likely read the other way round: "
+    "aiayn's masks are True where a position may be attended, while masked_fill(mask, -inf) "
+    "and nn.MultiheadAttention's key_padding_mask and attn_mask take True as masked. Pass "
+    "~mask (or masked_fill(~mask, float('-inf')))."
+)
+
+
+def expect_finite(t: Tensor, what: str, why: str = "", page: str | None = None) -> None:
+    """FoundBugError ``nan_output`` (``why`` appended) unless ``t`` is finite."""
+    bad = int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+    if bad:
+        raise FoundBugError(
+            "nan_output",
+            f"{what} holds {bad} NaN or infinite value(s) of {t.numel()} for a finite input.{why}",
+            page,
         )
 
 

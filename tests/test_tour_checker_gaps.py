@@ -438,3 +438,60 @@ def test_shape_hints_fit_the_checker():
     assert report.bug == "raises" and "swaps the two masks" in report.message, str(report)
     report = tour.check_decoder_layer(DictDecoder(), 12)
     assert report.bug == "wrong_return" and "returned a dict" in report.message, str(report)
+
+
+class NotesLayerNorm(nn.Module):
+    """The Annotated Transformer's LayerNorm: a gain and a bias of its own, std + eps."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.a_2, self.b_2 = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        return (
+            self.a_2 * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-6) + self.b_2
+        )
+
+
+class OwnNormLayer(nn.Module):
+    """An encoder layer (aiayn's attention and FFN) around norms of ``norm(d)``: post-LN,
+    pre-LN, or with the residual left out (``missing``)."""
+
+    def __init__(self, norm, style="post", d_model=12):
+        super().__init__()
+        from aiayn.model.attention import MultiHeadAttention
+        from aiayn.model.layers import FeedForward
+
+        self.attn, self.ffn = MultiHeadAttention(d_model, 3), FeedForward(d_model, 24)
+        self.n1, self.n2, self.style = norm(d_model), norm(d_model), style
+
+    def forward(self, x, src_mask):
+        attend = lambda y: self.attn(y, mask=src_mask)[0]  # noqa: E731
+        if self.style == "pre":
+            x = x + attend(self.n1(x))
+            return x + self.ffn(self.n2(x))
+        if self.style == "missing":
+            x = self.n1(attend(x))
+            return self.n2(self.ffn(x))
+        x = self.n1(x + attend(x))
+        return self.n2(x + self.ffn(x))
+
+
+@pytest.mark.parametrize("norm", [NotesLayerNorm, nn.RMSNorm], ids=["notes_layernorm", "rmsnorm"])
+def test_trained_norms_of_its_own_do_not_read_as_a_missing_residual(norm):
+    """The residual check reset only nn.LayerNorm's gain and bias: a post-LN layer with the
+    notes' LayerNorm, trained (gain not 1), or with an RMSNorm, was told "some sub-layer's
+    output is not added to its input"."""
+    for style in ("post", "pre", "missing"):
+        layer = OwnNormLayer(norm, style)
+        with torch.no_grad():
+            for n in (layer.n1, layer.n2):
+                gain, *bias = n.parameters()
+                gain.uniform_(0.5, 1.5)
+                for b in bias:
+                    b.normal_(0.0, 0.1)
+        report = tour.check_encoder_layer(layer, 12)
+        if style == "missing":
+            assert report.bug == "missing_residual", str(report)
+        else:
+            assert report.complete, str(report)

@@ -1,5 +1,5 @@
 """The residual check of the layer checkers (tour page 8): with every sub-layer silenced,
-a layer must hand its input through, as x itself (pre-LN) or as LayerNorm(x) (post-LN)."""
+a layer must hand its input through, as x itself (pre-LN) or as norm(x) (post-LN)."""
 
 from __future__ import annotations
 
@@ -47,11 +47,76 @@ def _silence_raw(layer: nn.Module) -> bool:
     return vectors
 
 
-def _normalized(y: Tensor) -> bool:
+def _normalized(y: Tensor, kind: str = "LayerNorm") -> bool:
     """Each position of ``y`` has mean 0 and one common spread, as LayerNorm with its
-    initial gain 1 and bias 0 leaves it (whatever its eps or variance estimator)."""
+    initial gain 1 and bias 0 leaves it (whatever its eps or variance estimator); or, for
+    ``kind`` "RMSNorm", one common root mean square (RMSNorm's, with gain 1)."""
+    if kind == "RMSNorm":
+        rms = y.pow(2).mean(-1).sqrt()
+        return bool((rms / rms.mean() - 1).abs().max() < 1e-2)
     std = y.std(-1)
     return bool(y.mean(-1).abs().max() < 1e-3) and bool((std / std.mean() - 1).abs().max() < 1e-2)
+
+
+def _norm_of(y: Tensor, x: Tensor) -> str | None:
+    """Which norm (gain 1, bias 0) ``y`` is of ``x``, position by position: "LayerNorm"
+    (centred, then scaled), "RMSNorm" (scaled), or None."""
+    centred = x - x.mean(-1, keepdim=True)
+    if _parallel(y - y.mean(-1, keepdim=True), centred) and _normalized(y):
+        return "LayerNorm"
+    if _parallel(y, x) and _normalized(y, "RMSNorm"):
+        return "RMSNorm"
+    return None
+
+
+def _parallel(a: Tensor, b: Tensor) -> bool:
+    return bool((torch.cosine_similarity(a, b, dim=-1) > 0.999).all())
+
+
+def _reset_norms(layer: nn.Module, x: Tensor) -> bool:
+    """Set every norm of ``layer`` to its initial gain 1 and bias 0: nn.LayerNorm and
+    nn.RMSNorm, and a hand-written one (a module of one or two vectors of d_model and no
+    matrix, as the notes' LayerNorm with its gain and bias) whose output on ``x`` is then
+    normalised, which tells its gain from its bias. Returns False when such a module could
+    not be reset (a trained gain left in place makes a post-LN layer look unnormalised)."""
+    d, every_one_reset = x.size(-1), True
+    for m in layer.modules():
+        own = list(m.parameters(recurse=False))
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
+            for p, value in zip(own, (1.0, 0.0)):  # weight, then bias
+                p.fill_(value)
+        elif (
+            own
+            and len(own) <= 2
+            and all(p.shape == (d,) for p in own)
+            and not any(True for c in m.children() for _ in c.parameters())
+        ):
+            every_one_reset &= _reset_hand_written(m, own, x)
+    return every_one_reset
+
+
+def _reset_hand_written(m: nn.Module, own: list[nn.Parameter], x: Tensor) -> bool:
+    """Gain 1 and bias 0 for ``m``, a module of vectors that may be a norm: True when its
+    output on ``x`` is then normalised, or when it is no norm (it does not take x alone);
+    False when no setting normalises it. Unless reset, it keeps its values."""
+    kept = [p.clone() for p in own]
+    for gain_first in (True, False)[: len(own)]:  # (gain, bias) or (bias, gain)
+        for p, value in zip(own, (1.0, 0.0) if gain_first else (0.0, 1.0)):
+            p.fill_(value)
+        try:
+            out = m(x)
+        except Exception:  # it does not take x alone: no norm
+            _restore(own, kept)
+            return True
+        if isinstance(out, Tensor) and out.shape == x.shape and _norm_of(out, x) is not None:
+            return True
+    _restore(own, kept)
+    return False
+
+
+def _restore(params: list[nn.Parameter], values: list[Tensor]) -> None:
+    for p, value in zip(params, values):
+        p.copy_(value)
 
 
 def check_residual(
@@ -60,9 +125,10 @@ def check_residual(
     """Raise :class:`FoundBugError` unless ``layer`` keeps the paper's residual paths.
 
     ``call(module, x)`` runs a copy of the layer (eval mode, no grad) and returns its output.
-    On a copy whose nn.Linear weights and biases are all zero and whose nn.LayerNorms are
-    reset, every sub-layer outputs 0, so a pre-LN layer must return x and a post-LN one a
-    per-position normalisation of x; a post-LN layer must also return normalised vectors
+    On a copy whose nn.Linear weights and biases are all zero and whose norms are reset
+    (nn.LayerNorm, nn.RMSNorm, or a hand-written one: :func:`_reset_norms`), every
+    sub-layer outputs 0, so a pre-LN layer must return x and a post-LN one a per-position
+    normalisation of x (LayerNorm's or RMSNorm's); a post-LN layer must also return normalised vectors
     with its weights in place. A layer whose weights are not all in nn.Linear modules has
     its raw matrices (and their biases) zeroed too; as that may miss a weight, its output
     then proves a bug only when it is 0 (x reaches the output by no path) and no 1-D
@@ -73,11 +139,7 @@ def check_residual(
     strict = _silenceable(layer)
     copied = copy.deepcopy(layer)
     with torch.no_grad():
-        for m in copied.modules():
-            if isinstance(m, nn.LayerNorm) and m.elementwise_affine:
-                nn.init.ones_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        norms_reset = _reset_norms(copied, x)
         live = call(copied, x)
         for m in copied.modules():
             if isinstance(m, nn.Linear):
@@ -88,11 +150,10 @@ def check_residual(
         silent = call(copied, x)
     if torch.allclose(silent, x, atol=1e-5):
         return  # pre-LN: the residual stream is x itself
-    centered = x - x.mean(-1, keepdim=True)
-    cosine = torch.cosine_similarity(silent - silent.mean(-1, keepdim=True), centered, dim=-1)
-    if bool((cosine > 0.999).all()) and _normalized(silent):
-        if _normalized(live):
-            return  # post-LN: LayerNorm(x + sublayer(x)), and LayerNorm(x) when silenced
+    kind = _norm_of(silent, x)
+    if kind is not None:
+        if _normalized(live, kind):
+            return  # post-LN: norm(x + sublayer(x)), and norm(x) when silenced
         raise FoundBugError(
             "residual_on_normalized_input",
             "with every sub-layer silenced (all nn.Linear weights and biases 0) the layer "
@@ -101,6 +162,13 @@ def check_residual(
             "norm(x) + sublayer(...). Post-LN is norm(x + sublayer(x)); pre-LN is "
             "x + sublayer(norm(x)), adding to x itself.",
             PAGE,
+        )
+    if not norms_reset:
+        raise NotCheckedError(
+            "the layer's norms are modules of its own whose gain and bias the checker could "
+            "not set to 1 and 0, and a trained gain makes a post-LN layer's output look "
+            "unnormalised, so the residual connections could not be checked. Check by hand: "
+            "norm(x + sublayer(x)) (post-LN) or x + sublayer(norm(x)) (pre-LN)."
         )
     if not strict and (gains_maybe_zeroed or not bool((silent.abs() < 1e-6).all())):
         raise NotCheckedError(

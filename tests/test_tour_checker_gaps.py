@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import tour
+from aiayn.model.embedding import sinusoidal_table
 from aiayn.model.layers import DecoderLayer
 from test_tour_checks import CFG, LearnerMHA
 from test_tour_module_checks import TorchMHA
@@ -495,3 +496,44 @@ def test_trained_norms_of_its_own_do_not_read_as_a_missing_residual(norm):
             assert report.bug == "missing_residual", str(report)
         else:
             assert report.complete, str(report)
+
+
+def test_smaller_diagnoses_name_their_cause():
+    """Found by a learner's walk of the tour: a rate one step behind was a bare wrong_rate;
+    a float16 table was told its sine and cosine take different frequencies (both 0.9997);
+    a [B, 1, S, 1] padding mask never reached the wrong_axis diagnosis written for it;
+    a shift_target that edits its input was judged on the edited input; an additive mask
+    was told to use the nan_to_num it already used."""
+    from aiayn.train.schedule import noam_rate
+
+    behind = tour.check_noam_rate(lambda s, d, w: noam_rate(max(s - 1, 1), d, w))
+    assert behind.bug == "step_behind_by_one" and "LambdaLR" in behind.message, str(behind)
+
+    table = tour.check_positional_encoding(lambda n, d: sinusoidal_table(n, d).half())
+    assert table.bug == "low_precision_table" and "float32" in table.message, str(table)
+    assert tour.check_positional_encoding(lambda n, d: sinusoidal_table(n, d).double()).ok
+
+    queries = tour.check_padding_mask(lambda ids, pad_id: (ids != pad_id)[:, None, :, None])
+    assert queries.bug == "wrong_axis" and "[B, 1, 1, S]" in queries.message, str(queries)
+
+    def shift_in_place(ys):
+        for y in ys:
+            y.insert(0, 1)  # BOS in front, in the caller's own lists
+        return ys, [[*y[1:], 2] for y in ys]
+
+    assert tour.check_shift_target(shift_in_place).ok
+
+    def additive(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s + torch.zeros_like(s).masked_fill(~mask, float("-inf"))
+        return s.softmax(-1).nan_to_num(0.0) @ v
+
+    report = tour.check_attention(additive)
+    assert report.bug == "nan_on_fully_masked_rows" and "masked_fill" in report.message
+
+
+def test_a_module_without_d_model_gets_a_report_not_a_traceback():
+    report = tour.check_multi_head_attention(TorchMHA(12, 3).mha)  # no d_model attribute
+    assert report.bug == "no_d_model" and "d_model=" in report.message, str(report)
+    assert tour.check_multi_head_attention(TorchMHA(12, 3).mha, d_model=12).bug != "no_d_model"

@@ -166,7 +166,7 @@ def test_mask_checkers():
         assert tour.check_causal_mask(fn).bug == bug
     assert tour.check_padding_mask(padding_mask)
     assert tour.check_padding_mask(lambda ids, p: (ids == p)[:, None, None]).bug == "inverted_mask"
-    assert tour.check_padding_mask(lambda ids, p: (ids != p)[:, None, :, None]).bug == "wrong_shape"
+    assert tour.check_padding_mask(lambda ids, p: (ids != p)[:, None, :, None]).bug == "wrong_axis"
     assert tour.check_padding_mask(lambda ids, p: (ids != 5)[:, None, None]).bug == "ignores_pad_id"
 
 

@@ -48,16 +48,24 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
     ``nan_on_fully_masked_rows``, ``kv_from_query``, ``queries_interact``,
     ``ignores_memory``, ``source_padding_leaks``, ``missing_scale``, ``divides_by_d_k``,
     ``scale_by_d_model``, ``divides_by_d_k_or_sqrt_d_model``, ``wrong_scale`` (a scale
-    of 0, which makes every weight alike, too), ``not_a_module``, ``raises``. A scale it
-    cannot fit (queries and keys it cannot find among the projections), or a NaN for a
-    fully masked query inside torch's own nn.MultiheadAttention, is reported as not
-    checked (:attr:`Report.unchecked`), never as passed."""
+    of 0, which makes every weight alike, too), ``not_a_module``, ``no_d_model``,
+    ``raises``. A scale it cannot fit (queries and keys it cannot find among the
+    projections), or a NaN for a fully masked query inside torch's own
+    nn.MultiheadAttention, is reported as not checked (:attr:`Report.unchecked`), never as
+    passed."""
     subject = f"check_multi_head_attention({name_of(module)})"
     if (refused := not_a_module(module, subject, "05-multi-head.md")) is not None:
         return refused
     d = d_model or getattr(module, "d_model", None)
-    if d is None:
-        raise TypeError("pass d_model=... (the module has no d_model attribute)")
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        said = "has no d_model attribute" if d is None else f"has d_model {d!r}"
+        return Report(
+            subject,
+            failed="an integer d_model",
+            bug="no_d_model",
+            page="05-multi-head.md",
+            message=f"the module {said}: pass d_model=... (an integer), the width of x",
+        )
     g = torch.Generator().manual_seed(0)
     x, memory = torch.randn(B, T, d, generator=g), torch.randn(B, S, d, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]

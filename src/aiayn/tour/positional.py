@@ -49,7 +49,8 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
     of every (sin, cos) pair is measured from the table, after checking that the two take
     one angle. Bugs: ``wrong_shape``, ``sin_cos_swapped``, ``halves_not_interleaved``,
     ``positions_start_at_1``, ``sin_cos_frequencies_differ``, ``halved_exponent``,
-    ``doubled_exponent``, ``wrong_frequencies``, ``wrong_values``, ``raises``."""
+    ``doubled_exponent``, ``wrong_frequencies``, ``wrong_values``, ``low_precision_table``,
+    ``raises``."""
     L, d = 50, 32
 
     def table() -> Tensor:
@@ -61,6 +62,16 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
         if pe.dim() == 3 and 1 in pe.shape[:2]:  # [1, max_len, d] or [max_len, 1, d]
             pe = pe.flatten(0, 1)
         expect_shape(pe, (L, d), f"fn({L}, {d})", "06-positional-encoding.md")
+        if pe.dtype in (torch.float16, torch.bfloat16):
+            raise FoundBugError(
+                "low_precision_table",
+                f"the table is {pe.dtype}, which keeps about "
+                f"{3 if pe.dtype == torch.float16 else 2} significant digits: its entries are "
+                "off by up to 1e-3 or more, and a position over 2048 (or 256) is not even "
+                "represented exactly, so far positions get wrong angles. Build it in float32 "
+                "(a model cast to half precision later casts its output, not the angles).",
+                "06-positional-encoding.md",
+            )
         return pe.double()
 
     def position_zero() -> None:

@@ -128,13 +128,13 @@ def check_residual(
     On a copy whose nn.Linear weights and biases are all zero and whose norms are reset
     (nn.LayerNorm, nn.RMSNorm, or a hand-written one: :func:`_reset_norms`), every
     sub-layer outputs 0, so a pre-LN layer must return x and a post-LN one a per-position
-    normalisation of x (LayerNorm's or RMSNorm's); a post-LN layer must also return normalised vectors
-    with its weights in place. A layer whose weights are not all in nn.Linear modules has
-    its raw matrices (and their biases) zeroed too; as that may miss a weight, its output
-    then proves a bug only when it is 0 (x reaches the output by no path) and no 1-D
-    parameter beside a matrix was zeroed (a hand-written LayerNorm's gain kept there would
-    make it 0); any other output that is neither x nor LayerNorm(x) raises
-    :class:`NotCheckedError`.
+    normalisation of x (LayerNorm's or RMSNorm's); a post-LN layer must also return
+    normalised vectors with its weights in place. A layer whose weights are not all in
+    nn.Linear modules has its raw matrices (and their biases) zeroed too; as that may miss
+    a weight, its output then proves a bug only when it is 0 (x reaches the output by no
+    path) and no 1-D parameter beside a matrix was zeroed (a hand-written LayerNorm's gain
+    kept there would make it 0); any other output that is neither x nor norm(x), or a norm
+    it could not reset, raises :class:`NotCheckedError`.
     """
     strict = _silenceable(layer)
     copied = copy.deepcopy(layer)

@@ -81,7 +81,7 @@ def check_shift_target(fn: Callable) -> Report:
     ys = [[7, 8, 9], [10]]
 
     def shifted() -> None:
-        tgt_in, tgt_out = fn(ys)
+        tgt_in, tgt_out = fn([list(y) for y in ys])  # its own copy: it may edit it
         tgt_in = [[int(t) for t in r] for r in tgt_in]  # ids as ints, from a tensor's rows too
         tgt_out = [[int(t) for t in r] for r in tgt_out]
         want_in, want_out = [[BOS_ID, *y] for y in ys], [[*y, EOS_ID] for y in ys]
@@ -288,6 +288,11 @@ _NOAM_SLIPS: dict[str, tuple[Callable[[int, int, int], float], str]] = {
     "step_off_by_one": (
         lambda s, d, w: _noam(s + 1, d, w),
         "fn(step) is Eq. 3 at step + 1: steps are counted from 1, the first update is step 1",
+    ),
+    "step_behind_by_one": (
+        lambda s, d, w: _noam(max(s - 1, 1), d, w),
+        "fn(step) is Eq. 3 at step - 1: steps are counted from 1, the first update is step 1 "
+        "(a LambdaLR passes its count from 0: compute the rate at count + 1)",
     ),
 }
 

@@ -131,3 +131,23 @@ def test_a_text_heatmap_of_decoder_self_attention_lists_only_visible_pieces():
     assert text_heatmap(amap, kind="cross", head=1).splitlines()[0] == (
         f"{'▁A':>15} <- ▁Ein 0.70, ▁Hund 0.20, . 0.10"
     )
+
+
+def test_an_ensembles_attention_rows_stop_at_its_fewest_positions(sample_model_dir):
+    """An output that fills the ensemble's positions (its shortest member's max_len) ended
+    without EOS, yet its map got an EOS row when the first member had more positions."""
+    from dataclasses import replace
+
+    model, tokenizer = load_model(resolve_checkpoint(sample_model_dir()))
+    short = copy.deepcopy(model)
+    short.cfg = replace(model.cfg, max_len=6)
+    src = Translator(model, tokenizer).encode("Ein Hund rennt.")
+    out = [tokenizer.piece_to_id("▁a")] * 6  # fills the 6 positions: no EOS
+    for translator, rows in (
+        (Translator([model, short], tokenizer), 6),
+        (Translator(model, tokenizer), 7),
+    ):
+        (found,) = maps.attention_maps(translator, [src], [out])
+        assert found is not None and len(found.target) == rows
+        assert found.weights["cross"][0].shape[1] == rows
+        assert (found.target[-1] == "</s>") == (rows == 7)

@@ -257,3 +257,19 @@ def test_settings_without_a_length_take_aiayns_rule(parts, sample_model_dir, tmp
     assert "1 x source + 50 tokens, within the model's 64 positions (aiayn's rule)\n" in (
         capsys.readouterr().out
     )
+
+
+def test_a_beam_over_the_target_vocabulary_is_a_422_not_a_model_failure(parts):
+    """The engine refuses more beams than target tokens (DecodeError); the server let such
+    a beam through to the batch, where it became a 500 counted as a failed job."""
+    model, _ = parts
+    vocab = model.cfg.tgt_vocab_size
+    config = ServeConfig(worker="thread", max_beam=vocab + 1)
+    with TestClient(create_app(Translator(*parts), config)) as c:
+        assert wait_warmed_up(c).status_code == 200
+        r = c.post("/translate", json={"src": GERMAN[:1], "beam": vocab + 1})
+        assert r.status_code == 422, r.text
+        message = r.json()["error"]["message"]
+        assert message == f"beam: {vocab + 1} is larger than the target vocabulary ({vocab})"
+        r = c.post("/translate", json={"src": GERMAN[:1], "beam": 2})
+        assert r.status_code == 200, r.text

@@ -62,13 +62,13 @@ def _batches(
     if len(src_ids) != len(out_ids):
         raise AiaynError(f"attention: {len(src_ids)} sources for {len(out_ids)} outputs")
     check_batch_size(batch_size)
-    cfg, device = translator.model.cfg, translator.device
+    cfg, device, max_len = translator.model.cfg, translator.device, translator.max_len
     real = [i for i, s in enumerate(src_ids) if s]
     out = []
     for chunk in (real[a : a + batch_size] for a in range(0, len(real), batch_size)):
         src = pad([src_ids[i] for i in chunk], cfg.pad_id).to(device)
         dec_in, _ = shift_target([out_ids[i] for i in chunk], cfg.bos_id, cfg.eos_id)
-        dec_in = [d[: _decoder_rows(len(out_ids[i]), cfg.max_len)] for d, i in zip(dec_in, chunk)]
+        dec_in = [d[: _decoder_rows(len(out_ids[i]), max_len)] for d, i in zip(dec_in, chunk)]
         out.append((chunk, src, pad(dec_in, cfg.pad_id).to(device)))
     return out
 
@@ -90,7 +90,7 @@ def attention_maps(
     or EOS) from ``src_ids[i]`` (None for a blank source), from the translator's first
     model: one teacher-forced pass per batch, each map cut to its own sentence's lengths
     (padding changes no real position's weights)."""
-    cfg, piece = translator.model.cfg, translator.tokenizer.id_to_piece
+    cfg, piece, max_len = translator.model.cfg, translator.tokenizer.id_to_piece, translator.max_len
     start = piece(cfg.bos_id)  # the decoder's start token: <s>, or <pad> in Marian models
     maps: list[AttentionMap | None] = [None] * len(src_ids)
     for chunk, src, dec_in in _batches(translator, src_ids, out_ids, batch_size):
@@ -98,7 +98,7 @@ def attention_maps(
             _, weights = translator.model.forward_with_attention(src, dec_in)
         for b, i in enumerate(chunk):
             S, o_ids = len(src_ids[i]), out_ids[i]
-            T = _decoder_rows(len(o_ids), cfg.max_len)
+            T = _decoder_rows(len(o_ids), max_len)
             rows = {"encoder": S, "decoder_self": T, "cross": T}
             cols = {"encoder": S, "decoder_self": T, "cross": S}
             maps[i] = AttentionMap(

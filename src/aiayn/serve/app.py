@@ -286,7 +286,8 @@ def create_app(
         except asyncio.TimeoutError:
             raise ApiError(408, "the body did not arrive within the request's deadline") from None
         req = parse_request(body, cfg.max_sentences)
-        options = request_options(req, info.defaults, cfg.max_beam, cfg.max_alpha)
+        vocab = info.cfg.tgt_vocab_size  # a beam over it is the request's fault: a 422
+        options = request_options(req, info.defaults, cfg.max_beam, cfg.max_alpha, vocab)
         check_attention_sentences(req, cfg.max_attention_sentences)
         src, prefix = await asyncio.to_thread(encode_request, req, info)  # off the loop
         if req.attention:

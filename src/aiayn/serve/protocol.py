@@ -252,11 +252,16 @@ def parse_request(body: bytes, max_sentences: int) -> TranslateRequest:
 
 
 def request_options(
-    req: TranslateRequest, defaults: DecodeOptions, max_beam: int, max_alpha: float
+    req: TranslateRequest,
+    defaults: DecodeOptions,
+    max_beam: int,
+    max_alpha: float,
+    vocab: int | None = None,
 ) -> DecodeOptions:
     """The decoding options of a request: the model's ``defaults`` with the fields it sets,
-    checked (422 naming the field) against the server's limits and by DecodeOptions. A
-    sampling setting (``seed`` too) with sampling off is a 422."""
+    checked (422 naming the field) against the server's limits, the model's ``vocab``
+    target ids (no more beams than tokens to start them) and by DecodeOptions. A sampling
+    setting (``seed`` too) with sampling off is a 422."""
     if req.beam is not None and not 1 <= req.beam <= max_beam:
         raise ApiError(422, f"beam: {req.beam} is out of range 1..{max_beam}")
     if req.alpha is not None and not (math.isfinite(req.alpha) and 0 <= req.alpha <= max_alpha):
@@ -272,6 +277,10 @@ def request_options(
         if not 1 <= req.n_best <= max_beam:
             raise ApiError(422, f"n_best: {req.n_best} samples is out of range 1..{max_beam}")
     else:
+        if vocab is not None and options.beam > vocab:
+            raise ApiError(
+                422, f"beam: {options.beam} is larger than the target vocabulary ({vocab})"
+            )
         if not 1 <= req.n_best <= options.beam:
             raise ApiError(422, f"n_best: {req.n_best} is out of range 1..beam ({options.beam})")
         # Refused like temperature, top_k and top_p: a seed without sampling changes

@@ -319,6 +319,25 @@ def test_a_request_that_can_never_fit_the_cache_budget_is_413_at_once(parts, wor
         assert "aiayn_jobs_open 0" in c.get("/metrics").text
 
 
+def test_a_cache_budget_too_small_for_any_request_is_refused_and_a_small_one_warms_up(parts):
+    """A budget that the warm-up sentence did not fit was accepted, and /ready then stayed
+    503 for good, though requests that fit were served. A budget that no request fits
+    (one source token, greedy) is refused at start-up; a small one warms up shorter."""
+    from aiayn.errors import AiaynError
+
+    translator = Translator(*parts)
+    least = 1 + min(1 + translator.defaults.max_len_b, translator.max_len)  # 1 source token
+    with pytest.raises(AiaynError, match=f"holds no request: .* needs {least} "):
+        create_app(translator, ServeConfig(worker="thread", max_cache_tokens=least - 1))
+    with TestClient(
+        create_app(translator, ServeConfig(worker="thread", max_cache_tokens=least))
+    ) as c:
+        assert wait_warmed_up(c).status_code == 200
+        assert c.get("/ready").status_code == 200
+        r = c.post("/translate", json={"src": GERMAN[:1], "beam": 1})
+        assert r.status_code == 413, r.text  # a real sentence is over this budget
+
+
 def test_the_continuous_batch_stays_within_the_cache_budget(parts):
     translator = ControlledTranslator(*parts)
     budget = 2500  # about 3 of these one-sentence beam-8 requests at a time

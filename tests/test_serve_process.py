@@ -5,12 +5,14 @@ clear error. (Most API tests, and the parallel-requests test, run this worker to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -170,6 +172,32 @@ def test_a_stopped_worker_stalls_no_request_and_health_says_so(parts, monkeypatc
         assert r.json()["translations"] == [
             t[0] for t in translator.translate(sentences[:3], beam=1)
         ]
+
+
+def test_a_stalled_worker_holds_up_neither_metrics_nor_shutdown(parts, monkeypatch):
+    """A stopped worker answers no metrics request: each /metrics scrape waited 5 s for one
+    until the worker counted as stalled, and a shutdown waited 30 s for its jobs to finish
+    and 5 s more for it to exit, though it had stopped answering altogether."""
+    monkeypatch.setattr(process, "STALLED_S", 2.0)
+    app = create_app(Translator(*parts), ServeConfig())
+    pid = None
+    try:
+        with serving(app) as base, httpx.Client(base_url=base, timeout=8) as client:
+            pid = _worker_pid(base)
+            os.kill(pid, signal.SIGSTOP)
+            start = time.monotonic()
+            assert client.get("/metrics").status_code == 200
+            assert time.monotonic() - start < process.QUIET_S + 0.5  # not the 5 s timeout
+            wait_for(lambda: client.get("/health").status_code == 503, "the worker stalls")
+            start = time.monotonic()
+            assert client.get("/metrics").status_code == 200
+            assert time.monotonic() - start < 1.0
+            start = time.monotonic()
+        assert time.monotonic() - start < 10.0  # the shutdown: not 30 + 5 s
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def test_a_worker_that_dies_fails_the_waiting_requests(parts, tmp_path):

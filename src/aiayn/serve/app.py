@@ -69,7 +69,7 @@ from aiayn.serve.protocol import (
 from aiayn.translator import Translator
 
 STATIC = Path(__file__).parent / "static"
-WARMUP_SENTENCE = "Hallo Welt."
+WARMUP = "Hallo Welt."  # the sentence translated once before /ready says ready
 
 
 @dataclass
@@ -203,7 +203,7 @@ def create_app(
 
     async def warm_up() -> None:
         try:
-            ids = [info.tokenizer.encode(WARMUP_SENTENCE, info.max_source_tokens)]
+            ids = [worker.budget.fit(info.tokenizer.encode(WARMUP, info.max_source_tokens))]
             result = (await run(ids, DecodeOptions(beam=1), attention=False)).unwrap()
             if len(result.ids) != 1:
                 raise AiaynError("the warm-up translation returned no result")

@@ -215,7 +215,14 @@ class CacheBudget:
         rule, cap = translator.defaults, translator.max_len
         if rule.max_new_tokens is not None:
             cap = min(cap, rule.max_new_tokens)
-        return cls(max_tokens, cap, rule.max_len_a, rule.max_len_b)
+        budget = cls(max_tokens, cap, rule.max_len_a, rule.max_len_b)
+        if (least := budget.cost(1, 1, 1)) > max_tokens:  # not even the smallest request
+            raise AiaynError(
+                f"a decoder-cache budget of {max_tokens} positions holds no request: one "
+                f"sentence of one token, decoded greedily, needs {least} (1 source + "
+                f"{least - 1} output tokens under the length rule)"
+            )
+        return budget
 
     def output_limit(self, src_len: int, prefix: int = 0) -> int:
         """The most tokens (EOS included) a sentence of ``src_len`` tokens may produce; a
@@ -228,6 +235,14 @@ class CacheBudget:
         """Positions that ``rows`` sentences, the longest ``longest`` tokens and the
         longest forced prefix ``prefix`` tokens, hold at beam size ``beam``."""
         return rows * beam * (longest + self.output_limit(longest, prefix)) if rows else 0
+
+    def fit(self, ids: list[int]) -> list[int]:
+        """``ids`` cut to a source that one sentence, decoded greedily, fits the budget with
+        (one token at least): the warm-up translation of a server with a small budget."""
+        n = len(ids)
+        while n > 1 and self.cost(1, 1, n) > self.max_tokens:
+            n -= 1
+        return ids[:n]
 
     def cost_of(self, jobs: Sequence[Job], beam: int) -> int:
         rows = sum(job.rows for job in jobs)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import math
 import multiprocessing as mp
 import pickle
 import signal
@@ -56,6 +57,7 @@ from aiayn.translator import Translator
 # stopped or hung (SIGSTOP, a frozen machine): /health says so and requests are refused.
 HEARTBEAT_S = 1.0
 STALLED_S = 10.0
+QUIET_S = 3 * HEARTBEAT_S  # silent this long, it is not waited for a metrics answer
 
 
 class WorkerProcessError(AiaynError):
@@ -236,11 +238,14 @@ class ProcessWorker:
             and self._reader.is_alive()
         )
 
+    def silent(self) -> float:
+        """Seconds since the worker process last sent a message (0 before it first spoke)."""
+        return time.monotonic() - self._heard if self._heard is not None else 0.0
+
     def stalled(self) -> str | None:
         """Why the worker process is taken for stopped or hung, or None: it has sent no
         message (it sends one every HEARTBEAT_S) for STALLED_S, since it first spoke."""
-        silent = time.monotonic() - self._heard if self._heard is not None else 0.0
-        if silent < STALLED_S:
+        if (silent := self.silent()) < STALLED_S:
             return None
         return f"the model worker process has not answered for {silent:.0f} s (stopped or hung)"
 
@@ -287,31 +292,37 @@ class ProcessWorker:
 
     async def refresh_metrics(self, timeout: float = 5.0) -> None:
         """Copy the worker's counters and gauges (batches, queue) into this process's
-        metrics; on no answer within ``timeout`` seconds they stay as they were."""
+        metrics; on no answer within ``timeout`` seconds they stay as they were. A worker
+        that answers nothing, not even its heartbeat, is not waited for: at most until it
+        has been silent for QUIET_S (a scrape must not wait out a stall's first seconds)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
-            if not self.alive or self._pipe is None or self.stalled():
+            wait = min(timeout, QUIET_S - self.silent())
+            if not self.alive or self._pipe is None or wait <= 0:
                 return
             self._metric_waiters.append(future_reply(loop, future))
             self._pipe.post("metrics")
         try:
-            outcome = await asyncio.wait_for(future, timeout)
+            outcome = await asyncio.wait_for(future, wait)
         except asyncio.TimeoutError:
             return
         if outcome.status is Status.DONE:
             self.metrics.set_worker_state(outcome.value)
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Let the worker finish its queued and running jobs, then end it."""
+        """Let the worker finish its queued and running jobs (within ``timeout`` seconds),
+        then end it; one that has stalled (:meth:`stalled`) is not waited for."""
         with self._lock:
             self._stopping = True
         if self._process is None or self._pipe is None:
             return
         self._pipe.post("stop")
-        self._reader.join(timeout)
+        end = math.inf if timeout is None else time.monotonic() + timeout
+        while self._reader.is_alive() and not self.stalled() and time.monotonic() < end:
+            self._reader.join(min(0.5, end - time.monotonic()))
         self._pipe.close()
-        self._process.join(5)
+        self._process.join(0 if self.stalled() else 5)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()

@@ -273,3 +273,20 @@ def test_a_beam_over_the_target_vocabulary_is_a_422_not_a_model_failure(parts):
         assert message == f"beam: {vocab + 1} is larger than the target vocabulary ({vocab})"
         r = c.post("/translate", json={"src": GERMAN[:1], "beam": 2})
         assert r.status_code == 200, r.text
+
+
+def test_a_sentence_no_model_could_take_is_refused_before_it_is_tokenized(client, monkeypatch):
+    """A megabyte sentence was tokenized whole (a second of CPU, which the requests beside
+    it waited for) before its token count was refused."""
+    from aiayn.serve import admission
+
+    limit = client.get("/info").json()["model"]["max_source_tokens"]
+    huge = "Hund " * (admission.CHARACTERS_PER_TOKEN * limit // 5 + 1)
+    r = client.post("/translate", json={"src": ["Ein Hund.", huge]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith(f"src.1: {len(huge)} characters, more than")
+    r = client.post("/translate", json={"src": GERMAN[:2], "prefix": ["A", huge]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith(f"prefix.1: {len(huge)} characters")
+    r = client.post("/translate", json={"src": ["Hund " * (limit + 1)]})  # long, not absurd
+    assert r.status_code == 422 and "tokens, the model takes at most" in r.text, r.text

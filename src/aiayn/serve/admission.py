@@ -84,6 +84,23 @@ def check_attention_sentences(req: TranslateRequest, limit: int) -> None:
         )
 
 
+# Characters a text may hold per token of the model's positions before it is refused
+# untokenized: real text has a few per token, and tokenizing a megabyte costs a second of
+# CPU that the requests beside it wait for.
+CHARACTERS_PER_TOKEN = 64
+
+
+def too_long(text: str, tokens: int) -> str | None:
+    """Why ``text`` is refused before it is tokenized: longer than any text of at most
+    ``tokens`` tokens could reasonably be (:data:`CHARACTERS_PER_TOKEN`); else None."""
+    if len(text) <= (most := CHARACTERS_PER_TOKEN * tokens):
+        return None
+    return (
+        f"{len(text)} characters, more than {most} ({CHARACTERS_PER_TOKEN} per token of the "
+        f"{tokens} the model takes): refused without tokenizing it"
+    )
+
+
 def encode_request(
     req: TranslateRequest, info: ModelInfo
 ) -> tuple[list[list[int]], list[list[int]] | None]:
@@ -92,12 +109,16 @@ def encode_request(
     limit. CPU work on up to a whole body of text: call it off the event loop."""
     src, limit = [], info.max_source_tokens
     for i, line in enumerate(req.src):
+        if (why := too_long(line, limit)) is not None:
+            raise ApiError(422, f"src.{i}: {why}")
         ids = info.tokenizer.encode(line) if line.strip() else []
         if len(ids) > limit:
             raise ApiError(422, f"src.{i}: {len(ids)} tokens, the model takes at most {limit}")
         src.append(ids)
 
     def encode(text: str) -> list[int]:
+        if (why := too_long(text, limit)) is not None:
+            raise AiaynError(why)  # request_prefixes names the prefix
         return prefix_ids(info.tokenizer, text, name="")  # request_prefixes names it
 
     # A prefix leaves room for EOS within the positions, an ensemble's fewest (as a source).

@@ -36,6 +36,9 @@ TINY_RUN = [
         ("max_steps: 2.5\n", "field 'max_steps' must be int (a whole number), got 2.5"),
         ("max_steps: true\n", "field 'max_steps' must be int, got True"),
         ("clip_norm: -1\n", "field 'clip_norm' must be >= 0, got -1.0"),
+        ("threads: 100000\n", "field 'threads' must be in 0..1024, got 100000"),  # a crash
+        ("dataset: nosuch\n", "field dataset: data set 'nosuch': unknown; known: multi30k"),
+        ("dataset: multi30k/de\n", "field dataset: data set 'multi30k/de': not a pair"),
         ("lr_scale: .nan\n", "field 'lr_scale' must be a finite number, got nan"),
         ("adam_eps: .inf\n", "field 'adam_eps' must be a finite number, got inf"),
         # it overflowed timedelta (a traceback) or gloo's timeout (every job failed at once)
@@ -186,6 +189,35 @@ def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(tmp_path, sampl
     assert main([*_tiny_train(sample_prepared, failed), "max_steps=2"]) == 0
     steps = [json.loads(line)["step"] for line in (failed / "metrics.jsonl").open()]
     assert steps and 7 not in steps
+
+
+def test_a_broken_or_folder_checkpoint_last_is_named_as_what_it_is(
+    tmp_path, sample_prepared, capsys
+):
+    """A checkpoint_last.pt that is a broken link was "nothing to resume: ... does not
+    exist" (or, with --resume auto, "no checkpoint_last.pt to resume from"); a folder of
+    that name was "already holds a training run; resume it"."""
+    broken, folder = tmp_path / "broken", tmp_path / "folder"
+    broken.mkdir()
+    (broken / "checkpoint_last.pt").symlink_to(tmp_path / "gone.pt")
+    (folder / "checkpoint_last.pt").mkdir(parents=True)
+    for extra in ([], ["--resume"], ["--resume", "auto"]):
+        err = one_line_error([*_tiny_train(sample_prepared, broken), "max_steps=1", *extra], capsys)
+        assert f"checkpoint_last.pt: a broken link to {tmp_path / 'gone.pt'}" in err, extra
+        err = one_line_error([*_tiny_train(sample_prepared, folder), "max_steps=1", *extra], capsys)
+        assert "checkpoint_last.pt: a folder, not a checkpoint" in err, extra
+    assert (broken / "checkpoint_last.pt").is_symlink() and (folder / "checkpoint_last.pt").is_dir()
+
+
+def test_validation_shows_its_progress(tmp_path, sample_prepared, capsys):
+    """Validation (its loss, then translating every validation sentence: minutes on a
+    large set) showed nothing between the epoch's last update and its result."""
+    argv = _tiny_train(sample_prepared, tmp_path / "run")
+    assert main([a for a in argv if a != "--no-progress"] + ["max_steps=1"]) == 0
+    err = capsys.readouterr().err
+    assert "valid loss: 1/1 batch (100%)" in err and "valid translate: 10/10 sent (100%)" in err
+    assert main([*_tiny_train(sample_prepared, tmp_path / "quiet"), "max_steps=1"]) == 0
+    assert "valid translate" not in capsys.readouterr().err
 
 
 def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, sample_prepared, capsys):

@@ -299,6 +299,21 @@ def _with_every_language(
     return [s for s in chosen if set(langs) <= having[s.split]]
 
 
+def parse_spec(spec: str) -> tuple[Dataset, str, str]:
+    """``NAME`` or ``NAME/SRC-TGT`` -> (the data set, source language, target language);
+    DownloadError for a name or a pair it does not know. Reads and fetches nothing."""
+    name, slash, direction = spec.partition("/")
+    if name not in DATASETS:
+        raise DownloadError(f"data set {spec!r}: unknown; known: {', '.join(DATASETS)}")
+    data = DATASETS[name]
+    langs = direction.split("-") if slash else list(data.pair)  # "multi30k/": no pair
+    if len(langs) != 2 or langs[0] == langs[1] or not set(langs) <= set(data.languages):
+        raise DownloadError(
+            f"data set {spec!r}: not a pair of {name} (languages {', '.join(data.languages)})"
+        )
+    return data, langs[0], langs[1]
+
+
 def pair_files(
     spec: str,
     *,
@@ -309,16 +324,7 @@ def pair_files(
     """``NAME`` or ``NAME/SRC-TGT`` (``multi30k/fr-en``) -> the files of ``roles``: the
     recipe's train_src, train_tgt, valid_src, valid_tgt and test_src, test_tgt, fetching
     what the cache lacks (of Multi30k, only those splits of the two languages)."""
-    name, slash, direction = spec.partition("/")
-    if name not in DATASETS:
-        raise DownloadError(f"data set {spec!r}: unknown; known: {', '.join(DATASETS)}")
-    data = DATASETS[name]
-    langs = direction.split("-") if slash else list(data.pair)  # "multi30k/": no pair
-    if len(langs) != 2 or langs[0] == langs[1] or not set(langs) <= set(data.languages):
-        raise DownloadError(
-            f"data set {spec!r}: not a pair of {name} (languages {', '.join(data.languages)})"
-        )
-    src, tgt = langs
+    data, src, tgt = parse_spec(spec)
     files = {
         f"{role}_{side}": f"{data.roles[role]}.{lang}{data.suffix}"
         for role in roles
@@ -328,9 +334,9 @@ def pair_files(
     if not all((folder / f).is_file() for f in files.values()):
         if any(s.split for s in data.sources):
             splits = [data.roles[r] for r in roles]
-            get(name, langs=[src, tgt], splits=splits, show_progress=show_progress, log=log)
+            get(data.name, langs=[src, tgt], splits=splits, show_progress=show_progress, log=log)
         else:
-            get(name, show_progress=show_progress, log=log)
+            get(data.name, show_progress=show_progress, log=log)
     return {key: folder / f for key, f in files.items()}
 
 

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 import yaml
 
+from aiayn.data.datasets import parse_spec
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
-from aiayn.errors import RecipeError
+from aiayn.errors import DownloadError, RecipeError
 from aiayn.metrics.bleu import TOKENIZERS
 from aiayn.train import recipe_values as values
 from aiayn.train.schedule import SCHEDULES
@@ -57,7 +58,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "log_every": _AT_LEAST_1,
     # torch takes 64-bit seeds; other ranks add their rank and step to it
     "seed": (lambda v: abs(v) < 2**62, "between -2**62 and 2**62"),
-    "threads": _AT_LEAST_0,
+    # torch starts them all (100000 crashed it); aiayn serve --threads has the same bound
+    "threads": (lambda v: 0 <= v <= 1024, "in 0..1024"),
     "max_skipped_updates": _AT_LEAST_1,
     # timedelta and gloo's millisecond timeouts overflow far above it (1e12: every job fails)
     "collective_timeout_minutes": (lambda v: 0 < v <= 1e6, "in (0, 1e6] (1e6: two years)"),
@@ -137,7 +139,7 @@ class Recipe:
     keep_last: int = 5  # epoch (and timed) checkpoints kept, for averaging
     log_every: int = 10  # progress-bar refresh, in updates
     seed: int = 1  # the run's random seed (initialisation, batch order, dropout)
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    threads: int = 0  # torch intra-op threads, at most 1024; 0 = torch's default
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     # Unset (null): the device's default, DEVICE_DEFAULTS; a value given always wins.
     precision: str | None = None  # fp32 | bf16 | fp16 (autocast; fp16 with a loss scale)
@@ -277,6 +279,11 @@ class Recipe:
             if f.name not in ("model", "given_model_fields"):
                 self._set(f.name, getattr(self, f.name), source)
         self._merge_model(source)  # a model assigned since it was made
+        if self.dataset:  # checked whether or not the text fields leave it anything to fill
+            try:
+                parse_spec(self.dataset)
+            except DownloadError as e:
+                raise RecipeError(f"{source}: field dataset: {e}") from None
         others = [k for k in ("dataset", *TEXT_FIELDS) if getattr(self, k)]
         if self.data and others:  # the prepared directory would be read, the rest unused
             raise RecipeError(

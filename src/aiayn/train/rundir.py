@@ -218,6 +218,13 @@ class RunDirectory:
     def _resume_path(self, resume: bool | str) -> Path | None:
         last = self.out_dir / LAST
         remove_stale_temp_files(self.out_dir)
+        if last.is_symlink() and not last.exists():  # neither a run to resume nor no run
+            raise CheckpointError(
+                f"{last}: a broken link to {os.readlink(last)}; restore what it points to "
+                "(to resume) or remove it"
+            )
+        if last.is_dir():
+            raise CheckpointError(f"{last}: a folder, not a checkpoint; move it away")
         if resume == "auto":
             resume = last.is_file()
         if resume:

@@ -244,7 +244,7 @@ class Trainer:
         return validate_world(
             self.model, self.tokenizer, self.valid_data, self.valid_src, self.valid_ref,
             self.recipe.valid_beam, self.recipe.max_tokens, self.recipe.label_smoothing,
-            self.world, self.recipe.valid_tokenize,
+            self.world, self.recipe.valid_tokenize, self._metrics is not None and self._bars,
         )  # fmt: skip
 
     def translate_valid(self) -> list[str]:
@@ -276,7 +276,7 @@ class Trainer:
         )
         metrics = opened[0] if opened else MetricsLog(self.out_dir, enabled=False)
         self._resumed_log_size = None  # cut once: a train() called again keeps what this logs
-        self._metrics = metrics
+        self._metrics, self._bars = metrics, progress  # validation shows bars as the epochs
         self._start = time.perf_counter() - self.elapsed
         stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
         owed = stopped_by != "max_epochs" and duties.pending  # even past a lowered max_epochs

@@ -25,6 +25,7 @@ from aiayn.distributed import World
 from aiayn.errors import RecipeError
 from aiayn.metrics import corpus_bleu
 from aiayn.model.transformer import Transformer
+from aiayn.progress import progress
 from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.translator import Translator
 
@@ -36,18 +37,20 @@ def loss_sums(
     max_tokens: int,
     label_smoothing: float,
     world: World | None = None,
+    show_progress: bool = False,
 ) -> list[float]:
     """``[loss, nll, target tokens]`` of ``model`` on the pairs of ``data`` that fit its
     ``max_len`` (teacher forcing), each summed over its batches; on several ranks each
     scores its share of the batches and every rank gets the totals. The model is left in
-    training mode."""
+    training mode. ``show_progress``: a bar of this rank's batches."""
     world = world or World()
     model.eval()
     device, pad_id = next(model.parameters()).device, model.cfg.pad_id
     sums = [0.0, 0.0, 0.0]
     plan = data.plan(max_tokens, 0, 0, model.cfg.max_len)
     share = world.shard(len(plan))
-    for index in plan[share.start : share.stop]:
+    mine = plan[share.start : share.stop]
+    for index in progress(mine, desc="valid loss", unit="batch", disable=not show_progress):
         batch = data.batch(index).to(device)
         logits = model(batch.src, batch.tgt_in)
         loss, nll, n = label_smoothed_cross_entropy(logits, batch.tgt_out, label_smoothing, pad_id)
@@ -84,13 +87,17 @@ def validate_world(
     label_smoothing: float,
     world: World,
     tokenize: str = "13a",
+    show_progress: bool = False,
 ) -> dict[str, float]:
     """:func:`validate` with the translations of ``src`` (beam ``beam``; 1 = greedy),
     called on every rank of ``world``: each scores its share of the batches and translates
-    its share of the sentences, and every rank returns the figures of one process."""
-    sums = loss_sums(model, data, max_tokens, label_smoothing, world)
+    its share of the sentences, and every rank returns the figures of one process.
+    ``show_progress``: bars of both, on the first rank (its share)."""
+    show = show_progress and world.is_main
+    sums = loss_sums(model, data, max_tokens, label_smoothing, world, show)
     share = world.shard(len(src))
-    hyps = world.gather(translate_texts(model, tokenizer, src[share.start : share.stop], beam))
+    mine = src[share.start : share.stop]
+    hyps = world.gather(translate_texts(model, tokenizer, mine, beam, show_progress=show))
     bleu = corpus_bleu(hyps, refs, tokenize=tokenize).score if hyps is not None else 0.0
     return _figures(sums, world.broadcast(bleu))
 
@@ -130,11 +137,18 @@ def check_valid_lengths(data: PreparedData, max_len: int, log: Callable[[str], N
 
 
 def translate_texts(
-    model: Transformer, tokenizer: Tokenizer, texts: list[str], beam: int, batch_size: int = 128
+    model: Transformer,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    beam: int,
+    batch_size: int = 128,
+    show_progress: bool = False,
 ) -> list[str]:
     """``texts`` translated (greedy for ``beam=1``), in order, as :class:`Translator` gives
-    them; the model is left in the mode it was in."""
-    with inference(model):  # once: each decoding step would switch the modes otherwise
+    them; the model is left in the mode it was in. ``show_progress``: a bar of sentences."""
+    options = DecodeOptions(beam=beam)
+    bar = progress(total=len(texts), desc="valid translate", unit="sent", disable=not show_progress)
+    with inference(model), bar:  # once: each decoding step would switch the modes otherwise
         translator = Translator(model, tokenizer)
-        found = translator.translate(texts, DecodeOptions(beam=beam), batch_size=batch_size)
+        found = translator.translate(texts, options, batch_size=batch_size, on_batch=bar.update)
     return [outputs[0] for outputs in found]

@@ -631,7 +631,9 @@ def test_validation_bleu_takes_the_recipes_tokenization(tmp_path, prepared, monk
     refs = trainer.valid_ref
     squeezed = dict(zip(trainer.valid_src, (r.replace(" ", "").replace(".", "") for r in refs)))
     monkeypatch.setattr(
-        validation, "translate_texts", lambda model, tok, src, beam: [squeezed[s] for s in src]
+        validation,
+        "translate_texts",
+        lambda model, tok, src, beam, **_: [squeezed[s] for s in src],
     )
     hyps = [squeezed[s] for s in trainer.valid_src]
     scores = {}

@@ -537,3 +537,35 @@ def test_a_module_without_d_model_gets_a_report_not_a_traceback():
     report = tour.check_multi_head_attention(TorchMHA(12, 3).mha)  # no d_model attribute
     assert report.bug == "no_d_model" and "d_model=" in report.message, str(report)
     assert tour.check_multi_head_attention(TorchMHA(12, 3).mha, d_model=12).bug != "no_d_model"
+
+
+class LayerScale(nn.Module):
+    """CaiT's per-feature scale of a sub-layer's output: one vector, no norm."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.g = nn.Parameter(torch.full((d,), 0.1))
+
+    def forward(self, x):
+        return x * self.g
+
+
+def test_a_layerscale_is_no_norm_and_its_missing_residual_is_still_named():
+    """The hunt for hand-written norms took a LayerScale (a vector, no matrix) for a norm it
+    could not reset, and reported the residual of a layer without one as not checked."""
+
+    class Scaled(OwnNormLayer):
+        def __init__(self, style):
+            super().__init__(nn.LayerNorm, style)
+            self.s1, self.s2 = LayerScale(12), LayerScale(12)
+
+        def forward(self, x, src_mask):
+            a = self.s1(self.attn(x, mask=src_mask)[0])
+            if self.style == "missing":
+                x = self.n1(a)
+                return self.n2(self.s2(self.ffn(x)))
+            x = self.n1(x + a)
+            return self.n2(x + self.s2(self.ffn(x)))
+
+    assert tour.check_encoder_layer(Scaled("missing"), 12).bug == "missing_residual"
+    assert tour.check_encoder_layer(Scaled("post"), 12).complete

@@ -91,13 +91,16 @@ CHARACTERS_PER_TOKEN = 64
 
 
 def too_long(text: str, tokens: int) -> str | None:
-    """Why ``text`` is refused before it is tokenized: longer than any text of at most
-    ``tokens`` tokens could reasonably be (:data:`CHARACTERS_PER_TOKEN`); else None."""
+    """Why ``text`` is refused before it is tokenized: more characters besides whitespace
+    (whose runs the tokenizer collapses) than any text of at most ``tokens`` tokens could
+    reasonably hold (:data:`CHARACTERS_PER_TOKEN` per token); else None."""
     if len(text) <= (most := CHARACTERS_PER_TOKEN * tokens):
+        return None  # short enough whatever it holds: not counted
+    if (n := sum(map(len, text.split()))) <= most:
         return None
     return (
-        f"{len(text)} characters, more than {most} ({CHARACTERS_PER_TOKEN} per token of the "
-        f"{tokens} the model takes): refused without tokenizing it"
+        f"{n} characters besides whitespace, more than {most} ({CHARACTERS_PER_TOKEN} per "
+        f"token of the {tokens} the model takes): refused without tokenizing it"
     )
 
 

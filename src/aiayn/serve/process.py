@@ -292,9 +292,9 @@ class ProcessWorker:
 
     async def refresh_metrics(self, timeout: float = 5.0) -> None:
         """Copy the worker's counters and gauges (batches, queue) into this process's
-        metrics; on no answer within ``timeout`` seconds they stay as they were. A worker
-        that answers nothing, not even its heartbeat, is not waited for: at most until it
-        has been silent for QUIET_S (a scrape must not wait out a stall's first seconds)."""
+        metrics; on no answer within ``timeout`` seconds, at most QUIET_S less the time the
+        worker has been silent (a scrape must not wait out a stall's first seconds; a
+        healthy worker answers in milliseconds), they stay as they were."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:

@@ -73,13 +73,13 @@ def _parallel(a: Tensor, b: Tensor) -> bool:
     return bool((torch.cosine_similarity(a, b, dim=-1) > 0.999).all())
 
 
-def _reset_norms(layer: nn.Module, x: Tensor) -> bool:
+def _reset_norms(layer: nn.Module, x: Tensor) -> None:
     """Set every norm of ``layer`` to its initial gain 1 and bias 0: nn.LayerNorm and
     nn.RMSNorm, and a hand-written one (a module of one or two vectors of d_model and no
     matrix, as the notes' LayerNorm with its gain and bias) whose output on ``x`` is then
-    normalised, which tells its gain from its bias. Returns False when such a module could
-    not be reset (a trained gain left in place makes a post-LN layer look unnormalised)."""
-    d, every_one_reset = x.size(-1), True
+    a norm of x, which tells its gain from its bias. A module of vectors that no setting
+    makes a norm (a LayerScale, a learned gate) keeps its values."""
+    d = x.size(-1)
     for m in layer.modules():
         own = list(m.parameters(recurse=False))
         if isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
@@ -91,14 +91,10 @@ def _reset_norms(layer: nn.Module, x: Tensor) -> bool:
             and all(p.shape == (d,) for p in own)
             and not any(True for c in m.children() for _ in c.parameters())
         ):
-            every_one_reset &= _reset_hand_written(m, own, x)
-    return every_one_reset
+            _reset_hand_written(m, own, x)
 
 
-def _reset_hand_written(m: nn.Module, own: list[nn.Parameter], x: Tensor) -> bool:
-    """Gain 1 and bias 0 for ``m``, a module of vectors that may be a norm: True when its
-    output on ``x`` is then normalised, or when it is no norm (it does not take x alone);
-    False when no setting normalises it. Unless reset, it keeps its values."""
+def _reset_hand_written(m: nn.Module, own: list[nn.Parameter], x: Tensor) -> None:
     kept = [p.clone() for p in own]
     for gain_first in (True, False)[: len(own)]:  # (gain, bias) or (bias, gain)
         for p, value in zip(own, (1.0, 0.0) if gain_first else (0.0, 1.0)):
@@ -106,17 +102,11 @@ def _reset_hand_written(m: nn.Module, own: list[nn.Parameter], x: Tensor) -> boo
         try:
             out = m(x)
         except Exception:  # it does not take x alone: no norm
-            _restore(own, kept)
-            return True
+            break
         if isinstance(out, Tensor) and out.shape == x.shape and _norm_of(out, x) is not None:
-            return True
-    _restore(own, kept)
-    return False
-
-
-def _restore(params: list[nn.Parameter], values: list[Tensor]) -> None:
-    for p, value in zip(params, values):
-        p.copy_(value)
+            return
+    for p, saved in zip(own, kept):
+        p.copy_(saved)
 
 
 def check_residual(
@@ -133,13 +123,13 @@ def check_residual(
     nn.Linear modules has its raw matrices (and their biases) zeroed too; as that may miss
     a weight, its output then proves a bug only when it is 0 (x reaches the output by no
     path) and no 1-D parameter beside a matrix was zeroed (a hand-written LayerNorm's gain
-    kept there would make it 0); any other output that is neither x nor norm(x), or a norm
-    it could not reset, raises :class:`NotCheckedError`.
+    kept there would make it 0); any other output that is neither x nor norm(x) raises
+    :class:`NotCheckedError`.
     """
     strict = _silenceable(layer)
-    copied = copy.deepcopy(layer)
+    copied = copy.deepcopy(layer).eval()  # its dropout off, whatever the learner's mode
     with torch.no_grad():
-        norms_reset = _reset_norms(copied, x)
+        _reset_norms(copied, x)
         live = call(copied, x)
         for m in copied.modules():
             if isinstance(m, nn.Linear):
@@ -157,24 +147,17 @@ def check_residual(
         raise FoundBugError(
             "residual_on_normalized_input",
             "with every sub-layer silenced (all nn.Linear weights and biases 0) the layer "
-            "returns LayerNorm(x), as post-LN does, but with its weights its output is not "
+            "returns norm(x), as post-LN does, but with its weights its output is not "
             "normalised: the sub-layer is added to the normalised input, "
             "norm(x) + sublayer(...). Post-LN is norm(x + sublayer(x)); pre-LN is "
             "x + sublayer(norm(x)), adding to x itself.",
             PAGE,
         )
-    if not norms_reset:
-        raise NotCheckedError(
-            "the layer's norms are modules of its own whose gain and bias the checker could "
-            "not set to 1 and 0, and a trained gain makes a post-LN layer's output look "
-            "unnormalised, so the residual connections could not be checked. Check by hand: "
-            "norm(x + sublayer(x)) (post-LN) or x + sublayer(norm(x)) (pre-LN)."
-        )
     if not strict and (gains_maybe_zeroed or not bool((silent.abs() < 1e-6).all())):
         raise NotCheckedError(
             "some of the layer's weights are not in nn.Linear modules (raw nn.Parameter "
             "matrices); with every matrix the checker found set to 0 the layer returns "
-            "neither x (pre-LN) nor LayerNorm(x) (post-LN), which may be a weight it could "
+            "neither x (pre-LN) nor norm(x) (post-LN), which may be a weight it could "
             "not silence, so the residual connections could not be checked. Check by hand: "
             "norm(x + sublayer(x)) (post-LN) or x + sublayer(norm(x)) (pre-LN)."
         )
@@ -183,7 +166,7 @@ def check_residual(
         "missing_residual",
         f"with every sub-layer silenced (all {zeroed} 0) a layer must "
         "pass its input through its residual connections: x itself (pre-LN) or "
-        "LayerNorm(x) (post-LN). This one returns neither, so some sub-layer's output is "
+        "norm(x) (post-LN). This one returns neither, so some sub-layer's output is "
         "not added to its input: write norm(x + sublayer(x)) (post-LN) or "
         "x + sublayer(norm(x)) (pre-LN) around self-attention, the feed-forward network "
         "and (in the decoder) the encoder-decoder attention.",

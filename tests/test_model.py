@@ -300,6 +300,26 @@ def test_presets_match_table_3_parameter_counts():
     assert abs(n_big - 213e6) / 213e6 < 0.02, n_big
 
 
+def test_every_default_is_the_papers():
+    """Defaults that only a docs-sync test or a regression snapshot guarded (a mutation
+    run changed each unnoticed by any test of behaviour): Table 3's base model, Section
+    5.3's Adam and warmup, Section 5.4's label smoothing and Section 6.1's beam search."""
+    from aiayn.decode import DecodeOptions
+    from aiayn.train.recipe import Recipe
+
+    cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100)
+    assert (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.dropout) == (512, 8, 6, 2048, 0.1)
+    assert (cfg.attention_dropout, cfg.activation_dropout) == (0.0, 0.0)  # not the paper's
+    big = TransformerConfig.big(100)
+    assert (big.n_layers, big.dropout, big.attention_dropout) == (6, 0.3, 0.0)
+    r = Recipe()
+    assert (r.label_smoothing, r.warmup, r.lr_scale) == (0.1, 4000, 1.0)
+    assert (r.adam_betas, r.adam_eps) == ((0.9, 0.98), 1e-9)
+    o = DecodeOptions()
+    assert (o.beam, o.alpha, o.length_penalty, o.n_best, o.sampling) == (4, 0.6, "gnmt", 1, False)
+    assert (o.max_len_a, o.max_len_b) == (1.0, 50)  # input length + 50
+
+
 def test_config_round_trips_through_dict():
     cfg = tiny_config(norm_first=True)
     assert TransformerConfig.from_dict(cfg.to_dict()) == cfg

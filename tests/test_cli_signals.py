@@ -124,3 +124,31 @@ def test_the_package_names_load_on_first_use():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["TransformerConfig", "greedy"]
+
+
+def test_a_closed_stdout_or_stderr_is_one_error_or_silence_not_a_traceback(
+    sample_model_dir, tmp_path
+):
+    """A stream the shell closed (``>&-``) is None in Python: a closed stdout was an
+    AttributeError traceback (even with -o, after the file was written), and with stderr
+    closed print() fell back to stdout, so notes went into the translations."""
+    model = sample_model_dir()
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund.\n" + "Hund " * 200 + "\n")  # the second: a note, cut to fit
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    aiayn_cmd = f"{sys.executable} -m aiayn translate --model {model} --beam 1 {src}"
+
+    def shell(line: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", line], capture_output=True, text=True, env=env, timeout=120
+        )
+
+    closed = shell(f"exec 3>&2; {aiayn_cmd} 2>&3 >&-")
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr, closed.stderr
+    assert "aiayn translate: error: stdout: closed" in closed.stderr
+    out = tmp_path / "out.en"
+    written = shell(f"{aiayn_cmd} -o {out} >&-")
+    assert written.returncode == 0 and "Traceback" not in written.stderr, written.stderr
+    assert len(out.read_text().splitlines()) == 2
+    quiet = shell(f"{aiayn_cmd} 2>&-")
+    assert quiet.returncode == 0 and quiet.stdout.splitlines() == out.read_text().splitlines()

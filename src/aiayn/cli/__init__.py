@@ -109,6 +109,7 @@ def _once_each(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    closed_streams()
     try:
         return run(argv)
     except KeyboardInterrupt:  # also while the imports load, before any command ran
@@ -117,6 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated as e:
         print("terminated", file=sys.stderr)
         return 128 + e.args[0]
+
+
+class _ClosedStdout:
+    """sys.stdout that the shell closed (``>&-``): writing to it is one error naming it."""
+
+    def write(self, text: str) -> int:
+        raise AiaynError("stdout: closed, so there is nowhere to write the output")
+
+    def flush(self) -> None:
+        pass
+
+
+def closed_streams() -> None:
+    """A stream the shell closed is None in Python. Then print(file=sys.stderr) falls back
+    to stdout, mixing notes and errors into the output, and a write to stdout is an
+    AttributeError: notes and errors go nowhere, and output to stdout is an error."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the whole process
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
 
 
 def run(argv: list[str] | None) -> int:

@@ -60,8 +60,8 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(sample_model_dir,
 
 def test_an_output_that_is_a_file_of_the_model_is_refused(sample_model_dir, tmp_path, capsys):
     """-o over the checkpoint that decodes (or the tokenizer, the recipe) replaced the model
-    with translations; now refused before any work, by any path or link. Other files in
-    the model directory (earlier outputs) may be written."""
+    with translations; now refused before any work, by any path or link, there already or
+    not yet. Other files in the model directory (earlier outputs) may be written."""
     model_dir = tmp_path / "model"
     shutil.copytree(sample_model_dir(), model_dir)
     f = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
@@ -71,8 +71,11 @@ def test_an_output_that_is_a_file_of_the_model_is_refused(sample_model_dir, tmp_
     translate = ["translate", *model, str(f["in_de"])]
     spm = next(p for p in model_dir.iterdir() if p.suffix in (".model", ".spm"))
     before = {p: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    # Not there yet counts too: a checkpoint_averaged.pt of text is what `auto` loads next.
+    (tmp_path / "dangling.en").symlink_to(model_dir / "checkpoint_last.pt")
+    not_yet = (model_dir / "checkpoint_averaged.pt", tmp_path / "dangling.en")
     for argv in (translate, evaluate):
-        for out in (model_dir / "checkpoint_best.pt", tmp_path / "link.pt", spm):
+        for out in (model_dir / "checkpoint_best.pt", tmp_path / "link.pt", spm, *not_yet):
             err = one_line_error([*argv, "-o", str(out)], capsys)
             assert f"is a file of the model directory {model_dir}" in err, err
             assert "give another output file" in err

@@ -102,18 +102,21 @@ def check_output_spares_models(
     output: str | None, models: list[str], checkpoints: list[str] | None
 ) -> None:
     """AiaynError, before any work, when the ``output`` file is a checkpoint given by path
-    or one of the files of a model directory (``models``): writing it would destroy the
-    model that decodes. Any other file in a model directory may be written."""
+    or one of the files of a model directory (``models``), there already or not yet (a
+    checkpoint_averaged.pt written there would be the one the next run loads): writing it
+    would destroy the model that decodes. Any other file in a model directory may be
+    written."""
     from aiayn.checkpoint import CHECKPOINT_NAMES, resolve_checkpoint
 
-    if not output or not os.path.isfile(output):
+    if not output:
         return
-    paths = [c for c in checkpoints or [] if c not in CHECKPOINT_NAMES and c != "auto"]
-    for path in {str(resolve_checkpoint(m, c)) for m in models for c in paths}:
-        check_output_file(output, {"--checkpoint": path})
+    if os.path.isfile(output):
+        paths = [c for c in checkpoints or [] if c not in CHECKPOINT_NAMES and c != "auto"]
+        for path in {str(resolve_checkpoint(m, c)) for m in models for c in paths}:
+            check_output_file(output, {"--checkpoint": path})
     real = os.path.realpath(output)  # a link is judged by the file it writes
     name, folder = os.path.basename(real), os.path.dirname(real)
-    if not (name.endswith(MODEL_SUFFIXES) or name in MODEL_NAMES):
+    if not (name.endswith(MODEL_SUFFIXES) or name in MODEL_NAMES) or not os.path.isdir(folder):
         return
     for model in models:
         if os.path.isdir(model) and os.path.samefile(folder, model):

@@ -236,6 +236,24 @@ def test_word_starts_merge_pieces():
     assert word_starts(["un", "▁a"]) == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("pieces", "words"),
+    [
+        (["▁A", "▁", "▁e", "."], [0, 1, 1, 1]),  # decoded "A  e.": two words
+        (["▁up", "▁", "e"], [0, 1, 1]),
+        (["▁", "▁A"], [0, 0]),
+        (["▁A", "▁"], [0, 0]),
+        ([".", "▁", "▁"], [0, 0, 0]),
+    ],
+)
+def test_a_piece_of_marks_alone_makes_no_word(pieces, words):
+    """A lone U+2581 piece counted as a word of its own, which the text (a double space)
+    does not have: alignment pairs named output words past the text's last (on test2016,
+    21 of 1,000 best translations)."""
+    assert word_starts(pieces) == words
+    assert max(words) + 1 == len("".join(pieces).replace("\u2581", " ").split())
+
+
 def test_cli_jsonl_alignment_and_prefix(sample_model_dir, tmp_path, capsys):
     model = str(sample_model_dir(False))
     lines = [s for s, _ in PAIRS[:5]]

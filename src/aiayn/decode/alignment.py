@@ -65,14 +65,20 @@ def hard_alignment(weights: Tensor, skip_src: Sequence[int] = ()) -> list[int]:
 
 
 def word_starts(pieces: Sequence[str]) -> list[int]:
-    """The word index of each SentencePiece piece: a piece starting with U+2581 (the
-    word-boundary mark) starts a new word, any other continues the word before it."""
-    words, index = [], -1
-    for i, piece in enumerate(pieces):
-        if i == 0 or piece.startswith("\u2581"):
-            index += 1
+    """The word index of each SentencePiece piece, counted as the words of the text (its
+    whitespace-separated ones): a piece starting with U+2581 (the word-boundary mark)
+    starts a new word, any other continues the word before it; a piece of marks alone is
+    space, which a word follows (the last word, at the end), so it makes no word of its own."""
+    words, index, boundary = [], -1, True
+    for piece in pieces:
+        boundary |= piece.startswith("\u2581")
+        if not piece.strip("\u2581"):  # marks alone: counted with the word after them
+            words.append(index + 1)
+            continue
+        if boundary:
+            index, boundary = index + 1, False
         words.append(index)
-    return words
+    return [min(w, max(index, 0)) for w in words]
 
 
 def word_alignment(

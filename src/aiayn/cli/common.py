@@ -260,8 +260,9 @@ def stdout_named() -> Iterator[None]:
             sys.stdout = open(os.devnull, "w") if named.failed else named.stream  # noqa: SIM115
 
 
-# Lines decoded (and written) at a time: memory stays bounded for an input of any length
-# (about 1.2 KB a line of outputs), output appears as it is made, and batches are sorted
+# Lines decoded (and written) at a time: the decoding's memory stays bounded for an input
+# of any length (about 1.2 KB a line of outputs; the input itself is read whole first),
+# output appears as it is made, and batches are sorted
 # by length within each chunk, which pads about as little as sorting the whole input.
 CHUNK_LINES = 10_000
 

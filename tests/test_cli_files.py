@@ -724,11 +724,13 @@ def test_lines_typed_at_a_terminal_are_translated_as_they_are_entered(sample_mod
         ["data", "get", "multi30k", "--mirror", ""],
         ["translate", "--model", "m", "-o", "", "in.de"],
         ["evaluate", "--model", "m", "--src", "a", "--ref", "b", ""],
+        ["translate", "--model", "m", ""],  # the input: ".: is a directory"
     ],
 )
 def test_a_path_flag_given_empty_is_refused(argv, capsys):
     """`--model "$MODEL"` with MODEL unset: some commands took "" for "not given" and did
     something else without a word."""
-    flag = argv[argv.index("") - 1] if argv[argv.index("") - 1].startswith("-") else "--ref"
+    before = argv[argv.index("") - 1]
+    flag = before if before.startswith("-") else ("--ref" if argv[0] == "evaluate" else "input")
     flag = {"-o": "--output"}.get(flag, flag)
     assert f"{flag}: the path is empty" in one_line_error(argv, capsys)

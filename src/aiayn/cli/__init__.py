@@ -174,22 +174,23 @@ def run(argv: list[str] | None) -> int:
 # `--model "$MODEL"`), some would read as not given and quietly do something else.
 PATH_FLAGS = {
     "model", "checkpoint", "out", "output", "data", "run", "src", "ref", "mirror",
-    "spm_model", "init_from", "config", "prefix_file", "closest_to",
+    "spm_model", "init_from", "config", "prefix_file", "closest_to", "input",
 }  # fmt: skip
 
 
 def _refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """AiaynError for a path flag of the command run (``aiayn data get`` too) given as ""."""
+    """AiaynError for a path flag or argument of the command run (``aiayn data get`` too)
+    given as ""."""
     actions, found = list(parser._actions), []
     while actions:  # the chosen subcommand's actions, and those of its chosen subcommand
         action = actions.pop()
         if isinstance(action, argparse._SubParsersAction):
             chosen = action.choices.get(getattr(args, action.dest, None) or "")
             actions += chosen._actions if chosen is not None else []
-        elif action.option_strings and action.dest in PATH_FLAGS:
+        elif action.dest in PATH_FLAGS:
             found.append(action)
     for action in found:
         value = getattr(args, action.dest, None)
         if "" in (value if isinstance(value, list) else [value]):
-            flag = max(action.option_strings, key=len)
+            flag = max(action.option_strings, key=len, default=action.dest)  # or positional
             raise AiaynError(f"{flag}: the path is empty (an unset variable in a script?)")

@@ -90,20 +90,34 @@ def test_an_output_that_is_a_file_of_the_model_is_refused(sample_model_dir, tmp_
     assert earlier.read_text(encoding="utf-8") not in ("", "old\n")
 
 
-def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, capsys):
+def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch
+):
     """-o a folder, or in a folder that does not exist, was refused only after the whole
-    decoding; now before anything is read (here the model does not even exist)."""
+    decoding; now before anything is read (here the model does not even exist). So are a
+    dangling link into a missing folder and a folder that takes no file (read-only)."""
     f = _files(tmp_path, in_de="Ein Hund.\n", ref_en="A dog.\n")
     model = ["--model", str(tmp_path / "no_model"), "--quiet"]
     evaluate = ["evaluate", *model, "--src", str(f["in_de"]), "--ref", str(f["ref_en"])]
     translate = ["translate", *model, str(f["in_de"])]
     missing = tmp_path / "no" / "such"
+    dangling = tmp_path / "dangling.en"
+    dangling.symlink_to(missing / "out.en")
     for argv in (translate, evaluate):
         err = one_line_error([*argv, "-o", str(tmp_path)], capsys)
         assert f"-o {tmp_path}: is a folder; give a file to write" in err
         err = one_line_error([*argv, "-o", str(missing / "out.en")], capsys)
         assert f"-o {missing / 'out.en'}: no folder {missing} to write it in" in err
+        err = one_line_error([*argv, "-o", str(dangling)], capsys)
+        assert f"-o {dangling}: a link into {missing}, which does not exist" in err
     assert not missing.parent.exists()
+
+    def read_only(*args, **kwargs):  # as root, a chmod would not stop the write
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    err = one_line_error([*translate, "-o", str(tmp_path / "out.en")], capsys)
+    assert f"-o {tmp_path / 'out.en'}: cannot write in {tmp_path} (Permission denied)" in err
 
 
 def test_unusable_input_files_are_one_line_errors(sample_model_dir, tmp_path, capsys):

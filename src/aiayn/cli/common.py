@@ -82,6 +82,8 @@ def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None
     folder = os.path.dirname(output or "")
     if folder and not os.path.isdir(folder):
         raise AiaynError(f"-o {output}: no folder {folder} to write it in")
+    if output and (_mode(output) is None or os.path.isfile(output)):  # not a pipe, a device
+        _check_writable(output)
     if not output or not os.path.isfile(output):
         return  # a new file, or a pipe or /dev/stdout: nothing read is overwritten
     for name, path in inputs.items():
@@ -90,6 +92,21 @@ def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None
                 f"-o {output} is the same file as {name} {path}: writing it would destroy "
                 "that input; give another output file"
             )
+
+
+def _check_writable(output: str) -> None:
+    """AiaynError unless :func:`output_stream` can make its temp file beside the file
+    ``output`` writes (a link's target): a read-only folder, or a dangling link into a
+    folder that does not exist, would show only after all the work."""
+    folder = os.path.dirname(os.path.realpath(output))
+    if not os.path.isdir(folder):
+        raise AiaynError(f"-o {output}: a link into {folder}, which does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(".tmp", ".aiayn-probe.", folder)
+    except OSError as e:
+        raise AiaynError(f"-o {output}: cannot write in {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 # What makes up a model directory (docs/run-directory.md): checkpoints, the recipe, the

@@ -580,6 +580,9 @@ def test_a_seed_without_sampling_is_refused_as_the_server_refuses_it(
     first = capsys.readouterr().out
     assert main([*argv, "--seed", "3", "--sampling"]) == 0
     assert capsys.readouterr().out == first and first.strip()
+    # 100000 samples a line grew to 23 GB, then the kernel killed the run without a word.
+    err = one_line_error([*argv, "--sampling", "--n-best", "100000"], capsys)
+    assert "--n-best 100000: at most 1024 samples a line" in err
 
 
 def test_batch_size_changes_no_output_and_is_checked_before_the_model_loads(

@@ -100,7 +100,15 @@ def decode_options(
     options = defaults.given(n_best=n_best, **given)
     if given["seed"] is not None and not options.sampling:  # as the server's 422
         raise AiaynError("--seed seeds sampling, which is off: give --sampling too")
+    if options.sampling and options.n_best > MAX_SAMPLES:  # 100000 ran out of memory, unsaid
+        raise AiaynError(
+            f"--n-best {options.n_best}: at most {MAX_SAMPLES} samples a line (each is a row "
+            "of the batch, with a decoder cache of its own; lower --batch-size for many)"
+        )
     return options
+
+
+MAX_SAMPLES = 1024
 
 
 def add_inference_flags(p: argparse.ArgumentParser) -> None:

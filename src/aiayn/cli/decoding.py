@@ -318,7 +318,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("input", nargs="?", help="input file; default stdin (either plain or gzip)")
     p.add_argument("-o", "--output", type=stdout_or_file, help="output file; default (or -) stdout")
     p.add_argument(
-        "--n-best", type=int, default=1, help="outputs per line (' ||| '-joined; samples)"
+        "--n-best",
+        type=int,
+        default=1,
+        help="outputs per line (' ||| '-joined; samples: at most 1024)",
     )
     p.add_argument(
         "--closest-to",

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 from aiayn.cli.common import MODEL_NAMES, MODEL_SUFFIXES
-from aiayn.cli.flags import note
 from aiayn.errors import AiaynError
 
 
@@ -213,7 +212,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     if not paths:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
-        note(f"averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
+        print(f"note: averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
     state = average_checkpoints(paths)
     if (run_step := saved_step(model_dir / LAST)) is not None:  # see stale_average
         state["run_step"] = run_step
@@ -236,7 +235,7 @@ def _newest_states(paths: list[Path], n: int) -> list[Path]:
             break
         step = saved_step(path)
         if step in steps and path.name.startswith("checkpoint_step"):
-            note(f"{path.name} is step {step}, as {steps[step].name}: averaged once")
+            print(f"note: {path.name} is step {step}, as {steps[step].name}: averaged once")
             continue
         if step is not None:
             steps[step] = path

@@ -84,6 +84,11 @@ def check_output_file(output: str | None, inputs: dict[str, str | None]) -> None
         raise AiaynError(f"-o {output}: no folder {folder} to write it in")
     if output and (_mode(output) is None or os.path.isfile(output)):  # not a pipe, a device
         _check_writable(output)
+    _check_not_an_input(output, inputs)
+
+
+def _check_not_an_input(output: str | None, inputs: dict[str, str | None]) -> None:
+    """AiaynError when ``output`` is one of ``inputs`` (flag or name: path), by any link."""
     if not output or not os.path.isfile(output):
         return  # a new file, or a pipe or /dev/stdout: nothing read is overwritten
     for name, path in inputs.items():
@@ -120,9 +125,8 @@ def check_output_spares_models(
 ) -> None:
     """AiaynError, before any work, when the ``output`` file is a checkpoint given by path
     or one of the files of a model directory (``models``), there already or not yet (a
-    checkpoint_averaged.pt written there would be the one the next run loads): writing it
-    would destroy the model that decodes. Any other file in a model directory may be
-    written."""
+    checkpoint_averaged.pt there is what the next run loads): writing it would destroy the
+    model that decodes. Any other file in a model directory may be written."""
     from aiayn.checkpoint import CHECKPOINT_NAMES, resolve_checkpoint
 
     if not output:
@@ -130,7 +134,7 @@ def check_output_spares_models(
     if os.path.isfile(output):
         paths = [c for c in checkpoints or [] if c not in CHECKPOINT_NAMES and c != "auto"]
         for path in {str(resolve_checkpoint(m, c)) for m in models for c in paths}:
-            check_output_file(output, {"--checkpoint": path})
+            _check_not_an_input(output, {"--checkpoint": path})
     real = os.path.realpath(output)  # a link is judged by the file it writes
     name, folder = os.path.basename(real), os.path.dirname(real)
     if not (name.endswith(MODEL_SUFFIXES) or name in MODEL_NAMES) or not os.path.isdir(folder):
@@ -279,8 +283,8 @@ def stdout_named() -> Iterator[None]:
 
 # Lines decoded (and written) at a time: the decoding's memory stays bounded for an input
 # of any length (about 1.2 KB a line of outputs; the input itself is read whole first),
-# output appears as it is made, and batches are sorted
-# by length within each chunk, which pads about as little as sorting the whole input.
+# output appears as it is made, and batches are sorted by length within each chunk, which
+# pads about as little as sorting the whole input.
 CHUNK_LINES = 10_000
 
 

@@ -203,8 +203,8 @@ def check_encoder_layer(layer: nn.Module, d_model: int) -> Report:
     ``dropout_in_eval``, ``unused_parameters``, ``mixes_positions``, ``padding_leaks``,
     ``missing_scale``, ``divides_by_d_k``, ``scale_by_d_model``, ``wrong_scale``,
     ``missing_residual``, ``residual_on_normalized_input``, ``not_a_module``,
-    ``raises``. A scale it cannot fit,
-    or a residual path it cannot silence, is reported as not checked, never as passed."""
+    ``raises``. A scale it cannot fit, or a residual path it cannot silence, is reported as
+    not checked, never as passed."""
     subject = f"check_encoder_layer({name_of(layer)})"
     if (refused := not_a_module(layer, subject, "09-encoder.md")) is not None:
         return refused

@@ -147,6 +147,7 @@ class Trainer:
         )  # fmt: skip
         self.epoch_checkpoints: list[str] = []
         self._metrics: MetricsLog | None = None  # while train() runs
+        self._bars = False  # while train(progress=True) runs: validation shows bars too
         self._resumed_log_size = None if state is None else state.get("metrics_bytes")
         if state is not None:
             self._restore(state)
@@ -244,7 +245,7 @@ class Trainer:
         return validate_world(
             self.model, self.tokenizer, self.valid_data, self.valid_src, self.valid_ref,
             self.recipe.valid_beam, self.recipe.max_tokens, self.recipe.label_smoothing,
-            self.world, self.recipe.valid_tokenize, self._metrics is not None and self._bars,
+            self.world, self.recipe.valid_tokenize, self._bars,
         )  # fmt: skip
 
     def translate_valid(self) -> list[str]:
@@ -276,7 +277,7 @@ class Trainer:
         )
         metrics = opened[0] if opened else MetricsLog(self.out_dir, enabled=False)
         self._resumed_log_size = None  # cut once: a train() called again keeps what this logs
-        self._metrics, self._bars = metrics, progress  # validation shows bars as the epochs
+        self._metrics, self._bars = metrics, progress
         self._start = time.perf_counter() - self.elapsed
         stopped_by = budget_spent(self.recipe, self.step, self.elapsed) or "max_epochs"
         owed = stopped_by != "max_epochs" and duties.pending  # even past a lowered max_epochs
@@ -295,7 +296,7 @@ class Trainer:
         finally:
             self._rng = rng_state(self.device.type == "cuda")  # a next train() goes on
             metrics.close()
-            self._metrics = None
+            self._metrics, self._bars = None, False
             self.run.release()
         self.log(
             f"stopped ({stopped_by}) after {self.step} updates, {self.epoch} full epochs"

@@ -309,6 +309,22 @@ def test_a_model_of_few_positions_is_summarised_and_its_cut_output_shown_whole(
     assert capsys.readouterr().out.splitlines()[0] == f"translation: {translation}"
 
 
+def test_attention_says_when_the_sentence_was_cut(sample_model_dir, capsys):
+    """A sentence of more tokens than the model has positions is translated (and its
+    attention drawn) from its first ones only; translate said so, attention did not."""
+    from aiayn.checkpoint import load_model, resolve_checkpoint
+
+    model = str(sample_model_dir())
+    positions = load_model(resolve_checkpoint(model))[0].cfg.max_len
+    long = " ".join([SENTENCES[0]] * positions)
+    assert main(["attention", "--model", model, "--beam", "1", long]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("translation: ")
+    assert err.count(f"were translated from their first {positions} tokens only (line 1)") == 1
+    assert main(["attention", "--model", model, "--beam", "1", SENTENCES[0]]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, capsys):
     model = str(sample_model_dir())
     cases = [

@@ -77,6 +77,7 @@ def _preset_model(preset: str, vocab: int) -> Transformer:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
+    from aiayn.cli.common import cut_lines, note_cut
     from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
     from aiayn.inspect.curves import pyplot
     from aiayn.inspect.maps import attention
@@ -89,6 +90,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     if args.out:
         pyplot()  # matplotlib, an optional extra: missing, say so before translating
     translator = translator_for(args)
+    note_cut(cut_lines(translator, [args.sentence]), translator.max_source_tokens)
     amap = attention(translator, args.sentence, beam=args.beam, alpha=args.alpha)
     # The output's pieces: the labels less their EOS (an output cut at max_len has none).
     eos = translator.tokenizer.id_to_piece(translator.model.cfg.eos_id)

@@ -231,6 +231,26 @@ def test_progress_counts_blank_lines_as_done(sample_model_dir):
     assert sum(told) == 4 and len(told) == 3 and out[1] == out[2] == [""]
 
 
+def test_sampling_batches_count_samples(sample_model_dir):
+    """Each sample is a decoder row with a cache of its own, yet a batch held batch_size
+    lines of n_best samples each: 64 lines of 1,024 samples took 12 GB. A batch now holds
+    batch_size samples (at least one line), and a bad batch size is still refused."""
+    translator = Translator.from_dir(sample_model_dir(False))
+    lines = [src for src, _ in PAIRS[:5]]
+    sample = DecodeOptions(beam=1, sampling=True, n_best=4, seed=3)
+    for batch_size, batches in ((8, [2, 2, 1]), (3, [1] * 5), (64, [5])):
+        told: list[int] = []
+        translator.translations(lines, sample, batch_size=batch_size, on_batch=told.append)
+        assert told == batches
+    told = []
+    translator.translations(
+        lines, DecodeOptions(beam=4, n_best=4), batch_size=2, on_batch=told.append
+    )
+    assert told == [2, 2, 1]  # a beam's rows still count as one sentence
+    with pytest.raises(AiaynError, match="batch"):
+        translator.translations(lines, sample, batch_size=0)
+
+
 def test_word_starts_merge_pieces():
     assert word_starts(["▁A", "▁dog", "▁r", "un", "s", "."]) == [0, 1, 2, 2, 2, 2]
     assert word_starts(["un", "▁a"]) == [0, 1]

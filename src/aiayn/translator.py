@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import check_inference_settings, load_inference, resolve_checkpoint
-from aiayn.data.batching import sorted_batches
+from aiayn.data.batching import check_batch_size, sorted_batches
 from aiayn.data.tokenizer import Tokenizer, unencodable
 from aiayn.decode import BeamEngine, DecodeOptions, Hypothesis, search
 from aiayn.decode.core import as_list
@@ -226,8 +226,13 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         """The searches' hypotheses for each row of source ``ids`` (none for an empty row),
         with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples
-        (``scores=False``: see :func:`aiayn.decode.search`). ``on_batch(n)`` is told of
-        each ``n`` rows done, the empty ones first, so the counts add up to ``len(ids)``."""
+        (``scores=False``: see :func:`aiayn.decode.search`). A batch holds ``batch_size``
+        rows, or with sampling that many samples (each a decoder row with a cache of its
+        own: 64 lines of 1,024 samples held 12 GB). ``on_batch(n)`` is told of each ``n``
+        rows done, the empty ones first, so the counts add up to ``len(ids)``."""
+        check_batch_size(batch_size)
+        if options.sampling:
+            batch_size = max(1, batch_size // options.n_best)
         results: list[list[Hypothesis]] = [[] for _ in ids]
         lines = range(len(ids)) if lines is None else lines
         if on_batch is not None and (empty := sum(not row for row in ids)):

@@ -292,8 +292,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=64,
-        help="sentences decoded together (sorted by length; default 64): more is faster "
-        "on a GPU, fewer holds less memory",
+        help="sentences decoded together (sorted by length; default 64; with --sampling, "
+        "samples): more is faster on a GPU, fewer holds less memory",
     )
 
 

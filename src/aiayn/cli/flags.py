@@ -103,7 +103,7 @@ def decode_options(
     if options.sampling and options.n_best > MAX_SAMPLES:  # 100000 ran out of memory, unsaid
         raise AiaynError(
             f"--n-best {options.n_best}: at most {MAX_SAMPLES} samples a line (each is a row "
-            "of the batch, with a decoder cache of its own; lower --batch-size for many)"
+            "of the batch, with a decoder cache of its own)"
         )
     return options
 

@@ -8,6 +8,7 @@ import pytest
 
 from aiayn.cli import main
 from aiayn.data.demo import as_pair, make_splits, number_to_words, word_sources
+from aiayn.errors import AiaynError
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,10 @@ def test_splits_are_disjoint_and_deterministic():
     train, test = make_splits(2000, 300, seed=3)
     assert not set(train) & set(test)
     assert (train, test) == make_splits(2000, 300, seed=3)
+    # More numbers than 0..999,999 holds drew forever; a negative count gave a short list.
+    for counts, message in (((999_999, 2), "the demo has 1,000,000"), ((-1, 5), "n_train")):
+        with pytest.raises(AiaynError, match=message):
+            make_splits(*counts)
     assert as_pair(407113) == ("4 0 7 1 1 3", "four hundred seven thousand one hundred thirteen")
 
 
@@ -92,6 +97,7 @@ def test_demo_settings_that_cannot_work_are_refused_before_training(
         ({"batch_size": -1}, "batch_size must be an integer >= 1"),
         ({"seed": 2**63}, r"seed must be an integer in \[0, 2\*\*63 - 1\]"),
         ({"seed": -1}, "seed must be an integer in"),
+        ({"n_test": 950_001}, "n_test must be at most 950,000"),  # drew numbers forever
     ],
 )
 def test_run_demo_refuses_settings_before_training(kwargs, message):

@@ -118,8 +118,17 @@ def make_splits(n_train: int, n_test: int, seed: int = 0) -> tuple[list[int], li
     """Disjoint train and held-out test numbers, drawn from 0..999,999 by ``seed``.
 
     Half the numbers are drawn with a uniform number of digits (1..6), so short numbers
-    are not swamped by the 90% of the range that has six digits.
+    are not swamped by the 90% of the range that has six digits. AiaynError for a count
+    below 0, or counts the range cannot hold (drawing would never end).
     """
+    for name, count in (("n_train", n_train), ("n_test", n_test)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise AiaynError(f"{name} must be an integer >= 0, got {count!r}")
+    if n_train + n_test > MAX_NUMBER + 1:
+        raise AiaynError(
+            f"{n_train:,} training and {n_test:,} test numbers: the demo has "
+            f"{MAX_NUMBER + 1:,} (0..{MAX_NUMBER:,})"
+        )
     rng = random.Random(seed)
     chosen: set[int] = set()
     numbers: list[int] = []

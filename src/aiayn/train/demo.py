@@ -12,7 +12,7 @@ import torch
 
 from aiayn.config import TransformerConfig
 from aiayn.data.batching import Batch, collate
-from aiayn.data.demo import DemoVocab, as_pair, make_splits, word_sources
+from aiayn.data.demo import MAX_NUMBER, DemoVocab, as_pair, make_splits, word_sources
 from aiayn.decode import greedy
 from aiayn.decode.alignment import cross_attention, hard_alignment
 from aiayn.errors import AiaynError
@@ -22,6 +22,7 @@ from aiayn.train.loss import label_smoothed_cross_entropy
 from aiayn.train.schedule import NoamSchedule
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed overflows past a signed 64-bit integer
+TRAIN_NUMBERS = 50_000  # the numbers it trains on; the test numbers are others
 
 
 @dataclass
@@ -71,18 +72,24 @@ def run_demo(
 ) -> DemoResult:
     """Train for ``steps`` updates with label smoothing 0.1 and the warmup schedule, then
     decode ``n_test`` held-out numbers greedily and report exact-match accuracy.
-    AiaynError, before any training, for fewer than one step, example or test number, or
-    a seed outside [0, 2**63 - 1] (what torch's generator takes)."""
+    AiaynError, before any training, for fewer than one step, example or test number,
+    more test numbers than the 1,000,000 less the 50,000 it trains on, or a seed outside
+    [0, 2**63 - 1] (what torch's generator takes)."""
     for name, value in (("steps", steps), ("batch_size", batch_size), ("n_test", n_test)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise AiaynError(f"{name} must be an integer >= 1, got {value!r}")
+    if n_test > MAX_NUMBER + 1 - TRAIN_NUMBERS:
+        raise AiaynError(
+            f"n_test must be at most {MAX_NUMBER + 1 - TRAIN_NUMBERS:,} (the demo's "
+            f"{MAX_NUMBER + 1:,} numbers less the {TRAIN_NUMBERS:,} it trains on), got {n_test:,}"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise AiaynError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
     start = time.perf_counter()
     torch.manual_seed(seed)
     rng = random.Random(seed)
     vocab = DemoVocab.build()
-    train_numbers, test_numbers = make_splits(50_000, n_test, seed)
+    train_numbers, test_numbers = make_splits(TRAIN_NUMBERS, n_test, seed)
     cfg = demo_config(len(vocab))
     model = Transformer(cfg)
     optimizer = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)

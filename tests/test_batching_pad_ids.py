@@ -88,6 +88,14 @@ def test_sorted_batches_skip_empty_rows():
     assert [index for index, _ in got] == [[2, 3], [0]]
     assert got[0][1].tolist() == [[4, PAD], [5, 6]]
     assert list(sorted_batches([[], []], 4)) == []
+    # Array and tensor rows (a prepared split's ids) failed in the emptiness test.
+    import numpy as np
+
+    arrays = [np.array(r, dtype=np.int64) for r in rows]
+    tensors = [torch.tensor(r, dtype=torch.long) for r in rows]
+    for same in (arrays, tensors):
+        again = list(sorted_batches(same, 2, pad_id=PAD))
+        assert [(i, t.tolist()) for i, t in again] == [(i, t.tolist()) for i, t in got]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])

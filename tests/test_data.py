@@ -161,6 +161,10 @@ def test_tokenizer_round_trips_text_and_stops_at_eos(tokenizer):
     assert tokenizer.decode([BOS_ID, *ids, EOS_ID, *tokenizer.encode("Müll"), PAD_ID]) == (
         "Ein Hund."
     )
+    assert tokenizer.encode("Ein Hund.", 2) == ids[:2] and tokenizer.encode("Ein Hund.", 0) == []
+    for bad in (-1, 1.5, True):  # -1 dropped the last token without a word
+        with pytest.raises(TokenizerError, match="max_tokens must be None or an integer >= 0"):
+            tokenizer.encode("Ein Hund.", bad)
 
 
 def test_tokenizer_survives_bytes_and_rejects_garbage(tokenizer, tmp_path):

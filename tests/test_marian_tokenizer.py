@@ -90,6 +90,10 @@ def test_cut_to_a_length_the_eos_stays_last(folder):
     ours = Tokenizer.load(folder)
     ids = ours.encode("Ein Mann fährt mit dem Fahrrad über die Brücke.")
     assert ours.encode("Ein Mann fährt mit dem Fahrrad über die Brücke.", 5) == [*ids[:4], 0]
+    # 0 returned every id (ids[:-1] and the EOS); a negative limit is refused
+    assert ours.encode("Ein Mann.", 0) == [] and ours.encode("Ein Mann.", 1) == [0]
+    with pytest.raises(TokenizerError, match="max_tokens must be None or an integer >= 0"):
+        ours.encode("Ein Mann.", -1)
 
 
 def test_round_trips_through_bytes_and_files(folder, tmp_path):

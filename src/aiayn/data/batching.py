@@ -123,9 +123,10 @@ def sorted_batches(
 ) -> Iterator[tuple[list[int], Tensor]]:
     """Non-empty ``rows`` in batches of up to ``batch_size``, sorted by length so a batch
     holds little padding: yields (row indices, right-padded ``[n, longest]`` ids). Empty
-    rows are skipped; the caller maps results back through the indices."""
+    rows are skipped; the caller maps results back through the indices. Rows may be
+    lists, arrays or 1-D tensors (as :func:`pad` takes them)."""
     check_batch_size(batch_size)
-    order = sorted((i for i in range(len(rows)) if rows[i]), key=lambda i: len(rows[i]))
+    order = sorted((i for i in range(len(rows)) if len(rows[i])), key=lambda i: len(rows[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         yield chunk, pad([rows[i] for i in chunk], pad_id)

@@ -34,7 +34,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from aiayn.data.tokenizer import Tokenizer, check_ids, id_list, token_id
+from aiayn.data.tokenizer import Tokenizer, check_ids, check_max_tokens, id_list, token_id
 from aiayn.errors import TokenizerError
 
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
@@ -305,10 +305,10 @@ class MarianTokenizer(Tokenizer):
 
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         """Source ids of ``text``, EOS last when :attr:`add_source_eos`; cut to
-        ``max_tokens`` the EOS stays last."""
+        ``max_tokens`` (at least 1) the EOS stays last."""
         ids = self._encode([text], source=True)[0]
-        if max_tokens is not None and len(ids) > max_tokens:
-            ids = [*ids[: max_tokens - 1], self.eos_id] if self.add_source_eos else ids[:max_tokens]
+        if (limit := check_max_tokens(max_tokens)) is not None and len(ids) > limit:
+            ids = [*ids[: limit - 1], self.eos_id] if self.add_source_eos and limit else ids[:limit]
         return ids
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:

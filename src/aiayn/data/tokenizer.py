@@ -164,7 +164,7 @@ class Tokenizer:
     # are looked at only after SentencePiece refused them, so good input costs nothing more.
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         """Source ids of ``text``, at most ``max_tokens`` of them (None: all)."""
-        return self._encode_one(text)[:max_tokens]
+        return self._encode_one(text)[: check_max_tokens(max_tokens)]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """Source ids of each text. ``num_threads``: SentencePiece's threads for the batch
@@ -285,3 +285,13 @@ def token_id(name: str, i: object, vocab_size: int) -> int:
     if not 0 <= value < vocab_size:
         raise TokenizerError(f"{name}: {value} is outside the vocabulary [0, {vocab_size})")
     return value
+
+
+def check_max_tokens(max_tokens: object) -> int | None:
+    """``max_tokens`` (None, or an int >= 0: a negative one would cut from the end);
+    TokenizerError otherwise."""
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
+    ):
+        raise TokenizerError(f"max_tokens must be None or an integer >= 0, got {max_tokens!r}")
+    return max_tokens

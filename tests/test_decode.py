@@ -413,9 +413,11 @@ def test_decode_step_sets_aside_only_the_buffers_the_projection_uses(
     model = Transformer(tiny_config(tie_output=tie_output)).eval()
     x = torch.randn(20, model.cfg.d_model)
     expected = {(True, 20): 1 + blocked, (True, 4): 1, (False, 20): 0, (False, 4): 0}
-    for n in (20, 4):
-        assert model.projection_buffers(x[:n]) == expected[tie_output, n]
-    assert model.projection_buffers(x.bfloat16()) == 0  # as under autocast
+    with torch.no_grad():
+        for n in (20, 4):
+            assert model.projection_buffers(x[:n]) == expected[tie_output, n]
+        assert model.projection_buffers(x.bfloat16()) == 0  # as under autocast
+    assert model.projection_buffers(x) == 0  # autograd on: an out= product has no gradient
     src, _ = random_batch(model.cfg, [7, 3, 5, 2] * 5, [1] * 20)
     with inference(model):
         step = DecodeStep(model, src)

@@ -57,6 +57,13 @@ def test_positions_past_max_len_are_refused_at_the_exact_boundary():
             "sequence reaches position 21, past max_len=20; raise TransformerConfig.max_len "
             "or shorten the input"
         )
+    # A negative offset dropped the input ([2, 0, 8]) or, per row, read the table from its
+    # end; a 0-d tensor was torch's IndexError.
+    for offset in (-1, torch.tensor([-1, 0])):
+        with pytest.raises(ModelInputError, match=r"^offset -1: positions start at 0$"):
+            pe(x, offset=offset)
+    with pytest.raises(ModelInputError, match="got a 0-D tensor"):
+        pe(x, offset=torch.tensor(3))
 
 
 def test_learned_positions_are_a_trained_table():

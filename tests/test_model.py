@@ -421,6 +421,19 @@ def test_projection_into_reused_memory_is_bit_identical(output_bias, blocked, mo
             )
 
 
+def test_projection_given_buffers_with_autograd_on_is_differentiable():
+    """out= and work= are offered for memory reuse; with autograd on they raised torch's
+    "functions with out=... arguments don't support automatic differentiation"."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(tgt_vocab_size=100, src_vocab_size=100))
+    x = torch.randn(20, model.cfg.d_model, requires_grad=True)
+    out, work = torch.empty(20, 100), torch.empty(20, 100)
+    logits = model.project(x, out=out, work=work)
+    assert torch.equal(logits, torch.nn.functional.linear(x, model.tgt_embed.weight))
+    logits.sum().backward()
+    assert x.grad is not None and model.tgt_embed.weight.grad is not None
+
+
 def test_refusals_are_whole_sentences(tiny_model):
     """The exact messages (a user reads them as they are): the ids' type and length, the
     first id out of range named over the last, every batch-size mismatch of decode with

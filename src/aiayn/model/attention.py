@@ -131,7 +131,8 @@ class MultiHeadAttention(nn.Module):
         applied first); for encoder-decoder attention a :class:`CrossAttentionCache`, whose
         keys/values, projected from ``memory`` once, are used instead of projecting it
         again. A cached K/V with B/G rows serves G consecutive rows of x each (the beams of
-        one sentence, in continuous batching), without G copies of it.
+        one sentence, in continuous batching), without G copies of it; ``mask`` then has
+        B/G rows too (``[B/G, 1, 1, S]``, one per source), not B.
         """
         d = self.d_model
         if memory is None:

@@ -48,15 +48,23 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         pe = self.learned if self.learned is not None else self.table
         if isinstance(offset, Tensor):  # per row: gather [B, T] rows of the table
+            if offset.dim() != 1:
+                raise ModelInputError(
+                    f"offset: an int or a [B] tensor of each row's, got a {offset.dim()}-D tensor"
+                )
             positions = offset[:, None] + torch.arange(x.size(1), device=x.device)
             end = int(positions.max()) + 1 if positions.numel() else 0
-            self._check_end(end)
+            self._check(int(offset.min()) if offset.numel() else 0, end)
             return self.dropout(x + pe[positions])
         end = offset + x.size(1)
-        self._check_end(end)
+        self._check(offset, end)
         return self.dropout(x + pe[offset:end])
 
-    def _check_end(self, end: int) -> None:
+    def _check(self, first: int, end: int) -> None:
+        """ModelInputError unless positions ``first`` .. ``end - 1`` are in the table (a
+        negative one would index it from the end, or drop the input)."""
+        if first < 0:
+            raise ModelInputError(f"offset {first}: positions start at 0")
         if end > self.max_len:
             raise ModelInputError(
                 f"sequence reaches position {end}, past max_len={self.max_len}; "
@@ -68,7 +76,9 @@ class TokenEmbedding(nn.Module):
     """Token ids ``[B, T]`` -> vectors ``[B, T, d_model]`` multiplied by sqrt(d_model) (3.4;
     ``scale=False``: not multiplied, as Marian models without ``scale_embedding``).
 
-    The pad row starts at zero and gets no gradient (``padding_idx``).
+    The pad row starts at zero and the lookup gives it no gradient (``padding_idx``). Tied
+    to the output projection (the default), it is also the pad's output weight and trains
+    there, which changes no output: pad keys are masked, and pad is never decoded.
     """
 
     def __init__(self, vocab_size: int, d_model: int, pad_id: int, scale: bool = True):

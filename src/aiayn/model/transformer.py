@@ -305,10 +305,13 @@ class Transformer(nn.Module):
     def projection_buffers(self, x: Tensor) -> int:
         """How many ``[n, tgt_vocab_size]`` buffers :meth:`project` writes into for a 2-D
         ``x [n, d_model]``: 0 (it allocates its own: an untied or quantized projection, or
-        ``x`` not in the weight's dtype, as under autocast), 1 (``out``) or 2 (``out`` and
-        ``work``: a CPU that forms it blockwise, from 16 rows on). Callers reusing memory
-        allocate only these."""
-        if self.out_proj is not None or x.dim() != 2 or x.dtype != self.tgt_embed.weight.dtype:
+        ``x`` not in the weight's dtype, as under autocast, or autograd recording it: an
+        out= product has no gradient), 1 (``out``) or 2 (``out`` and ``work``: a CPU that
+        forms it blockwise, from 16 rows on). Callers reusing memory allocate only these."""
+        weight = self.tgt_embed.weight
+        if self.out_proj is not None or x.dim() != 2 or x.dtype != weight.dtype:
+            return 0
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return 0
         return 2 if x.size(0) >= 16 and x.device.type == "cpu" and projection.BLOCKED else 1
 

@@ -50,6 +50,18 @@ def test_the_fused_loss_trains_the_projection_alone():
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
 
 
+def test_the_fused_loss_trains_the_output_bias_alone():
+    """Only the bias trained (hidden states and weight frozen): the fused loss computed no
+    gradients and its backward raised "computed without gradients"."""
+    hidden, weight, b, target = _inputs(bias=True, hidden_grad=False)
+    weight.requires_grad_(False)
+    assert b is not None
+    loss, _ = projected_label_smoothed_loss(hidden, weight, b, target, 0.1, 0, 2)
+    (fused,) = torch.autograd.grad(loss, [b])
+    full_loss, _, _ = label_smoothed_cross_entropy(F.linear(hidden, weight, b), target)
+    torch.testing.assert_close(fused, torch.autograd.grad(full_loss, [b])[0])
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
 def test_default_chunks_keep_each_piece_within_chunk_logits(monkeypatch, rows):
     """Without ``chunks`` the positions are cut so that no piece holds more than

@@ -56,6 +56,19 @@ def test_one_batch_equals_two_accumulated_halves():
         assert torch.allclose(a.grad, b.grad, atol=1e-6), name
 
 
+def test_a_group_without_target_tokens_is_refused_before_any_change():
+    """An empty group divided by its 0 tokens: ZeroDivisionError after zeroing grads."""
+    from aiayn.errors import TrainingError
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0))
+    before = copy.deepcopy(model.state_dict())
+    for group in ([], [collate([], [])]):
+        with pytest.raises(TrainingError, match="with no target token"):
+            make_updater(model).update(group)
+    assert all(torch.equal(p, before[k]) for k, p in model.state_dict().items())
+
+
 @pytest.mark.parametrize(("n", "size"), [(4, 2), (3, 2), (1, 2), (5, 3), (2, 1)])
 def test_rank_shares_cover_the_group_once_with_equal_counts(n, size):
     shares = [rank_share(list(range(n)), World(rank, size)) for rank in range(size)]

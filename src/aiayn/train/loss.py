@@ -143,7 +143,8 @@ def projected_label_smoothed_loss(
     device = hidden.device.type
     enabled = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if enabled else weight.dtype
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    trained = [hidden, weight] + ([bias] if bias is not None else [])
+    need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in trained)
     with torch.autocast(device, enabled=False):  # the casts above and inside say it all
         return _ProjectedSmoothedLoss.apply(
             hidden, weight, bias, target, epsilon, pad_id, bounds, dtype, need_grad

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from aiayn.data.batching import BUCKETS, Batch
 from aiayn.distributed import World, collective_failures
-from aiayn.errors import RecipeError
+from aiayn.errors import RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.train.loss import (
     label_smoothed_cross_entropy,
@@ -200,6 +200,8 @@ class Updater:
         loaded = {i: load(group[i]) for i in dict.fromkeys(i for i, _ in plan)}  # once each
         share = [(loaded[i], weight) for i, weight in plan]
         n_tokens = int(world.sum([sum(b.n_tgt_tokens for b, w in share if w)])[0])
+        if not n_tokens:  # every rank sees the sum: all raise alike
+            raise TrainingError(f"update: a group of {len(group)} batch(es) with no target token")
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, device=self.device)
         step = self.step_module

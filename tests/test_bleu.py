@@ -188,6 +188,10 @@ def test_unknown_settings_are_refused_by_name():
     with pytest.raises(AiaynError) as e:
         corpus_bleu(["a"], ["a"], smooth="floor")
     assert str(e.value) == "smooth must be 'exp' or 'none', got 'floor'"
+    # Two strs of one length were scored letter by letter (as sacreBLEU does), unsaid.
+    for args in (("the cat sat", "the dog sat"), ("the cat sat", ["the dog sat"])):
+        with pytest.raises(AiaynError, match="a list of sentences, not a str"):
+            corpus_bleu(*args)
 
 
 SETTINGS = [(lc, tok, smooth, eff) for lc in (False, True) for tok in TOKENIZERS

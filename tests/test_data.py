@@ -162,6 +162,8 @@ def test_tokenizer_round_trips_text_and_stops_at_eos(tokenizer):
         "Ein Hund."
     )
     assert tokenizer.encode("Ein Hund.", 2) == ids[:2] and tokenizer.encode("Ein Hund.", 0) == []
+    # A list of 0-d tensors (iterating a tensor) was SentencePiece's TypeError.
+    assert tokenizer.decode(list(torch.tensor(ids))) == "Ein Hund."
     for bad in (-1, 1.5, True):  # -1 dropped the last token without a word
         with pytest.raises(TokenizerError, match="max_tokens must be None or an integer >= 0"):
             tokenizer.encode("Ein Hund.", bad)

@@ -265,7 +265,19 @@ def id_list(ids: object) -> list:
     ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor's items as ints
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TokenizerError(f"ids: a sequence of token ids, not {type(ids).__name__}")
-    return list(ids)
+    found = list(ids)
+    if all(type(i) is int for i in found):
+        return found
+    return [_plain_int(i) for i in found]  # numpy ints, 0-d tensors: SentencePiece takes ints
+
+
+def _plain_int(i: object) -> object:
+    """``i`` as a Python int if it is an integer of another type; else ``i`` (checked by
+    the caller, which names it)."""
+    try:
+        return operator.index(i)  # type: ignore[arg-type]
+    except TypeError:
+        return i
 
 
 def check_ids(ids: list, vocab_size: int) -> None:

@@ -211,8 +211,12 @@ def corpus_bleu(
     ``effective_order`` (sacreBLEU's, for single sentences) the mean runs over the orders
     the hypothesis has n-grams of, so a 3-word output is not 0 for want of 4-grams.
     ``tokenize`` names sacreBLEU's tokenization (:data:`TOKENIZERS`): "13a" (its default),
-    "intl", "zh" (Chinese), "char" (Japanese and Korean without MeCab), "none".
+    "intl", "zh" (Chinese), "char" (Japanese and Korean without MeCab), "none". A bare
+    string for either (its characters would be scored as sentences) is an AiaynError.
     """
+    for name, given in (("hypotheses", hypotheses), ("references", references)):
+        if isinstance(given, str):
+            raise AiaynError(f"{name}: a list of sentences, not a str (scored letter by letter)")
     streams: list[list[str | None]]
     if references and all(r is None or isinstance(r, str) for r in references):  # one stream
         streams = [list(cast("Sequence[str]", references))]

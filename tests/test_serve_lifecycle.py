@@ -381,3 +381,25 @@ def test_a_worker_device_needs_the_worker_process(parts):
 
     with pytest.raises(AiaynError, match="a worker device needs the worker process"):
         create_app(Translator(*parts), ServeConfig(worker="thread", worker_device="cpu"))
+
+
+@pytest.mark.parametrize("worker", WORKERS)
+def test_a_stopped_app_lets_its_model_and_pipes_go(sample_model_dir, worker):
+    """FastAPI caches an app's endpoints, which reach its worker, so a stopped app lives
+    on (serve() called again in one process, a test suite's apps): it kept its model (a
+    worker thread: 170 MB each for a base model) or its pipe and process handles (a
+    worker process: 3 descriptors each)."""
+    apps, descriptors = [], []
+    for _ in range(2):  # the first spawn also starts multiprocessing's resource tracker
+        model, tokenizer = load_model(resolve_checkpoint(sample_model_dir()))
+        alive = weakref.ref(model)
+        app = create_app(Translator(model, tokenizer), ServeConfig(worker=worker))
+        del model, tokenizer
+        with TestClient(app) as c:
+            assert wait_warmed_up(c).status_code == 200
+            assert c.post("/translate", json={"src": ["Ein Hund."]}).status_code == 200
+        apps.append(app)  # kept alive, as FastAPI's caches keep it
+        gc.collect()
+        assert alive() is None, "the stopped app still holds the model"
+        descriptors.append(len(os.listdir("/proc/self/fd")))
+    assert descriptors[1] <= descriptors[0], descriptors

@@ -87,7 +87,8 @@ class BatchWorker:
             )
         if not (join_ratio >= 0 and join_wait_steps >= 0):
             raise AiaynError("batching needs join_ratio >= 0 and join_wait_steps >= 0")
-        self.translator, self.metrics = translator, metrics
+        self.translator: Translator | None = translator  # None once stopped
+        self.metrics = metrics
         self.budget = CacheBudget.for_translator(max_cache_tokens, translator)
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.wait_s = batch_wait_ms / 1000.0
@@ -112,13 +113,16 @@ class BatchWorker:
         self._thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Finish the queued and running jobs, then end the thread."""
+        """Finish the queued and running jobs, then end the thread and let the model go
+        (a stopped app may live on: FastAPI caches its endpoints, which reach this)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._maps.shutdown(wait=True)  # the jobs that wait for their maps are answered
+        if not self._thread.is_alive():
+            self.translator = self._batch.translator = None
 
     @property
     def alive(self) -> bool:
@@ -246,6 +250,7 @@ class BatchWorker:
     # -- the worker thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
+            assert self.translator is not None  # until stop()
             with inference(self.translator.models):  # for good: not at every step
                 while self._turn():
                     pass
@@ -348,6 +353,7 @@ class BatchWorker:
         """On the attention thread, while the batch steps on: end a job that has left it
         with the attention maps of its outputs (``finish`` touches no batch state)."""
         try:
+            assert self.translator is not None  # stop() waits for this thread
             maps = attention_maps(self.translator, job.src, best(outputs))
             outcome = Outcome.done(Result(outputs, maps))
         except Exception as e:

@@ -197,6 +197,7 @@ class ProcessWorker:
         self.failure: str | None = None  # why the worker stopped serving, if it did
         self._process: BaseProcess | None = None
         self._pipe: Channel | None = None
+        self._pid: int | None = None
         self._heard: float | None = None  # when the worker last sent a message
         self._reader = threading.Thread(target=self._read, name="aiayn-worker-pipe", daemon=True)
 
@@ -210,6 +211,7 @@ class ProcessWorker:
             daemon=True,
         )
         self._process.start()
+        self._pid = self._process.pid
         theirs.close()  # so that the child's death reads as EOF here
         # The model goes over our pipe, not as an argument of the process: the spawn pipe
         # stays open here while start() writes, so a child that dies before reading it
@@ -252,7 +254,7 @@ class ProcessWorker:
     @property
     def pid(self) -> int | None:
         """The worker process's id (None before :meth:`start`)."""
-        return self._process.pid if self._process is not None else None
+        return self._pid
 
     def held(self) -> dict[str, int]:
         """Jobs sent and not answered, and metric requests not answered (0 when idle)."""
@@ -327,6 +329,13 @@ class ProcessWorker:
             self._process.kill()
             self._process.join()
         atexit.unregister(self._kill_at_exit)
+        # Its reader reads EOF now. Then close our end of the pipe and the process's
+        # handles: a stopped app may live on (FastAPI caches its endpoints, which reach
+        # this), and 3 descriptors a stop added up.
+        self._reader.join(5)
+        if not self._reader.is_alive():
+            self._pipe.conn.close()
+            self._process.close()
 
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:

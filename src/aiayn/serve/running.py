@@ -47,7 +47,7 @@ class RunningBatch:
     module). Empty, it holds no search; the first job admitted sets the key."""
 
     def __init__(self, translator: Translator):
-        self.translator = translator
+        self.translator: Translator | None = translator  # None once its worker stopped
         self.key: BatchKey | None = None
         self._search: BeamEngine[tuple[Job, int]] | None = None  # tags: (job, row)
         self._jobs: dict[Job, _Running] = {}
@@ -66,6 +66,7 @@ class RunningBatch:
         sentences the model rejected (with the error; the running ones are unchanged)."""
         if not jobs:
             return []
+        assert self.translator is not None  # a stopped worker admits no job
         if self._search is None:
             key = jobs[0].key
             try:
@@ -84,7 +85,7 @@ class RunningBatch:
         """Add the sentences of ``group`` (of one length penalty) to the search; returns
         the jobs that leave at once. If the model rejects the group, each job is tried
         alone: only those it rejects fail, not the jobs that came with them."""
-        assert self._search is not None  # made by admit
+        assert self._search is not None and self.translator is not None  # as admit
         tags = [(job, i) for job in group for i, src in enumerate(job.src) if src]
         prefix = [job.prefix[i] if job.prefix else [] for job, i in tags]
         try:

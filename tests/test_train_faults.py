@@ -59,6 +59,24 @@ def test_a_resume_cuts_the_log_back_to_its_checkpoint(tmp_path, text):
     assert 9.0 not in [json.loads(line).get("loss") for line in (out / "metrics.jsonl").open()]
 
 
+def test_a_resume_of_an_older_checkpoint_cuts_the_log_at_its_step(tmp_path, text):
+    """A checkpoint of an older aiayn has no metrics_bytes (the log's size when saved):
+    the lines of the later steps were kept, so the resumed run logged them twice."""
+    from aiayn.checkpoint import LAST, save_checkpoint
+
+    out = tmp_path / "run"
+    assert main(train_text(text, out, "max_steps=3")) == 0
+    state = load_checkpoint(out / LAST)
+    del state["metrics_bytes"]  # as older aiayn saved it
+    save_checkpoint(state, out / LAST)
+    with (out / "metrics.jsonl").open("a") as log:  # as a run killed after update 4 left it
+        log.write('{"kind": "train", "step": 4, "loss": 9.0}\n')
+        log.write('{"kind": "valid", "step": 4, "loss": 9.0}\n')
+    assert main([*train_text(text, out, "max_steps=5"), "--resume"]) == 0
+    assert logged(out) == [1, 2, 3, 4, 5]
+    assert 9.0 not in [json.loads(line).get("loss") for line in (out / "metrics.jsonl").open()]
+
+
 def test_the_log_writes_json_and_names_itself_when_the_disk_is_full(tmp_path):
     """A NaN loss is logged as a string (JSON has no NaN); a failed write is one
     TrainingError naming metrics.jsonl, not an OSError from deep inside."""

@@ -22,8 +22,9 @@ class MetricsLog:
     (:meth:`size`), the checkpoint's ``step``, and whether it is ``pending`` (saved before
     that step's validation): the lines written after that save (by a run killed before its
     next one) are cut off, and TensorBoard drops the points that the resumed run logs again
-    (see :func:`purge_step`). A write that fails (a full disk) is a TrainingError naming
-    the file."""
+    (see :func:`purge_step`); ``keep`` :data:`UP_TO_STEP` (a checkpoint of an older aiayn,
+    which did not record the size) cuts at the first line of a later step. A write that
+    fails (a full disk) is a TrainingError naming the file."""
 
     def __init__(
         self,
@@ -39,6 +40,8 @@ class MetricsLog:
             return
         self.path = out_dir / "metrics.jsonl"
         self.file = self._guard(lambda: self.path.open("a", encoding="utf-8"))
+        if keep == UP_TO_STEP:
+            keep = self._guard(lambda: size_up_to(self.path, step))
         if keep is not None and self.file.tell() > keep:
             self._guard(lambda: self.file.truncate(keep))
         self.flushed_train = False
@@ -154,6 +157,28 @@ def _quiet_tensorboard_threads() -> None:
 
     hook.quiet_tensorboard = True  # type: ignore[attr-defined]
     threading.excepthook = hook
+
+
+# ``keep`` for a checkpoint that did not record the log's size (older aiayn).
+UP_TO_STEP = -1
+
+
+def size_up_to(path: Path, step: int) -> int:
+    """The bytes of the log at ``path`` before its first line of a step after ``step``
+    (its whole size if none): what a checkpoint of ``step`` that did not record the size
+    would have recorded, lines that are not JSON records kept."""
+    offset = 0
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            later = record.get("step") if isinstance(record, dict) else None
+            if isinstance(later, int) and later > step:
+                return offset
+            offset += len(line)
+    return offset
 
 
 def purge_step(step: int, pending: bool) -> int:

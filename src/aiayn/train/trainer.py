@@ -27,7 +27,7 @@ from aiayn.errors import AiaynError, RecipeError, TrainingError
 from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.duties import PENDING, Duties, drop_later_checkpoints
-from aiayn.train.metrics_log import MetricsLog
+from aiayn.train.metrics_log import UP_TO_STEP, MetricsLog
 from aiayn.train.model_checks import check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
@@ -148,7 +148,7 @@ class Trainer:
         self.epoch_checkpoints: list[str] = []
         self._metrics: MetricsLog | None = None  # while train() runs
         self._bars = False  # while train(progress=True) runs: validation shows bars too
-        self._resumed_log_size = None if state is None else state.get("metrics_bytes")
+        self._resumed_log_size = None if state is None else state.get("metrics_bytes", UP_TO_STEP)
         if state is not None:
             self._restore(state)
             run.on_main(lambda: drop_later_checkpoints(self))

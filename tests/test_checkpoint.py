@@ -229,6 +229,14 @@ def test_a_checkpoint_with_the_old_norm_names_loads_as_a_model(sample_model_dir,
     lines = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
     now, before = Translator(*load_model(path)), Translator(*load_model(old_path))
     assert before.translate(lines, beam=2) == now.translate(lines, beam=2)
+    # A run resumed across the rename holds both namings: averaging them refused with
+    # "no weight 'decoder.layers.0.cross_block.norm.bias' (as ... has)".
+    from aiayn.train.averaging import average_checkpoints
+
+    for paths in ([old_path, path], [path, old_path], [old_path, old_path]):
+        averaged = average_checkpoints(paths)["model"]
+        assert averaged.keys() == old["model"].keys()
+        assert all(torch.equal(averaged[k], t) for k, t in old["model"].items())
 
 
 def test_save_refuses_a_folder_or_a_fifo_and_names_a_path_it_cannot_write(tmp_path):

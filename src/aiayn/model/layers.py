@@ -59,6 +59,17 @@ _LEGACY_NORM_KEYS = {
 }
 
 
+def current_names(weights: dict[str, Any]) -> dict[str, Any]:
+    """A whole model's ``weights`` (a state dict) under today's names: the layers' norms
+    that older aiayn saved as ``*_block.norm.*`` renamed, as loading renames them."""
+    renamed = dict(weights)
+    for key in weights:
+        head, found, rest = key.partition(".layers.")  # "decoder", ".layers.", "0.cross_..."
+        if found:
+            _rename_legacy_keys(renamed, f"{head}{found}{rest.split('.', 1)[0]}.")
+    return renamed
+
+
 def _rename_legacy_keys(state_dict: dict[str, Any], prefix: str) -> None:
     for key in [k for k in state_dict if k.startswith(prefix)]:
         rest = key[len(prefix) :]

@@ -12,6 +12,7 @@ import torch
 from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
 from aiayn.config import TransformerConfig
 from aiayn.errors import CheckpointError
+from aiayn.model.layers import current_names
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
@@ -59,7 +60,8 @@ def _load(path: str | Path) -> dict[str, Any]:
     state = load_checkpoint(path)
     if state.get("tokenizer") is not None:
         checkpoint_tokenizer(state, path)
-    return state
+    # A run resumed across an upgrade holds checkpoints of both namings.
+    return {**state, "model": current_names(state["model"])}
 
 
 def _metadata(state: dict[str, Any]) -> dict[str, Any]:

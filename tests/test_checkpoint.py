@@ -370,6 +370,13 @@ def test_auto_passes_over_an_average_made_before_training_went_on(
     assert load_checkpoint(run / AVERAGED)["run_step"] == 50 and stale_average(run) is None
     (run / LAST).unlink()  # an imported or averaged-only directory: nothing to compare
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
+    # An older aiayn's average records no run_step: its newest checkpoint's step stands in
+    # (it was taken, stale, without a word).
+    save_checkpoint({**state, "step": 50}, run / LAST)
+    save_checkpoint({**state, "step": 20}, run / AVERAGED)
+    assert stale_average(run) == (20, 50) and resolve_checkpoint(run) == run / BEST
+    save_checkpoint({**state, "step": 50}, run / AVERAGED)
+    assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
 
 
 def test_average_takes_a_state_saved_twice_once(sample_model_dir, tmp_path, capsys):

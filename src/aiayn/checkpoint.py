@@ -283,22 +283,23 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
     return Path(directory), which
 
 
-def saved_step(path: Path, key: str = "step") -> int | None:
-    """A checkpoint's int entry ``key``, its tensors memory-mapped, not read; None where
-    the file or the entry is missing or unreadable (a load names the file)."""
+def saved_step(path: Path, *keys: str) -> int | None:
+    """A checkpoint's first int entry of ``keys`` (default: step), its tensors memory-mapped,
+    not read; None where the file or the entries are missing or unreadable (a load says)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return None
-    step = state.get(key) if isinstance(state, dict) else None
-    return step if isinstance(step, int) else None
+    found = [state.get(key) for key in keys or ("step",)] if isinstance(state, dict) else []
+    return next((step for step in found if isinstance(step, int)), None)
 
 
 def stale_average(model_dir: str | Path) -> tuple[int, int] | None:
     """``(the step training had reached when it was averaged, the last checkpoint's)`` if
-    the average was made before training went on (``aiayn average`` records ``run_step``)."""
-    made_at = saved_step(Path(model_dir) / AVERAGED, "run_step")
-    if made_at is None:  # no average, or one made before aiayn recorded run_step
+    the average was made before training went on (``aiayn average`` records ``run_step``;
+    an older aiayn did not: its newest checkpoint's ``step`` stands in)."""
+    made_at = saved_step(Path(model_dir) / AVERAGED, "run_step", "step")
+    if made_at is None:  # no average
         return None
     last = saved_step(Path(model_dir) / LAST)
     return (made_at, last) if last is not None and made_at < last else None

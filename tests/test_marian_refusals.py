@@ -377,6 +377,27 @@ def test_import_refusals_are_one_line_naming_file_and_field(marian, tmp_path, ca
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
+def test_a_model_an_older_aiayn_imported_with_settings_now_refused_is_noted(
+    marian, tmp_path, capsys
+):
+    """An older aiayn imported settings generate() decodes otherwise with (here
+    no_repeat_ngram_size) without a word; its model translated so, unsaid."""
+    out = tmp_path / "imported"
+    assert main(["import", "marian", str(marian), "--out", str(out)]) == 0
+    (tmp_path / "in.txt").write_text("Ein Hund.\n", encoding="utf-8")
+    translate = ["translate", "--model", str(out), "--quiet", str(tmp_path / "in.txt")]
+    capsys.readouterr()
+    assert main(translate) == 0
+    assert "note:" not in capsys.readouterr().err  # a model imported now
+    state = load_checkpoint(out / BEST)
+    state["generation"]["no_repeat_ngram_size"] = 2  # as an older aiayn imported it
+    save_checkpoint(state, out / BEST)
+    assert main(translate) == 0
+    err = capsys.readouterr().err
+    assert "the model's generation settings: no_repeat_ngram_size 2: aiayn's searches" in err
+    assert "imported by an older aiayn" in err and err.count("note:") == 1
+
+
 def test_the_unbroken_folder_imports(marian, tmp_path, capsys):
     """The refusals above come from each break, not from the folder they start from. An
     --out that is a file is called one (it was "exists and is not empty")."""

@@ -71,13 +71,31 @@ def translator_for(args: argparse.Namespace, device: str | None = None) -> Trans
     from aiayn.translator import Translator
 
     note_stale_averages(args.model, args.checkpoint)
-    return Translator.from_dir(
+    translator = Translator.from_dir(
         args.model,
         checkpoint=args.checkpoint if args.checkpoint else "auto",
         device=device or args.device,
         quantize=getattr(args, "quantize", False),
         precision=getattr(args, "precision", "fp32"),
     )
+    note_unchecked_generation(translator)
+    return translator
+
+
+def note_unchecked_generation(translator: Translator) -> None:
+    """Say on stderr where a model's generation settings are ones ``aiayn import`` refuses
+    (a model an older aiayn imported, before it checked them): aiayn decodes it otherwise
+    than Hugging Face's ``generate()``."""
+    from aiayn.marian.generation import check_generation
+
+    if translator.generation:
+        try:
+            check_generation(translator.generation, translator.model.cfg, "generation settings")
+        except AiaynError as e:
+            note(
+                f"the model's {e}; it was imported by an older aiayn, which did not check "
+                "this, and its translations differ from transformers' generate()"
+            )
 
 
 # The flags that set DecodeOptions fields of the same name; unset (None) ones keep the

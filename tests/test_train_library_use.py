@@ -95,6 +95,54 @@ def test_train_again_after_an_interrupt_holds_the_run_directory(
     assert seen and all(seen) and not held(out)
 
 
+def test_train_again_after_a_ctrl_c_inside_an_update_ends_as_an_uninterrupted_run(
+    tmp_path, sample_prepared
+):
+    """A Ctrl-C inside an update (most of a run's time) left it half done: its weights
+    stepped or its dropout drawn, and its batch not counted. train() again then applied it
+    twice or drew other masks (weights up to 0.36 apart). The update now ends first."""
+    import signal
+
+    recipe = tiny(sample_prepared, "max_steps=4", "model.dropout=0.3")
+    whole_run = Trainer(recipe, tmp_path / "whole", log=quiet)
+    whole_run.train(progress=False)
+    trainer = Trainer(recipe, tmp_path / "cut", log=quiet)
+    forwards = []
+
+    def ctrl_c(module: torch.nn.Module, _inputs: object) -> None:
+        forwards.append(module.training)
+        if forwards.count(True) == 3:  # inside the third update
+            signal.raise_signal(signal.SIGINT)
+
+    hook = trainer.model.register_forward_pre_hook(ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(progress=False)
+    hook.remove()
+    assert trainer.step == 3  # the update the Ctrl-C came in was done whole
+    assert trainer.train(progress=False).step == 4
+    for name, weight in whole_run.model.state_dict().items():
+        assert torch.equal(weight, trainer.model.state_dict()[name]), name
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_inside_an_update_stops_at_once():
+    import signal
+
+    from aiayn.train.update import whole
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt), whole():
+        signal.raise_signal(signal.SIGINT)
+        reached.append("after the first")  # deferred to the block's end
+        signal.raise_signal(signal.SIGINT)
+        reached.append("after the second")
+    assert reached == ["after the first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with whole():  # no Ctrl-C: nothing raised
+        reached.append("quiet")
+    assert reached[-1] == "quiet"
+
+
 def outcome(out: Path) -> tuple[list[dict], dict[str, tuple]]:
     """What a run left in ``out``: its log (without its times) and, per checkpoint, the
     position it holds and whether it is pending."""

@@ -35,7 +35,7 @@ from aiayn.train.rng import rng_state, set_rng_state
 from aiayn.train.rundir import RunDirectory
 from aiayn.train.runfolder import DATA_PRINT, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
-from aiayn.train.update import Updater, UpdateResult
+from aiayn.train.update import Updater, UpdateResult, whole
 from aiayn.train.validation import check_valid_lengths, translate_texts, validate_world
 
 
@@ -334,20 +334,20 @@ class Trainer:
             if self.world.rank > 0:  # rank 0's stream is saved; the others' made again here
                 # so that a resumed run draws the dropout masks it drew
                 torch.manual_seed(stream_seed(r.seed, self.world.rank, self.epoch, first))
-            # Index arrays in; each rank reads from disk only the batches of its share.
-            result = self.updater.update(plans, self.train_data.batch)
-            self.batch_in_epoch += len(plans)
-            self._clock()
-            if result.skipped:
-                self._skip(result, metrics, first)
-                continue
-            self.step, self.bad_in_a_row = self.step + 1, 0
-            tick_tokens += result.n_tokens
-            metrics.write(
-                "train", self.step, loss=result.loss, nll=result.nll, tokens=result.n_tokens, lr=lr,
-                epoch=self.epoch + 1, seconds=round(self.elapsed, 2), first_batch=first,
-                batches=len(plans),
-            )  # fmt: skip
+            with whole():  # index arrays in: each rank reads only its share from disk
+                result = self.updater.update(plans, self.train_data.batch)
+                self.batch_in_epoch += len(plans)
+                self._clock()
+                if result.skipped:
+                    self._skip(result, metrics, first)
+                    continue
+                self.step, self.bad_in_a_row = self.step + 1, 0
+                tick_tokens += result.n_tokens
+                metrics.write(
+                    "train", self.step, loss=result.loss, nll=result.nll, tokens=result.n_tokens,
+                    lr=lr, epoch=self.epoch + 1, seconds=round(self.elapsed, 2),
+                    first_batch=first, batches=len(plans),
+                )  # fmt: skip
             bar.update(1)
             if self.step % r.log_every == 0:
                 now = time.perf_counter()

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast, overload
 
@@ -230,6 +232,32 @@ class Updater:
             self.schedule.step()
         self.scaler.update()  # fp16: halves the scale after an overflow, grows it later
         return UpdateResult(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, skipped)
+
+
+@contextlib.contextmanager
+def whole() -> Iterator[None]:
+    """A first Ctrl-C (SIGINT) during the block is raised as KeyboardInterrupt once it
+    ends, so that an update and its bookkeeping are done whole or not at all: ``train()``
+    called again then goes on as an uninterrupted run would (the weights, Adam's moments
+    and the dropout stream of a half-done update cannot be taken back). A second Ctrl-C
+    raises at once. Only in the main thread, where Python's handler is set."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+
+    def defer(signum: int, _frame: object) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second one: at once
+
+    signal.signal(signal.SIGINT, defer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def compiled_graphs() -> int:

@@ -207,6 +207,28 @@ def test_stale_temp_files_of_a_killed_save_are_removed(tmp_path):
     assert not stale.exists() and keep.exists() and load_checkpoint(path)["step"] == 1
 
 
+def test_a_ctrl_c_inside_a_save_is_a_keyboard_interrupt(tmp_path, monkeypatch):
+    """torch.save's writer turns a Ctrl-C into its RuntimeError ("enforce fail at
+    inline_container.cc"), raised while handling it: that came out, so neither a
+    notebook's `except KeyboardInterrupt` nor the command line's "interrupted" saw it."""
+    path = save_checkpoint(state(1.0), tmp_path / "checkpoint_last.pt")
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            # as torch's writer does: raised while handling the Ctrl-C (its __context__)
+            raise RuntimeError("[enforce fail at inline_container.cc:672]")  # noqa: B904
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(state(2.0), path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == [
+        path.name
+    ]
+
+
 def test_a_checkpoint_with_the_old_norm_names_loads_as_a_model(sample_model_dir, tmp_path):
     """Checkpoints written before the sub-layer rename (LayerNorms under attn_block /
     self_block / cross_block / ffn_block) translate exactly as before."""

@@ -110,11 +110,12 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        # torch.save turns the OSError of a failed write (a full disk) into a RuntimeError
-        # ("enforce fail at inline_container.cc") raised while handling it.
+        # torch.save raises a RuntimeError while handling a failed write's OSError or a Ctrl-C
         failed = e if isinstance(e, OSError) else e.__context__
         if isinstance(failed, OSError):
             raise CheckpointError(f"{path}: cannot write ({failed.strerror or failed})") from None
+        if isinstance(failed, KeyboardInterrupt):
+            raise failed from None
         raise
     return path
 

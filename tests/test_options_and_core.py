@@ -363,6 +363,10 @@ def test_models_that_cannot_be_ensembled_are_named():
     with pytest.raises(DecodeError) as e:
         as_list([one, meta])
     assert str(e.value) == "model 2 is on the meta device, which holds no weights"
+    partly = _models(1)[0]
+    partly.decoder.to("meta")  # its decoder alone: torch's device error from deep inside
+    with pytest.raises(DecodeError, match="model 1 is on the meta device"):
+        as_list(partly)
 
 
 @pytest.mark.parametrize(

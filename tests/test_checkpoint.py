@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import pickle
 import random
 import stat
 from pathlib import Path
@@ -224,9 +225,15 @@ def test_a_ctrl_c_inside_a_save_is_a_keyboard_interrupt(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(state(2.0), path)
     monkeypatch.undo()
-    assert load_checkpoint(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == [
-        path.name
-    ]
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+    # A save in a handler of the caller's own Ctrl-C (a notebook saving as it stops) that
+    # fails for its own reason raises that reason, not the Ctrl-C it was saved in.
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        with pytest.raises((pickle.PicklingError, AttributeError)):  # as Python words it
+            save_checkpoint({**state(2.0), "unpicklable": lambda: 0}, path)
 
 
 def test_a_checkpoint_with_the_old_norm_names_loads_as_a_model(sample_model_dir, tmp_path):
@@ -392,13 +399,22 @@ def test_auto_passes_over_an_average_made_before_training_went_on(
     assert load_checkpoint(run / AVERAGED)["run_step"] == 50 and stale_average(run) is None
     (run / LAST).unlink()  # an imported or averaged-only directory: nothing to compare
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
-    # An older aiayn's average records no run_step: its newest checkpoint's step stands in
-    # (it was taken, stale, without a word).
+    # An older aiayn's average records no run_step, so nobody can tell whether training
+    # went on (a killed run's checkpoint_last.pt is newer than its newest epoch checkpoint).
+    # auto still takes it, and a note says so where a newer epoch checkpoint shows that
+    # training went on (it was taken without a word).
     save_checkpoint({**state, "step": 50}, run / LAST)
-    save_checkpoint({**state, "step": 20}, run / AVERAGED)
-    assert stale_average(run) == (20, 50) and resolve_checkpoint(run) == run / BEST
-    save_checkpoint({**state, "step": 50}, run / AVERAGED)
+    save_checkpoint({**state, "step": 45}, run / AVERAGED)  # of checkpoint_epoch001.pt
     assert stale_average(run) is None and resolve_checkpoint(run) == run / AVERAGED
+    assert main(["summary", "--model", str(run)]) == 0
+    assert "note:" not in capsys.readouterr().err  # last is newer, no epoch checkpoint is
+    save_checkpoint({**state, "step": 48}, run / "checkpoint_epoch002.pt")
+    assert resolve_checkpoint(run) == run / AVERAGED
+    assert main(["summary", "--model", str(run)]) == 0
+    assert (
+        f"{run}/{AVERAGED} was made by an older aiayn, which did not record how far training "
+        "had gone, and checkpoint_epoch002.pt is newer than every checkpoint it averages"
+    ) in capsys.readouterr().err
 
 
 def test_average_takes_a_state_saved_twice_once(sample_model_dir, tmp_path, capsys):

@@ -19,6 +19,7 @@ import pickle
 import pickletools
 import re
 import stat
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -97,7 +98,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     file); CheckpointError naming ``path`` if it cannot be written (:func:`check_target`)."""
     path = Path(path)
     check_target(path)
-    tmp = None
+    tmp, handling = None, sys.exc_info()[1]  # the caller's exception: not one of ours below
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
@@ -111,7 +112,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         # torch.save raises a RuntimeError while handling a failed write's OSError or a Ctrl-C
-        failed = e if isinstance(e, OSError) else e.__context__
+        failed = e if isinstance(e, OSError) or e.__context__ is handling else e.__context__
         if isinstance(failed, OSError):
             raise CheckpointError(f"{path}: cannot write ({failed.strerror or failed})") from None
         if isinstance(failed, KeyboardInterrupt):
@@ -284,23 +285,22 @@ def split_model_spec(spec: str | Path) -> tuple[Path, str]:
     return Path(directory), which
 
 
-def saved_step(path: Path, *keys: str) -> int | None:
-    """A checkpoint's first int entry of ``keys`` (default: step), its tensors memory-mapped,
-    not read; None where the file or the entries are missing or unreadable (a load says)."""
+def saved_step(path: Path, key: str = "step") -> int | None:
+    """A checkpoint's int entry ``key``, its tensors memory-mapped, not read; None where
+    the file or the entry is missing or unreadable (a load names the file)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return None
-    found = [state.get(key) for key in keys or ("step",)] if isinstance(state, dict) else []
-    return next((step for step in found if isinstance(step, int)), None)
+    step = state.get(key) if isinstance(state, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def stale_average(model_dir: str | Path) -> tuple[int, int] | None:
     """``(the step training had reached when it was averaged, the last checkpoint's)`` if
-    the average was made before training went on (``aiayn average`` records ``run_step``;
-    an older aiayn did not: its newest checkpoint's ``step`` stands in)."""
-    made_at = saved_step(Path(model_dir) / AVERAGED, "run_step", "step")
-    if made_at is None:  # no average
+    the average was made before training went on (``aiayn average`` records ``run_step``)."""
+    made_at = saved_step(Path(model_dir) / AVERAGED, "run_step")
+    if made_at is None:  # no average, or an older aiayn's (the command line notes it)
         return None
     last = saved_step(Path(model_dir) / LAST)
     return (made_at, last) if last is not None and made_at < last else None

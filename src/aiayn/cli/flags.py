@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.errors import AiaynError
@@ -64,6 +65,33 @@ def note_stale_averages(models: str | list[str], checkpoints: str | list[str] | 
                 f"(step {steps[1]}): training went on after it was averaged, so --checkpoint "
                 "auto takes the best or last checkpoint; run `aiayn average` again for a new one"
             )
+        elif newer := _newer_than_older_average(Path(model_dir)):
+            note(
+                f"{model_dir}/{AVERAGED} was made by an older aiayn, which did not record how "
+                f"far training had gone, and {newer} is newer than every checkpoint it "
+                "averages: if training went on after it was averaged, run `aiayn average` "
+                "again (--checkpoint auto still takes it; --checkpoint best does not)"
+            )
+
+
+def _newer_than_older_average(model_dir: Path) -> str | None:
+    """The newest epoch or timed checkpoint, if it is newer than every checkpoint an older
+    aiayn's average (no ``run_step``) took: ``average`` takes the newest ones, so one saved
+    after them means training went on (a later ``checkpoint_last.pt`` alone does not: a
+    killed run saves it after its newest epoch checkpoint)."""
+    from aiayn.checkpoint import AVERAGED, epoch_checkpoints, saved_step
+
+    average = model_dir / AVERAGED
+    if not average.is_file() or saved_step(average, "run_step") is not None:
+        return None
+    try:
+        made_of, kept = saved_step(average), epoch_checkpoints(model_dir)[-1:]
+    except AiaynError:  # a broken link: a note is no place to refuse it
+        return None
+    newest = saved_step(kept[0]) if kept else None
+    if made_of is None or newest is None or newest <= made_of:
+        return None
+    return kept[0].name
 
 
 def translator_for(args: argparse.Namespace, device: str | None = None) -> Translator:

@@ -6,6 +6,7 @@ import gzip
 import os
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,6 +163,7 @@ def test_tokenizer_round_trips_text_and_stops_at_eos(tokenizer):
         "Ein Hund."
     )
     assert tokenizer.encode("Ein Hund.", 2) == ids[:2] and tokenizer.encode("Ein Hund.", 0) == []
+    assert tokenizer.encode("Ein Hund.", np.int64(2)) == ids[:2]  # as slicing took it
     # A list of 0-d tensors (iterating a tensor) was SentencePiece's TypeError.
     assert tokenizer.decode(list(torch.tensor(ids))) == "Ein Hund."
     for bad in (-1, 1.5, True):  # -1 dropped the last token without a word

@@ -403,3 +403,6 @@ def test_a_stopped_app_lets_its_model_and_pipes_go(sample_model_dir, worker):
         assert alive() is None, "the stopped app still holds the model"
         descriptors.append(len(os.listdir("/proc/self/fd")))
     assert descriptors[1] <= descriptors[0], descriptors
+    for app in apps:  # stopped once already: a second stop is a no-op (it was a ValueError)
+        app.state.worker.stop()
+        assert not app.state.worker.alive

@@ -125,7 +125,7 @@ def test_train_again_after_a_ctrl_c_inside_an_update_ends_as_an_uninterrupted_ru
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_ctrl_c_inside_an_update_stops_at_once():
+def test_a_second_ctrl_c_inside_an_update_stops_at_once(capfd):
     import signal
 
     from aiayn.train.update import whole
@@ -137,6 +137,7 @@ def test_a_second_ctrl_c_inside_an_update_stops_at_once():
         signal.raise_signal(signal.SIGINT)
         reached.append("after the second")
     assert reached == ["after the first"]
+    assert "stopping once this update is done (Ctrl-C again: at once)" in capfd.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with whole():  # no Ctrl-C: nothing raised
         reached.append("quiet")

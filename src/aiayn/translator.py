@@ -227,9 +227,10 @@ class Translator:
         """The searches' hypotheses for each row of source ``ids`` (none for an empty row),
         with ``prefixes[i]`` forced and ``lines[i]`` (default i) seeding row i's samples
         (``scores=False``: see :func:`aiayn.decode.search`). A batch holds ``batch_size``
-        rows, or with sampling that many samples (each a decoder row with a cache of its
-        own: 64 lines of 1,024 samples held 12 GB). ``on_batch(n)`` is told of each ``n``
-        rows done, the empty ones first, so the counts add up to ``len(ids)``."""
+        rows, or with sampling ``batch_size // n_best`` of them, at least one (each sample
+        is a decoder row with a cache of its own: 64 lines of 1,024 samples held 12 GB).
+        ``on_batch(n)`` is told of each ``n`` rows done, the empty ones first, so the counts
+        add up to ``len(ids)``."""
         check_batch_size(batch_size)
         if options.sampling:
             batch_size = max(1, batch_size // options.n_best)

@@ -293,7 +293,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=64,
         help="sentences decoded together (sorted by length; default 64; with --sampling, "
-        "samples): more is faster on a GPU, fewer holds less memory",
+        "samples, in whole lines): more is faster on a GPU, fewer holds less memory",
     )
 
 

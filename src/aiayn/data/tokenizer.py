@@ -300,10 +300,11 @@ def token_id(name: str, i: object, vocab_size: int) -> int:
 
 
 def check_max_tokens(max_tokens: object) -> int | None:
-    """``max_tokens`` (None, or an int >= 0: a negative one would cut from the end);
-    TokenizerError otherwise."""
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
-    ):
+    """``max_tokens`` (None, or an integer >= 0, numpy's too: a negative one would cut from
+    the end) as an int; TokenizerError otherwise."""
+    if max_tokens is None:
+        return None
+    limit = -1 if isinstance(max_tokens, bool) else _plain_int(max_tokens)
+    if not isinstance(limit, int) or limit < 0:
         raise TokenizerError(f"max_tokens must be None or an integer >= 0, got {max_tokens!r}")
-    return max_tokens
+    return limit

@@ -53,8 +53,9 @@ class PositionalEncoding(nn.Module):
                     f"offset: an int or a [B] tensor of each row's, got a {offset.dim()}-D tensor"
                 )
             positions = offset[:, None] + torch.arange(x.size(1), device=x.device)
-            end = int(positions.max()) + 1 if positions.numel() else 0
-            self._check(int(offset.min()) if offset.numel() else 0, end)
+            if positions.numel():  # both bounds in one copy to the host (a GPU sync)
+                first, last = torch.stack([offset.min(), positions.max()]).tolist()
+                self._check(first, last + 1)
             return self.dropout(x + pe[positions])
         end = offset + x.size(1)
         self._check(offset, end)

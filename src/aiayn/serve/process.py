@@ -333,9 +333,10 @@ class ProcessWorker:
         # handles: a stopped app may live on (FastAPI caches its endpoints, which reach
         # this), and 3 descriptors a stop added up.
         self._reader.join(5)
-        if not self._reader.is_alive():
+        if not self._reader.is_alive():  # a second stop() finds nothing to stop
             self._pipe.conn.close()
             self._process.close()
+            self._process = self._pipe = None
 
     # -- the reader thread -------------------------------------------------------------
     def _read(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -240,7 +241,8 @@ def whole() -> Iterator[None]:
     ends, so that an update and its bookkeeping are done whole or not at all: ``train()``
     called again then goes on as an uninterrupted run would (the weights, Adam's moments
     and the dropout stream of a half-done update cannot be taken back). A second Ctrl-C
-    raises at once. Only in the main thread, where Python's handler is set."""
+    raises at once; the first says so on stderr (an update may take minutes: the first
+    of a compiled step). Only in the main thread, where Python's handler is set."""
     main = threading.current_thread() is threading.main_thread()
     if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
@@ -250,6 +252,8 @@ def whole() -> Iterator[None]:
     def defer(signum: int, _frame: object) -> None:
         caught.append(signum)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second one: at once
+        with contextlib.suppress(OSError):  # unbuffered: a print could re-enter one
+            os.write(2, b"\nstopping once this update is done (Ctrl-C again: at once)\n")
 
     signal.signal(signal.SIGINT, defer)
     try:

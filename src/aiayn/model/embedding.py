@@ -54,7 +54,7 @@ class PositionalEncoding(nn.Module):
                 )
             positions = offset[:, None] + torch.arange(x.size(1), device=x.device)
             if positions.numel():  # both bounds in one copy to the host (a GPU sync)
-                first, last = torch.stack([offset.min(), positions.max()]).tolist()
+                first, last = torch.stack(positions.aminmax()).tolist()
                 self._check(first, last + 1)
             return self.dropout(x + pe[positions])
         end = offset + x.size(1)

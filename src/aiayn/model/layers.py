@@ -62,11 +62,13 @@ _LEGACY_NORM_KEYS = {
 def current_names(weights: dict[str, Any]) -> dict[str, Any]:
     """A whole model's ``weights`` (a state dict) under today's names: the layers' norms
     that older aiayn saved as ``*_block.norm.*`` renamed, as loading renames them."""
-    renamed = dict(weights)
+    renamed, layers = dict(weights), set()
     for key in weights:
         head, found, rest = key.partition(".layers.")  # "decoder", ".layers.", "0.cross_..."
         if found:
-            _rename_legacy_keys(renamed, f"{head}{found}{rest.split('.', 1)[0]}.")
+            layers.add(f"{head}{found}{rest.split('.', 1)[0]}.")
+    for prefix in layers:  # once per layer: each pass reads every name
+        _rename_legacy_keys(renamed, prefix)
     return renamed
 
 

@@ -45,6 +45,32 @@ def test_sinusoidal_encoding_adds_its_rows_at_an_offset_and_is_not_saved():
     assert pe(empty, offset=20).shape == (2, 0, 8)
 
 
+@pytest.mark.parametrize("how", ["assign", "to_empty"])
+def test_a_model_built_on_the_meta_device_gets_its_tables_when_loaded(how):
+    # The fast way to load a large model: build it without memory, then load the weights.
+    # The tables are in no state dict: they stayed meta (a device error deep in torch) or
+    # were to_empty()'s uninitialised memory (NaN here: silently wrong outputs).
+    from aiayn import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(30, 30, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=24)
+    model = Transformer(cfg).eval()
+    with torch.device("meta"):
+        loaded = Transformer(cfg)
+    if how == "to_empty":
+        loaded.to_empty(device="cpu").src_pos.table.fill_(math.nan)  # as memory may hold
+        loaded.load_state_dict(model.state_dict())
+    else:
+        loaded.load_state_dict(model.state_dict(), assign=True)
+    for pos in (loaded.src_pos, loaded.tgt_pos):
+        assert torch.equal(pos.table, sinusoidal_table(24, 16))
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
+    assert torch.equal(loaded.eval()(src, tgt), model(src, tgt))
+    half = Transformer(cfg).half()  # a table keeps its dtype: no float32 promotion
+    half.load_state_dict(model.half().state_dict())
+    assert half.src_pos.table.dtype == torch.float16
+
+
 def test_positions_past_max_len_are_refused_at_the_exact_boundary():
     pe = PositionalEncoding(8, max_len=20, dropout=0.0)
     x = torch.zeros(2, 5, 8)

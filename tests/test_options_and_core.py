@@ -367,6 +367,10 @@ def test_models_that_cannot_be_ensembled_are_named():
     partly.decoder.to("meta")  # its decoder alone: torch's device error from deep inside
     with pytest.raises(DecodeError, match="model 1 is on the meta device"):
         as_list(partly)
+    tables = _models(1)[0]
+    tables.tgt_pos.to("meta")  # a buffer alone: the positions' table
+    with pytest.raises(DecodeError, match="model 1 is on the meta device"):
+        as_list(tables)
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ def as_list(models: Models) -> list[Transformer]:
     for i, model in enumerate(found, start=1):
         if not isinstance(model, Transformer):
             raise DecodeError(f"model {i} is a {type(model).__name__}, not a Transformer")
-        if any(p.is_meta for p in model.parameters()):  # a part moved there too
+        if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):  # or a part
             raise DecodeError(f"model {i} is on the meta device, which holds no weights")
     first = found[0].cfg
     for i, other in enumerate(found[1:], start=2):

@@ -13,7 +13,7 @@ from aiayn.config import TransformerConfig
 from aiayn.errors import ConfigError, ModelInputError
 from aiayn.model import projection
 from aiayn.model.cache import CrossAttentionCache, DecoderLayerCache, SelfAttentionCache
-from aiayn.model.embedding import PositionalEncoding, TokenEmbedding
+from aiayn.model.embedding import PositionalEncoding, TokenEmbedding, rebuild_tables
 from aiayn.model.inputs import check_group, check_ids, check_memory
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import decoder_self_mask, padding_mask
@@ -213,12 +213,9 @@ class Transformer(nn.Module):
             if cfg.share_embeddings
             else TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, scale)
         )
-        self.src_pos = PositionalEncoding(
-            cfg.d_model, cfg.max_len, cfg.dropout, cfg.learned_positions
-        )
-        self.tgt_pos = PositionalEncoding(
-            cfg.d_model, cfg.max_len, cfg.dropout, cfg.learned_positions
-        )
+        positions = (cfg.d_model, cfg.max_len, cfg.dropout, cfg.learned_positions)
+        self.src_pos, self.tgt_pos = PositionalEncoding(*positions), PositionalEncoding(*positions)
+        self.register_load_state_dict_post_hook(rebuild_tables)  # a state dict has no tables
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         # Section 3.4: the pre-softmax projection shares the target embedding matrix.

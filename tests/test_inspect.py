@@ -166,6 +166,11 @@ def test_attention_cli(sample_model_dir, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert f"--out {notes}: a file; give a picture" in err and "translation:" not in out
     assert notes.read_text(encoding="utf-8") == "keep me\n"
+    # A picture format it does not write made a folder "a.gif" of 9 PNGs, without a word.
+    assert main([*args[:-2], "--out", str(tmp_path / "a.GIF")]) == 2
+    out, err = capsys.readouterr()
+    assert f"--out {tmp_path / 'a.GIF'}: pictures are .png, .svg" in err and not out
+    assert not (tmp_path / "a.GIF").exists()
 
 
 def _metrics_file(run, truncated_tail: bool = True):

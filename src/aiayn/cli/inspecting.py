@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 # What `attention --out` writes as one picture (matplotlib's formats); any other path is a
 # folder for every kind and layer.
 PICTURES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+# Picture formats it does not write: a folder by that name would surprise.
+OTHER_PICTURES = (".gif", ".bmp", ".tif", ".tiff", ".webp", ".eps", ".ps", ".avif", ".heic")
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -86,6 +88,10 @@ def cmd_attention(args: argparse.Namespace) -> int:
     if args.out and not picture and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise AiaynError(
             f"--out {args.out}: a file; give a picture ({', '.join(PICTURES)}) or a folder"
+        )
+    if args.out and args.out.lower().endswith(OTHER_PICTURES) and not os.path.isdir(args.out):
+        raise AiaynError(
+            f"--out {args.out}: pictures are {', '.join(PICTURES)}; a folder takes no such suffix"
         )
     if args.out:
         pyplot()  # matplotlib, an optional extra: missing, say so before translating

@@ -76,6 +76,11 @@ def test_an_average_never_replaces_a_runs_own_checkpoint(tmp_path, corpus, capsy
             argv = ["average", "--model", str(out), "--last", "1", "--out", str(out / name)]
             assert "a training run's own checkpoint" in fail(argv, capsys)
     assert last.read_bytes() == before
+    # A new file under such a name: later averages took it for one of the run's.
+    for name in ("checkpoint_step0000001.pt", "checkpoint_epoch999.pt"):
+        argv = ["average", "--model", str(out), "--last", "1", "--out", str(out / name)]
+        assert "the name of an epoch or timed checkpoint; choose another" in fail(argv, capsys)
+        assert not (out / name).exists()
     assert main(["average", "--model", str(out), "--last", "1"]) == 0  # the default target
     capsys.readouterr()
     shutil.copy(out / "checkpoint_averaged.pt", last)

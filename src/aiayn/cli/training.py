@@ -202,6 +202,8 @@ def cmd_average(args: argparse.Namespace) -> int:
             f"{out}: a training run's own checkpoint, which the average would replace; "
             "choose another file"
         )
+    if KEPT_NAME.fullmatch(out.name):  # later averages would take it for one, pruning too
+        raise AiaynError(f"{out}: the name of an epoch or timed checkpoint; choose another")
     model_file = out.name in MODEL_NAMES or out.name.endswith(MODEL_SUFFIXES)
     if out.exists() and model_file and out.suffix != ".pt":  # .pt: the checks above
         raise AiaynError(  # a checkpoint in place of the tokenizer, recipe or metrics

@@ -5,6 +5,13 @@ a web page (``static/``)."""
 from aiayn.serve.app import ServeConfig, create_app
 from aiayn.serve.batching import BatchWorker
 from aiayn.serve.process import ProcessWorker
-from aiayn.serve.server import serve
+from aiayn.serve.server import WorkerDiedError, serve
 
-__all__ = ["BatchWorker", "ProcessWorker", "ServeConfig", "create_app", "serve"]
+__all__ = [
+    "BatchWorker",
+    "ProcessWorker",
+    "ServeConfig",
+    "WorkerDiedError",
+    "create_app",
+    "serve",
+]

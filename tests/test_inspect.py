@@ -253,6 +253,45 @@ def test_plot_survives_huge_numbers_and_names_what_it_cannot_write(tmp_path, cap
     assert f"{tmp_path / 'out' / 'loss.png'}: cannot write (Is a directory)" in err
 
 
+@draws
+def test_pictures_are_written_whole_or_not_at_all(sample_model_dir, tmp_path, capsys, monkeypatch):
+    """`attention --out` and `plot` wrote their pictures in place: a full disk left the old
+    picture cut short, and a picture path linked to a checkpoint wrote the PNG into it."""
+    import shutil
+
+    from matplotlib.figure import Figure
+
+    model = tmp_path / "model"
+    shutil.copytree(sample_model_dir(), model)
+    best = model / "checkpoint_best.pt"
+    kept = best.read_bytes()
+    (tmp_path / "evil.png").symlink_to(best)
+    args = ["attention", "--model", str(model), SENTENCES[0], "--kind", "encoder"]
+    err = one_line_error([*args, "--out", str(tmp_path / "evil.png")], capsys)
+    assert f"--out {tmp_path / 'evil.png'}: a link to {best}, a model's file" in err
+    assert best.read_bytes() == kept
+
+    def full_disk(self, fname, **kwargs):
+        if not hasattr(fname, "write"):  # a path, as savefig was called before
+            fname = open(fname, "wb")  # noqa: SIM115
+        fname.write(b"half a picture")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    (tmp_path / "old.png").write_bytes(b"the old picture")
+    err = one_line_error([*args, "--layer", "1", "--out", str(tmp_path / "old.png")], capsys)
+    assert f"{tmp_path / 'old.png'}: cannot write (No space left on device)" in err
+    run = tmp_path / "run"
+    _metrics_file(run)
+    (run / "plots").mkdir()
+    (run / "plots" / "loss.png").write_bytes(b"the old picture")
+    err = one_line_error(["plot", "--run", str(run)], capsys)
+    assert f"{run / 'plots' / 'loss.png'}: cannot write (No space left on device)" in err
+    for picture in (tmp_path / "old.png", run / "plots" / "loss.png"):
+        assert picture.read_bytes() == b"the old picture"
+        assert [p.name for p in picture.parent.iterdir() if p.name.startswith(".")] == []
+
+
 def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert main(["plot", "--run", str(tmp_path / "none")]) == 2
     assert "no such metrics file" in capsys.readouterr().err

@@ -79,7 +79,7 @@ def _preset_model(preset: str, vocab: int) -> Transformer:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from aiayn.cli.common import cut_lines, note_cut
+    from aiayn.cli.common import MODEL_NAMES, MODEL_SUFFIXES, cut_lines, note_cut
     from aiayn.inspect.attention import ATTENTION_KINDS, plot_all, plot_attention, text_heatmap
     from aiayn.inspect.curves import pyplot
     from aiayn.inspect.maps import attention
@@ -89,6 +89,9 @@ def cmd_attention(args: argparse.Namespace) -> int:
         raise AiaynError(
             f"--out {args.out}: a file; give a picture ({', '.join(PICTURES)}) or a folder"
         )
+    real = os.path.realpath(args.out or "")  # a link: the file it would write
+    if picture and (real.endswith(MODEL_SUFFIXES) or os.path.basename(real) in MODEL_NAMES):
+        raise AiaynError(f"--out {args.out}: a link to {real}, a model's file; give another")
     if args.out and args.out.lower().endswith(OTHER_PICTURES) and not os.path.isdir(args.out):
         raise AiaynError(
             f"--out {args.out}: pictures are {', '.join(PICTURES)}; a folder takes no such suffix"

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 try:  # POSIX: an output being written is held with an advisory lock (flock)
     import fcntl
@@ -227,6 +228,21 @@ def _why(target: Path, error: OSError) -> str:
             if parent.exists() and not parent.is_dir():
                 return f"{parent} is not a directory"
     return str(error.strerror or error)
+
+
+def replace_file(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` (a link's target) whole or not at all: ``write`` fills a temp file in
+    its folder, which then replaces it with the old file's permissions, so a full disk or
+    a failed ``write`` leaves the old file as it was. An OSError is raised as it comes."""
+    target = Path(os.path.realpath(path))
+    fd, tmp = tempfile.mkstemp(".tmp", f".{target.name}.", target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, file_mode(target))
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already when renamed
 
 
 def file_mode(path: str | Path) -> int:

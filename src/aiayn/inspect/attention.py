@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.data.folders import replace_file
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode import alignment
 from aiayn.errors import AiaynError
@@ -112,7 +113,7 @@ def plot_attention(
     path = path if path.suffix else path.with_suffix(".png")  # what savefig writes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
+        replace_file(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower(), dpi=100))
     except OSError as e:
         raise AiaynError(f"{path}: cannot write ({e.strerror or e})") from None
     except ValueError as e:  # matplotlib: a file type it cannot write (.xyz)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from aiayn.data.folders import replace_file
 from aiayn.errors import AiaynError
 
 # How the trainer logs a number that is not finite (aiayn.train.metrics_log).
@@ -147,7 +149,7 @@ def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
         ax.legend()
         fig.tight_layout()
         try:
-            fig.savefig(out / name, dpi=100)
+            replace_file(out / name, partial(fig.savefig, format="png", dpi=100))
         except OSError as e:  # a folder of that name, no permission, a full disk
             raise AiaynError(f"{out / name}: cannot write ({e.strerror or e})") from None
         finally:

@@ -318,6 +318,20 @@ def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert f"{words / 'metrics.jsonl'}: no numeric loss, bleu, lr or tokens_per_s" in err
 
 
+def test_plot_of_a_metrics_file_it_may_not_read_is_one_line(tmp_path, capsys, monkeypatch):
+    """A metrics.jsonl without read permission was a PermissionError traceback (root reads
+    any file: the refusal is simulated)."""
+    from pathlib import Path
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    _metrics_file(tmp_path / "run")
+    monkeypatch.setattr(Path, "read_text", refuse)
+    err = one_line_error(["plot", "--run", str(tmp_path / "run")], capsys)
+    assert f"{tmp_path / 'run' / 'metrics.jsonl'}: cannot read (Permission denied)" in err
+
+
 def test_summary_of_a_trained_model(sample_model_dir, translator, capsys):
     assert main(["summary", "--model", str(sample_model_dir())]) == 0
     out = capsys.readouterr().out

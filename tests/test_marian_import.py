@@ -24,6 +24,7 @@ from aiayn.checkpoint import (
 )
 from aiayn.cli import main
 from aiayn.decode import DecodeOptions, search
+from aiayn.errors import ConversionError
 from aiayn.inspect.maps import add_alignments
 from aiayn.marian import import_marian
 from aiayn.translator import Translator
@@ -161,6 +162,16 @@ def test_bin_and_sharded_weights_import_alike(folders, tmp_path):
         got = load_checkpoint(import_marian(source, tmp_path / f"{source.name}_aiayn") / BEST)
         assert got["model"].keys() == want.keys()
         assert all(torch.equal(got["model"][k], v) for k, v in want.items()), source.name
+    # A training checkpoint's nesting, or a value that is no tensor: named, not an
+    # AttributeError ('dict' object has no attribute 'is_floating_point').
+    nested = {"state_dict": state}
+    for wrong, named in (
+        (nested, "'state_dict' is not a tensor \\(OrderedDict"),
+        ({"x": 1}, "'x'"),
+    ):
+        torch.save(wrong, old / "pytorch_model.bin")
+        with pytest.raises(ConversionError, match=f"pytorch_model.bin: {named}"):
+            import_marian(old, tmp_path / "nested")
 
 
 def test_generation_settings_are_kept(folders, tmp_path):

@@ -42,7 +42,10 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     if not path.is_file():
         what = "a folder, not a metrics file" if path.is_dir() else "no such metrics file"
         raise AiaynError(f"{path}: {what} (written by training)")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:  # no permission
+        raise AiaynError(f"{path}: cannot read ({e.strerror or e})") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

@@ -84,6 +84,10 @@ def _load_file(path: Path) -> dict[str, Tensor]:
         ) from None
     if not isinstance(state, dict):
         raise ConversionError(f"{path}: not a state dict of named tensors")
+    for key, value in state.items():  # a checkpoint of another kind: {"state_dict": {...}}
+        if not isinstance(value, Tensor):
+            got = type(value).__name__
+            raise ConversionError(f"{path}: {str(key)[:80]!r} is not a tensor ({got})")
     return state
 
 

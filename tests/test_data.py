@@ -27,6 +27,7 @@ from aiayn.data import (
 )
 from aiayn.data.corpus import iter_lines
 from aiayn.errors import TokenizerError
+from cli_util import one_line_error
 from conftest import small_corpus
 from sample_data import PAIRS
 
@@ -178,6 +179,34 @@ def test_tokenizer_survives_bytes_and_rejects_garbage(tokenizer, tmp_path):
         Tokenizer.from_bytes(b"definitely not a model")
     with pytest.raises(TokenizerError, match=r"missing\.model: no such SentencePiece model"):
         Tokenizer.load(tmp_path / "missing.model")
+
+
+def test_a_tokenizer_it_may_not_read_is_named(tokenizer, tmp_path, monkeypatch, capsys):
+    """An spm.model without read permission was an OSError: `prepare --spm-model` blamed
+    its output ("cannot write the prepared data (Permission denied)"). Root reads any file:
+    the refusal is simulated."""
+    from pathlib import Path
+
+    path = tmp_path / "spm.model"
+    path.write_bytes(tokenizer.to_bytes())
+    read = Path.read_bytes
+
+    def refuse(self):
+        if self == path:
+            raise PermissionError(13, "Permission denied")
+        return read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(TokenizerError, match=r"spm\.model: cannot read \(Permission denied\)$"):
+        Tokenizer.load(path)
+    src, tgt = tmp_path / "a.de", tmp_path / "a.en"
+    src.write_text("ein Hund\n")
+    tgt.write_text("a dog\n")
+    files = ["--train-src", str(src), "--train-tgt", str(tgt), "--valid-src", str(src)]
+    argv = ["prepare", *files, "--valid-tgt", str(tgt), "--out", str(tmp_path / "out")]
+    err = one_line_error([*argv, "--spm-model", str(path), "--no-progress"], capsys)
+    assert f"{path}: cannot read (Permission denied)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.de", "a.en", "spm.model"]
 
 
 def test_tokenizer_training_keeps_lines_longer_than_sentencepieces_default(tmp_path):

@@ -113,6 +113,8 @@ class Tokenizer:
             return cls.from_bytes(path.read_bytes())
         except TokenizerError as e:
             raise TokenizerError(f"{path}: {e}") from None
+        except OSError as e:  # no permission: not the fault of a file being written
+            raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Tokenizer:

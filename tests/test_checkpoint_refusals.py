@@ -110,6 +110,19 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(sample_model_dir, tmp_path, 
             assert f"{path}: {message}" in one_line_error(argv, capsys)
 
 
+def test_a_checkpoint_it_may_not_read_is_not_called_corrupt(sample_model_dir, capsys, monkeypatch):
+    """ "cannot read checkpoint, the file is truncated or corrupt (PermissionError)" sent a
+    user to delete a good file. Root reads any file: the refusal is simulated."""
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    path = sample_model_dir() / "checkpoint_best.pt"
+    err = one_line_error(["summary", "--model", str(sample_model_dir())], capsys)
+    assert f"{path}: cannot read (Permission denied)" in err and "corrupt" not in err
+
+
 def test_train_init_from_a_directory_and_no_checkpoint_name(sample_model_dir, tmp_path, capsys):
     """``--init-from DIR:`` used to say "{'DIR'/ None}: no such checkpoint file"."""
     files = [f"--{k}={tmp_path / k}" for k in ("train-src", "train-tgt", "valid-src", "valid-tgt")]

@@ -146,13 +146,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
+        if isinstance(e, OSError):  # no permission, a disk error: the file may well be whole
+            raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
         if isinstance(e, pickle.UnpicklingError) and (held := _unsafe_objects(path, e)):
             raise CheckpointError(
                 f"{path}: not an aiayn checkpoint: it holds Python objects other than tensors "
                 f"({held}), which are never unpickled (that could run code); saved by other code?"
             ) from None
-        # Random or truncated bytes can fail anywhere inside torch's (un)pickler with almost
-        # any exception type (UnpicklingError, EOFError, ValueError, KeyError, ...).
+        # Damaged bytes fail anywhere in torch's unpickler, with any type (EOFError, KeyError...)
         raise CheckpointError(
             f"{path}: cannot read checkpoint, the file is truncated or corrupt ({type(e).__name__})"
         ) from None
@@ -263,8 +264,7 @@ def check_vocab(
 
 
 def generation_settings(state: dict[str, Any]) -> dict[str, Any]:
-    """The generation settings a checkpoint carries (``{}`` for aiayn's own models): the
-    ``generation_config.json`` of an imported Marian model, kept through fine-tuning."""
+    """The ``generation_config.json`` an imported Marian model carries (``{}``: aiayn's own)."""
     return dict(state.get("generation") or {})
 
 

@@ -206,6 +206,8 @@ class Recipe:
             raise RecipeError(f"{path}{line}: not valid YAML: {e.problem}") from None
         except yaml.YAMLError as e:
             raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        if _values_past(data, 10_000):  # a few dozen in a recipe: aliases (*a) nested
+            raise RecipeError(f"{path}: holds over 10,000 values (YAML aliases nested?)")
         if data is None:  # nothing but comments: no silent run of the defaults
             raise RecipeError(f"{path}: holds no recipe (no field: value in it)")
         if not isinstance(data, dict):
@@ -346,6 +348,18 @@ class Recipe:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _values_past(data: object, limit: int) -> bool:
+    """Whether ``data`` holds more than ``limit`` values, aliases counted each time they
+    appear: 300 bytes of nested aliases stand for 10^9 (105 s and 10 GB to refuse)."""
+    todo, seen = [data], 0
+    while todo and seen <= limit:
+        value = todo.pop()
+        seen += 1
+        todo.extend(value if isinstance(value, list) else [])
+        todo.extend([*value.keys(), *value.values()] if isinstance(value, dict) else [])
+    return seen > limit
 
 
 class _DuplicateKey(yaml.YAMLError):

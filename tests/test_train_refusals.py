@@ -173,6 +173,30 @@ def test_resume_keeps_the_model_and_a_finished_run_stays_finished(
     assert load_checkpoint(last)["step"] == 3
 
 
+def test_a_resume_into_a_folder_it_cannot_write_stops_before_training(
+    tmp_path, sample_prepared, capsys, monkeypatch
+):
+    """A resumed run met its read-only folder only at its first save, an epoch (hours) of
+    updates later. Root writes anywhere: the refusal is simulated."""
+    import tempfile
+
+    out = tmp_path / "run"
+    argv = _tiny_train(sample_prepared, out)
+    assert main([*argv, "max_steps=2"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    mkstemp = tempfile.mkstemp
+
+    def read_only(*args, **kwargs):
+        if str(args[2] if len(args) > 2 else kwargs.get("dir")) == str(out):
+            raise PermissionError(13, "Permission denied")
+        return mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    err = one_line_error([*argv, "max_steps=4", "--resume"], capsys)
+    assert f"{out}: cannot write in it (Permission denied)" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(tmp_path, sample_prepared, capsys):
     """A run stopped before its first checkpoint_last.pt (killed after a validation saved
     its best) or whose last was deleted keeps its other checkpoints: a new run into that

@@ -230,6 +230,17 @@ def _why(target: Path, error: OSError) -> str:
     return str(error.strerror or error)
 
 
+def check_writable(folder: str | Path) -> None:
+    """AiaynError unless a file can be made in ``folder`` (it is made and removed): a
+    read-only folder shows before the work that would be saved there, not after it."""
+    try:
+        fd, probe = tempfile.mkstemp(".tmp", ".aiayn-probe.", folder)
+    except OSError as e:
+        raise AiaynError(f"{folder}: cannot write in it ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def replace_file(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` (a link's target) whole or not at all: ``write`` fills a temp file in
     its folder, which then replaces it with the old file's permissions, so a full disk or

@@ -40,6 +40,7 @@ from aiayn.checkpoint import (
 from aiayn.config import TransformerConfig
 from aiayn.data import Tokenizer
 from aiayn.data.datasets import pair_files
+from aiayn.data.folders import check_writable
 from aiayn.data.prepared import prepare
 from aiayn.data.shards import MANIFEST, PreparedData, check_tokenizer
 from aiayn.distributed import World
@@ -230,6 +231,7 @@ class RunDirectory:
         if resume:
             if not last.is_file():
                 raise CheckpointError(f"nothing to resume: {last} does not exist")
+            check_writable(self.out_dir)  # before the updates its first save would lose
             return last
         if last.exists():
             raise CheckpointError(

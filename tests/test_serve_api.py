@@ -224,6 +224,9 @@ def test_many_unknown_fields_are_refused_before_validation(monkeypatch):
     with pytest.raises(ApiError) as e:
         parse_request(body, 100)
     assert e.value.status == 422 and e.value.message.startswith('"k0": no such field')
+    with pytest.raises(ApiError) as e:  # the second of one key, last: found in one pass
+        parse_request(body[:-1] + b', "k79999": 2}', 100)
+    assert e.value.message == '"k79999": the field is given twice'
 
 
 def test_a_body_with_a_byte_order_mark_is_read_as_without(client):

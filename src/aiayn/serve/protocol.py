@@ -224,9 +224,12 @@ class _Object(dict):
 
 
 def _object(pairs: list[tuple[str, Any]]) -> _Object:
-    found = _Object(pairs)
-    if len(found) < len(pairs):
-        found.twice = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+    found, seen = _Object(pairs), set()
+    for key, _ in pairs if len(found) < len(pairs) else ():
+        if key in seen:
+            found.twice = key
+            break
+        seen.add(key)
     return found
 
 

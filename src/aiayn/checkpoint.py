@@ -146,7 +146,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        if isinstance(e, OSError):  # no permission, a disk error: the file may well be whole
+        if isinstance(e, PermissionError):  # the file may well be whole (torch's EINVAL: cut)
             raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
         if isinstance(e, pickle.UnpicklingError) and (held := _unsafe_objects(path, e)):
             raise CheckpointError(

@@ -80,3 +80,32 @@ def test_bf16_runs_the_step_in_bf16():
     got = make_updater(model, precision="bf16").update([batch])
     want = make_updater(reference).update([batch])
     assert got.loss != want.loss and got.loss == pytest.approx(want.loss, rel=4e-3)
+
+
+def test_only_rank_0_prunes_the_checkpoints_it_wrote(tmp_path):
+    """Every rank removed the epoch checkpoints past keep_last from its own --out: on a
+    machine without the shared folder, another run's files of the same names."""
+    from types import SimpleNamespace
+
+    from aiayn.train.duties import Duties
+
+    class Stub(SimpleNamespace):  # Duties holds its trainer by a weak reference
+        pass
+
+    names = [f"checkpoint_epoch{i:03d}.pt" for i in range(1, 4)]
+    for rank in (1, 0):
+        folder = tmp_path / f"rank{rank}"
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text("another run's")
+        trainer = Stub(
+            out_dir=folder, world=World(rank, 2), step=0, elapsed=0.0, epoch_checkpoints=[]
+        )
+        trainer.recipe = SimpleNamespace(keep_last=1, save_every_minutes=0)
+        trainer.save = lambda name: None  # rank 0 writes (Trainer.save)
+        duties = Duties(trainer)
+        for name in names:
+            duties.keep(name)
+        assert trainer.epoch_checkpoints == names[-1:]
+        left = sorted(p.name for p in folder.iterdir())
+        assert left == (names if rank else names[-1:]), rank

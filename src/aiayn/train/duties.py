@@ -75,7 +75,9 @@ class Duties:
             t.epoch_checkpoints.remove(name)
         t.epoch_checkpoints.append(name)
         while len(t.epoch_checkpoints) > t.recipe.keep_last:
-            (t.out_dir / t.epoch_checkpoints.pop(0)).unlink(missing_ok=True)
+            old = t.out_dir / t.epoch_checkpoints.pop(0)
+            if t.world.is_main:  # it wrote them; another machine's folder may hold others'
+                old.unlink(missing_ok=True)
 
     def validate(self, metrics: MetricsLog) -> None:
         """Every rank validates its share; rank 0 saves the best, then logs. Cut short

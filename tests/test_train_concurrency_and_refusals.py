@@ -279,6 +279,13 @@ class TwoRanks:
         ("max_tokens=1000", "recipe field max_tokens: rank 1 has 1000 where rank 0 has 4096"),
         ("model.d_model=64", "recipe field model.d_model: rank 1 has 64 where rank 0 has 512"),
         ("lr_scale=2", "recipe field lr_scale: rank 1 has 2.0 where rank 0 has 1.0"),
+        # One rank fine-tuning or reading prepared data, the other not: other collectives,
+        # and the job hung without a word (their paths may differ, not whether there are).
+        (
+            "init_from=/m",
+            "recipe field init_from \\(given\\): rank 1 has True where rank 0 has False",
+        ),
+        ("data=/prepared", "recipe field data \\(given\\): rank 1 has True"),
     ],
 )
 def test_every_process_of_a_job_runs_one_recipe(override, message):
@@ -289,6 +296,9 @@ def test_every_process_of_a_job_runs_one_recipe(override, message):
         check_same_recipe(Recipe(), TwoRanks(Recipe().override([override])))
     where = Recipe().override(["train_src=/elsewhere/train.de", "threads=1"])
     check_same_recipe(Recipe(), TwoRanks(where))  # each machine's own paths and threads
+    mine = Recipe().override(["init_from=/here/model", "data=/here/data"])
+    theirs = Recipe().override(["init_from=/there/model", "data=/there/data"])
+    check_same_recipe(mine, TwoRanks(theirs))
 
 
 def test_a_run_of_a_prepared_directory_ignores_the_data_settings_on_resume(tmp_path, corpus):

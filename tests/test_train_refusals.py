@@ -198,9 +198,9 @@ def test_a_resume_into_a_folder_it_cannot_write_stops_before_training(
 
 
 def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(tmp_path, sample_prepared, capsys):
-    """A run stopped before its first checkpoint_last.pt (killed after a validation saved
-    its best) or whose last was deleted keeps its other checkpoints: a new run into that
-    folder, or --resume auto, is refused, and nothing there changes."""
+    """A run whose checkpoint_last.pt was deleted (or an older aiayn's, stopped before
+    its first) keeps its other checkpoints: a new run into that folder, or --resume auto,
+    is refused, and nothing there changes."""
     out = tmp_path / "run"
     argv = _tiny_train(sample_prepared, out)
     assert main([*argv, "max_steps=2"]) == 0
@@ -224,6 +224,34 @@ def test_a_run_with_checkpoints_but_no_last_is_never_overwritten(tmp_path, sampl
     assert main([*_tiny_train(sample_prepared, failed), "max_steps=2"]) == 0
     steps = [json.loads(line)["step"] for line in (failed / "metrics.jsonl").open()]
     assert steps and 7 not in steps
+
+
+def test_a_run_stopped_before_its_first_periodic_save_can_be_resumed(
+    tmp_path, sample_prepared, capsys, monkeypatch
+):
+    """A job killed after its first validation saved checkpoint_best.pt, before any
+    save_every_steps, was refused on every torchrun restart (--resume auto: "no
+    checkpoint_last.pt to resume from"), and lost. checkpoint_last.pt now comes first."""
+    from aiayn.train.metrics_log import MetricsLog
+
+    write = MetricsLog.write
+
+    def killed_once(self, kind, step, **values):
+        if kind == "valid" and not killed:
+            killed.append(step)
+            raise KeyboardInterrupt  # after the best was saved, before the line is logged
+        return write(self, kind, step, **values)
+
+    killed: list[int] = []
+    monkeypatch.setattr(MetricsLog, "write", killed_once)
+    out = tmp_path / "run"
+    argv = [*_tiny_train(sample_prepared, out), "max_steps=3", "valid_every_steps=2"]
+    assert main(argv) == 130 and killed == [2]
+    assert {"checkpoint_best.pt", "checkpoint_last.pt"} <= {p.name for p in out.iterdir()}
+    assert main([*argv, "--resume", "auto"]) == 0
+    assert load_checkpoint(out / "checkpoint_last.pt")["step"] == 3
+    valid = [json.loads(line)["step"] for line in (out / "metrics.jsonl").open()]
+    assert valid.count(2) == 2 and 3 in valid  # step 2's train and valid lines, once each
 
 
 def test_a_broken_or_folder_checkpoint_last_is_named_as_what_it_is(

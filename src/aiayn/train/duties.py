@@ -6,7 +6,8 @@ updates, a timed checkpoint when one is due (``save_every_minutes``), a validati
 ``valid_every_steps``. At the end of an epoch, and at a stop (the ``max_steps`` or time
 limit reached, or the end of the last epoch): a validation (at every epoch's end when
 ``valid_every_steps`` is 0, and at a stop, unless that step was just validated), the
-epoch's checkpoint, and checkpoint_last.pt once more.
+epoch's checkpoint, and checkpoint_last.pt once more. Before the run's first best, epoch
+or timed checkpoint comes a checkpoint_last.pt (:meth:`Duties.last_first`).
 
 checkpoint_last.pt is saved after an update but before that update's validation and
 stop, so that a run killed in a long validation keeps its updates; it is then marked
@@ -57,6 +58,7 @@ class Duties:
         self.done_at = -1 if pending else trainer.step  # the step whose duties are all done
         self.saved_at = trainer.step if pending else -1  # checkpoint_last.pt, pending
         self.validated_at = -1  # the step validated (and logged) last
+        self.last_saved = trainer.step > 0  # a resumed run's checkpoint_last.pt is there
         period = trainer.recipe.save_every_minutes * 60  # its next multiple, after a resume
         self.timed_save_at = (math.floor(trainer.elapsed / period) + 1) * period if period else 0
 
@@ -68,6 +70,7 @@ class Duties:
     def keep(self, name: str) -> None:
         """Save an epoch or timed checkpoint; only the last ``keep_last`` stay on disk."""
         t = self.t
+        self.last_first()
         t.save(name)
         # A time-limited run saves its partial epoch; finishing that epoch after --resume
         # rewrites the same file, which must not count twice (or be pruned as "old").
@@ -87,6 +90,7 @@ class Duties:
         # A model whose validation loss is not finite is broken, whatever its BLEU says.
         improved = math.isfinite(v["loss"]) and v["bleu"] > t.best_bleu
         if improved:
+            self.last_first()
             best, t.best_bleu = t.best_bleu, v["bleu"]
             try:
                 t.save(BEST)
@@ -99,6 +103,14 @@ class Duties:
             f"valid epoch {t.epoch + 1} step {t.step}: loss {v['loss']:.3f} "
             f"ppl {v['ppl']:.2f} BLEU {v['bleu']:.2f}" + (" (best)" if improved else "")
         )
+
+    def last_first(self) -> None:
+        """checkpoint_last.pt (pending) before the run's first other checkpoint: a folder
+        with those but no last is refused on resume (lest a new run overwrite them), so a
+        job killed before its first save_every_steps was lost to torchrun's restarts."""
+        if not self.last_saved:
+            self.t.save(LAST, pending=True)
+            self.saved_at, self.last_saved = self.t.step, True
 
     def owed(self, metrics: MetricsLog) -> str:
         """What the run still owes its step before any update (see :meth:`after_update`):
@@ -117,7 +129,7 @@ class Duties:
             self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period  # once saved
         if r.save_every_steps and t.step % r.save_every_steps == 0 and self.saved_at != t.step:
             t.save(LAST, pending=True)
-            self.saved_at = t.step
+            self.saved_at, self.last_saved = t.step, True
         stopped_by = self.after_save(metrics)
         if stopped_by == "max_epochs":
             self.done_at = t.step
@@ -149,6 +161,7 @@ class Duties:
             t.epoch, t.batch_in_epoch = t.epoch + 1, 0
         try:
             t.save(LAST)
+            self.last_saved = True
         except BaseException:
             # Not saved: back at the epoch's end, which a train() called again then ends
             # again (past it, it would save the epoch's checkpoint under the next one's name).

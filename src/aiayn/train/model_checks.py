@@ -265,9 +265,13 @@ PER_PROCESS = ("data", "dataset", *TEXT_FIELDS, "init_from", "threads", "device"
 def job_fields(recipe: Recipe) -> dict[str, object]:
     """The fields every process of a job must share, by name (``model.d_model``): the
     recipe's but :data:`PER_PROCESS`."""
-    fields = {k: v for k, v in recipe.to_dict().items() if k not in PER_PROCESS}
+    every = recipe.to_dict()
+    fields = {k: v for k, v in every.items() if k not in PER_PROCESS}
+    # Where the files are may differ, not whether there are any: a rank with init_from or
+    # data where rank 0 has none ran other collectives, and the job hung without a word.
+    given = {f"{k} (given)": bool(every[k]) for k in ("data", "init_from")}
     model = fields.pop("model")
-    return {**fields, **{f"model.{k}": v for k, v in model.items()}}
+    return {**fields, **given, **{f"model.{k}": v for k, v in model.items()}}
 
 
 def check_same_recipe(recipe: Recipe, world: World) -> None:

@@ -314,6 +314,38 @@ def test_an_error_on_rank_0_during_set_up_ends_every_rank_at_once(tmp_path, data
         assert message in text, text[-2000:]
 
 
+OWN_OUT = """\
+import os, sys
+from aiayn.cli import main
+out, rest = sys.argv[1] + os.environ["RANK"], sys.argv[2:]
+sys.exit(main(["train", "--out", out, *rest]))
+"""
+
+
+def test_a_rank_that_cannot_see_the_run_directory_says_so(tmp_path):
+    """Ranks with no shared disk (here: each its own --out) met rank 0's prepared text
+    missing as "no such folder (no manifest.json; prepare the data first)"."""
+    corpus = small_corpus(tmp_path / "corpus", n_train=60, n_valid=10)
+    text = ["--train-src", str(corpus["train.de"]), "--train-tgt", str(corpus["train.en"])]
+    text += ["--valid-src", str(corpus["val.de"]), "--valid-tgt", str(corpus["val.en"])]
+    script = tmp_path / "own_out.py"
+    script.write_text(OWN_OUT)
+    logs = tmp_path / "logs"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "--log-dir", str(logs), "--redirects", "3"]
+    args = [str(tmp_path / "run"), *text, "--no-progress", "--set", *RECIPE, "vocab_size=200"]
+    done = subprocess.run(
+        [*command, str(script), *args], env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    errs = sorted(logs.rglob("stderr.log"))
+    assert len(errs) == 2, errs
+    for err in errs:  # rank 1's error, on both ranks
+        message = f"{tmp_path / 'run1' / 'data'}: rank 1 cannot see it; on several machines"
+        assert message in err.read_text(), err.read_text()[-2000:]
+    assert not (tmp_path / "run0" / "data").exists()  # rank 0 removed what it made
+
+
 VALIDATE = """\
 import json, sys
 from pathlib import Path

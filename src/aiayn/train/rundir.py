@@ -67,6 +67,10 @@ def portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
+# Why a rank other than 0 may not find what rank 0 wrote into the run directory.
+SHARED = "on several machines, the run directory must be at one path on each (a shared disk)"
+
+
 class RunDirectory:
     """``out_dir`` of one run, as seen from this process of ``world``."""
 
@@ -199,11 +203,7 @@ class RunDirectory:
 
         def load() -> dict:
             if not path.is_file():
-                raise CheckpointError(
-                    f"{path}: rank {self.world.rank} cannot read it; to resume on several "
-                    "machines, the run directory must be at the same path on each (a shared "
-                    "file system)"
-                )
+                raise CheckpointError(f"{path}: rank {self.world.rank} cannot read it; {SHARED}")
             state = load_checkpoint(path, map_location=device)
             if missing := [k for k in ("optimizer", "schedule", "step") if k not in state]:
                 raise CheckpointError(  # an averaged or exported file put in its place
@@ -317,7 +317,13 @@ class RunDirectory:
                 self._prepared = None if state else directory  # see discard_new_data
 
             self.write(make)
-        data = self.on_every_rank(lambda: PreparedData(directory))
+
+        def read() -> PreparedData:
+            if not r.data and not directory.is_dir():  # rank 0 made it: not on this machine
+                raise CorpusError(f"{directory}: rank {self.world.rank} cannot see it; {SHARED}")
+            return PreparedData(directory)
+
+        data = self.on_every_rank(read)
         self._same_data_everywhere(data)
         self.log(f"train: {data.summary('train')}")
         self.log(f"valid: {data.summary('valid')}")

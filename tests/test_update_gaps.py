@@ -102,7 +102,7 @@ def test_only_rank_0_prunes_the_checkpoints_it_wrote(tmp_path):
             out_dir=folder, world=World(rank, 2), step=0, elapsed=0.0, epoch_checkpoints=[]
         )
         trainer.recipe = SimpleNamespace(keep_last=1, save_every_minutes=0)
-        trainer.save = lambda name: None  # rank 0 writes (Trainer.save)
+        trainer.save = lambda name, pending=False: None  # rank 0 writes (Trainer.save)
         duties = Duties(trainer)
         for name in names:
             duties.keep(name)

@@ -282,6 +282,14 @@ def test_text_with_nul_bytes_is_refused_naming_the_file_and_line(tmp_path):
         read_lines(cases[0][0])  # every reader of text: translate's input, BLEU's references
     late = write(tmp_path / "late_nul.de", b"eins\nzw\x00ei\ndrei\n")
     assert read_lines(late) == ["eins", "zw\x00ei", "drei"]
+    # Compressed files other than gzip were told they might be UTF-16.
+    import bz2
+    import lzma
+
+    for packed, kind in ((bz2.compress, "a bzip2"), (lzma.compress, "an xz")):
+        path = write(tmp_path / "packed.de", packed(text.encode() * 50))
+        with pytest.raises(CorpusError, match=rf"\({kind} file\? decompress it: text is read"):
+            read_lines(path)
     prepare((late, good), (good, good), tmp_path / "late", 100, show_progress=False)
     assert len(PreparedData(tmp_path / "late").train) == 3
 

@@ -83,7 +83,7 @@ def decode_line(line: bytes, name: str, number: int) -> str:
     if number == 1 and 0 in line:  # one memchr (b"\0" in line took 7 times as long)
         raise CorpusError(
             f"{name}, line {number}: a NUL byte at column {line.index(0) + 1}: not UTF-8 "
-            f"text{_UTF16}"
+            f"text{_hint(line, _UTF16)}"
         )
     try:
         return line.decode("utf-8").rstrip("\r")
@@ -91,12 +91,28 @@ def decode_line(line: bytes, name: str, number: int) -> str:
         bom = line.startswith((b"\xff\xfe", b"\xfe\xff"))  # UTF-16's byte order marks
         raise CorpusError(
             f"{name}, line {number}: invalid UTF-8 (byte {line[e.start]:#04x} at column "
-            f"{e.start + 1}){_UTF16 if bom and number == 1 else ''}"
+            f"{e.start + 1}){_hint(line, _UTF16 if bom else '') if number == 1 else ''}"
         ) from None
 
 
 # What a NUL byte, or a UTF-16 byte order mark, in a text file most often means.
 _UTF16 = " (a UTF-16 file, as some Windows editors save text? save it as UTF-8)"
+# The magic bytes of compressed files other than gzip (which is read).
+_PACKED = {
+    b"BZh": "a bzip2",
+    b"\x28\xb5\x2f\xfd": "a zstd",
+    b"\xfd7zXZ\0": "an xz",
+    b"PK\3\4": "a zip",
+}
+
+
+def _hint(first: bytes, otherwise: str) -> str:
+    """What a first line that is not UTF-8 text most likely is: a compressed file, else
+    ``otherwise``."""
+    packed = next((kind for magic, kind in _PACKED.items() if first.startswith(magic)), None)
+    return (
+        f" ({packed} file? decompress it: text is read plain or gzipped)" if packed else otherwise
+    )
 
 
 def decode_lines(raw: bytes, name: str, keep_bom: bool = False) -> list[str]:

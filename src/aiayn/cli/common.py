@@ -103,15 +103,12 @@ def _check_writable(output: str) -> None:
     """AiaynError unless :func:`output_stream` can make its temp file beside the file
     ``output`` writes (a link's target): a read-only folder, or a dangling link into a
     folder that does not exist, would show only after all the work."""
+    from aiayn.data.folders import check_writable  # here: aiayn.data imports torch (slow)
+
     folder = os.path.dirname(os.path.realpath(output))
     if not os.path.isdir(folder):
         raise AiaynError(f"-o {output}: a link into {folder}, which does not exist")
-    try:
-        fd, probe = tempfile.mkstemp(".tmp", ".aiayn-probe.", folder)
-    except OSError as e:
-        raise AiaynError(f"-o {output}: cannot write in {folder} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(probe)
+    check_writable(folder, f"-o {output}")
 
 
 # What makes up a model directory (docs/run-directory.md): checkpoints, the recipe, the

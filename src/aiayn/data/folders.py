@@ -230,13 +230,15 @@ def _why(target: Path, error: OSError) -> str:
     return str(error.strerror or error)
 
 
-def check_writable(folder: str | Path) -> None:
+def check_writable(folder: str | Path, name: str | None = None) -> None:
     """AiaynError unless a file can be made in ``folder`` (it is made and removed): a
-    read-only folder shows before the work that would be saved there, not after it."""
+    read-only folder shows before the work that would be saved there, not after it. The
+    error names ``name`` (what would be written there), else the folder."""
     try:
         fd, probe = tempfile.mkstemp(".tmp", ".aiayn-probe.", folder)
     except OSError as e:
-        raise AiaynError(f"{folder}: cannot write in it ({e.strerror or e})") from None
+        where = f"{name}: cannot write in {folder}" if name else f"{folder}: cannot write in it"
+        raise AiaynError(f"{where} ({e.strerror or e})") from None
     os.close(fd)
     os.unlink(probe)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -341,19 +343,23 @@ def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, sample_prepare
     assert all((tee / name).read_text() == "mine" for name in ("train.log", "README.md"))
 
 
-def test_a_recipe_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+def test_a_recipe_is_written_whole_or_not_at_all(tmp_path):
     """A full disk while writing recipe.yaml left half a file, which the next run into the
-    folder refused as not a run's recipe: the folder could not be used again."""
-    write = Path.write_text
-
-    def full(self, text, *args, **kwargs):
-        write(self, text[:40], *args, **kwargs)
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(Path, "write_text", full)
-    with pytest.raises(OSError, match="No space left"):
-        Recipe().save(tmp_path / "recipe.yaml")
-    monkeypatch.undo()
+    folder refused as not a run's recipe: the folder could not be used again. The disk
+    fills after 40 bytes here (a file size limit: any way of writing meets it)."""
+    script = (
+        "import resource, signal, sys\n"
+        "from aiayn.train.recipe import Recipe\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (40, resource.RLIM_INFINITY))\n"
+        "Recipe().save(sys.argv[1])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "recipe.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode and "File too large" in run.stderr, run.stderr
     assert list(tmp_path.iterdir()) == []  # neither half a recipe nor its temp file
     Recipe().save(tmp_path / "recipe.yaml")
     assert Recipe.from_yaml(tmp_path / "recipe.yaml").to_dict() == Recipe().to_dict()

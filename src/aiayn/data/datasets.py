@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.data.download import TIMEOUT_S, check_timeout, check_url, fetch, sha256_of
-from aiayn.data.folders import LOCKED, held_lock, wait_saying
+from aiayn.data.folders import LOCKED, held_lock, replace_file, wait_saying
 from aiayn.data.wmt import extract_wmt14
 from aiayn.errors import DownloadError
 
@@ -375,6 +375,5 @@ def _read_recorded(folder: Path) -> dict[str, str]:
 
 
 def _write_recorded(folder: Path, recorded: dict[str, str]) -> None:
-    tmp = folder / (RECORDED + ".tmp")
-    tmp.write_text("".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())), "utf-8")
-    os.replace(tmp, folder / RECORDED)
+    text = "".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())).encode("utf-8")
+    replace_file(folder / RECORDED, lambda f: f.write(text))

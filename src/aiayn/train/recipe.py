@@ -3,7 +3,6 @@ command-line overrides (``key=value``, ``model.d_model=512``)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 import yaml
 
 from aiayn.data.datasets import parse_spec
+from aiayn.data.folders import replace_file
 from aiayn.distributed import COLLECTIVE_TIMEOUT_MINUTES
 from aiayn.errors import DownloadError, RecipeError
 from aiayn.metrics.bleu import TOKENIZERS
@@ -341,13 +341,8 @@ class Recipe:
     def save(self, path: str | Path) -> None:
         """Write the recipe to ``path`` whole or not at all (a temp file renamed over it): a
         half-written recipe.yaml (a full disk) would not be recognised as a run's."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False).encode("utf-8")
+        replace_file(path, lambda f: f.write(text))
 
 
 def _values_past(data: object, limit: int) -> bool:

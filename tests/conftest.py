@@ -19,12 +19,17 @@ from aiayn import Transformer, TransformerConfig
 # starts, not when this file is imported: a process a test starts that imports it (a
 # torchrun rank) would make a folder that no session finish removes.
 SESSION_CACHE = ""
+# The temp folder of the processes tests start (torchrun leaves a torchelastic_* folder in
+# it per run, ~200 a suite), removed when the session finishes; this process keeps its own.
+SESSION_TMP = ""
 
 
 def pytest_configure(config):
-    global SESSION_CACHE
+    global SESSION_CACHE, SESSION_TMP
     SESSION_CACHE = tempfile.mkdtemp(prefix="aiayn-test-data-")
     os.environ["AIAYN_DATA"] = SESSION_CACHE
+    SESSION_TMP = tempfile.mkdtemp(prefix="aiayn-test-tmp-")  # gettempdir() is fixed now
+    os.environ["TMPDIR"] = SESSION_TMP
     os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
 
 
@@ -222,8 +227,9 @@ def pytest_sessionfinish(session, exitstatus):
     new user's clone has none, and an unmarked reader would escape that run."""
     from sample_data import READERS
 
-    if SESSION_CACHE:
-        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    for folder in (SESSION_CACHE, SESSION_TMP):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
     marked = {str(item.path) for item in session.items if item.get_closest_marker("multi30k")}
     root = session.config.rootpath

@@ -126,6 +126,22 @@ def test_average_refuses_last_0_and_no_checkpoints(sample_model_dir, tmp_path, c
         assert f"{missing}: no such model directory" in err
 
 
+def test_a_checkpoint_file_given_as_the_model_is_not_called_missing(
+    sample_model_dir, tmp_path, capsys
+):
+    """``--model run/checkpoint_best.pt`` said "no such model directory" of a file that
+    is there; it is "not a model directory" now, in every command that takes a model."""
+    checkpoint = sample_model_dir() / "checkpoint_best.pt"
+    (tmp_path / "in.de").write_text("ein Hund\n")
+    for argv in (
+        ["translate", "--model", str(checkpoint), str(tmp_path / "in.de")],
+        ["average", "--model", str(checkpoint)],
+        ["attention", "--model", str(checkpoint), "ein Hund"],
+    ):
+        err = one_line_error(argv, capsys)
+        assert f"{checkpoint}: not a model directory" in err, (argv, err)
+
+
 def test_a_device_torch_parses_but_cannot_use_is_refused(monkeypatch):
     """cpu:1 and mps (without MPS) got through and failed at loading as a corrupt checkpoint."""
     assert resolve_device("cpu:0") == torch.device("cpu")

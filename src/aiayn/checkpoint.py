@@ -189,9 +189,8 @@ def _kind(value: object) -> str:
 
 
 def finite(tensor: torch.Tensor) -> bool:
-    """Whether every value of a floating-point ``tensor`` is finite."""
-    # A NaN or infinity makes the sum NaN or infinite: one pass that allocates nothing,
-    # several times faster than isfinite(); only a sum that overflows is looked at closer.
+    """Whether every value of a floating-point ``tensor`` is finite: from its sum (one pass
+    that allocates nothing, several times isfinite()'s speed), closer if the sum overflows."""
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
@@ -317,7 +316,8 @@ def resolve_checkpoint(model_dir: str | Path, which: str = "auto") -> Path:
             return model_dir / path
         return path
     if not model_dir.is_dir():
-        raise CheckpointError(f"{model_dir}: no such model directory")
+        what = "not a" if model_dir.exists() else "no such"  # a file: a checkpoint, say
+        raise CheckpointError(f"{model_dir}: {what} model directory")
     order = [which] if which != "auto" else ["averaged", "best", "last"]
     if which == "auto" and stale_average(model_dir):
         order.remove("averaged")

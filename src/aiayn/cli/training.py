@@ -192,7 +192,8 @@ def cmd_average(args: argparse.Namespace) -> int:
 
     model_dir = Path(args.model)
     if not model_dir.is_dir():  # before --out's check, which would blame the output
-        raise AiaynError(f"{model_dir}: no such model directory")
+        what = "not a" if model_dir.exists() else "no such"  # a file: a checkpoint, say
+        raise AiaynError(f"{model_dir}: {what} model directory")
     if args.last < 1:
         raise AiaynError(f"--last must be >= 1, got {args.last}")
     out = Path(args.out) if args.out else model_dir / AVERAGED

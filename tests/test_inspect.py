@@ -292,6 +292,26 @@ def test_pictures_are_written_whole_or_not_at_all(sample_model_dir, tmp_path, ca
         assert [p.name for p in picture.parent.iterdir() if p.name.startswith(".")] == []
 
 
+def test_metrics_are_read_from_a_pipe(tmp_path):
+    """``plot --run <(ssh host cat run/metrics.jsonl)`` names a pipe (/dev/fd/N), which
+    was "no such metrics file": it is read as the file would be."""
+    import os
+    import threading
+
+    from aiayn.inspect.curves import read_metrics
+
+    _metrics_file(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    text = (tmp_path / "metrics.jsonl").read_bytes()
+    writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
+    writer.start()
+    try:
+        assert read_metrics(fifo) == read_metrics(tmp_path)
+    finally:
+        writer.join(10)
+
+
 def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert main(["plot", "--run", str(tmp_path / "none")]) == 2
     assert "no such metrics file" in capsys.readouterr().err

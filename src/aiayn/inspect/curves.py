@@ -39,7 +39,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # a pipe is read: <(ssh host cat metrics.jsonl)
         what = "a folder, not a metrics file" if path.is_dir() else "no such metrics file"
         raise AiaynError(f"{path}: {what} (written by training)")
     try:

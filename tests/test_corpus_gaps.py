@@ -81,3 +81,19 @@ def test_a_carriage_return_on_either_side_is_counted():
     clean_pair("a", "b\rc", None, counts)
     clean_pair("a\rb", "c", None, counts)
     assert counts.with_cr == 2
+
+
+@pytest.mark.parametrize("keep_bom", [False, True])
+def test_a_file_of_a_byte_order_mark_alone_reads_as_a_pipe_does(tmp_path, keep_bom):
+    """Notepad saves an empty UTF-8 file as its BOM alone: read from the file it was one
+    empty line, through a pipe none (translate wrote a line or not, prepare called two
+    empty sides of different lengths)."""
+    from aiayn.data.corpus import iter_lines
+
+    for raw in (b"\xef\xbb\xbf", b"\xef\xbb\xbf\n", b"\xef\xbb\xbfa", b""):
+        path = tmp_path / "text"
+        path.write_bytes(raw)
+        expected = decode_lines(raw, "text", keep_bom)
+        assert list(iter_lines(path, keep_bom)) == expected, raw
+        assert read_lines(path, keep_bom=keep_bom) == expected, raw
+    assert decode_lines(b"\xef\xbb\xbf", "text") == []

@@ -157,6 +157,8 @@ def iter_lines(path: str | Path, keep_bom: bool = False) -> Iterator[str]:
             for number, line in enumerate(f, start=1):
                 if number == 1 and not keep_bom:
                     line = line.removeprefix(BOM)
+                    if not line:  # a BOM alone is an empty file (Notepad's), not a line
+                        return
                 yield decode_line(line[:-1] if line.endswith(b"\n") else line, str(path), number)
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
         where = f", line {number + 1}" if number else ""

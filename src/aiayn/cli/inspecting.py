@@ -168,6 +168,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=cmd_attention)
 
     p = sub.add_parser("plot", help="draw loss, BLEU, learning rate and tokens/s of a run")
-    p.add_argument("--run", required=True, help="model directory (its metrics.jsonl)")
+    p.add_argument(
+        "--run",
+        required=True,
+        help="model directory (its metrics.jsonl), or a metrics file or pipe",
+    )
     p.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
     p.set_defaults(func=cmd_plot)

@@ -10,7 +10,8 @@ epoch's checkpoint, and checkpoint_last.pt once more. Before the run's first bes
 or timed checkpoint comes a checkpoint_last.pt (:meth:`Duties.last_first`).
 
 checkpoint_last.pt is saved after an update but before that update's validation and
-stop, so that a run killed in a long validation keeps its updates; it is then marked
+stop (every ``save_every_steps``, and at the stop before its final validation), so that a
+run killed in a long validation keeps its updates; it is then marked
 pending (:data:`PENDING` in the state), and a run resumed from it does that validation
 and that stop first. Without the mark, a run killed (or failing: a full disk) in its
 final validation or saves would find its budget spent when resumed, and never have its
@@ -154,6 +155,9 @@ class Duties:
         stopping = stopped_by != "max_epochs" or (epoch_done and t.epoch + 1 >= r.max_epochs)
         if epoch_done or stopping:
             if (stopping or not r.valid_every_steps) and self.validated_at != t.step:
+                if stopping and self.saved_at != t.step:  # a kill in it keeps the updates
+                    t.save(LAST, pending=True)
+                    self.saved_at, self.last_saved = t.step, True
                 self.validate(metrics)
             self.keep(epoch_checkpoint_name(t.epoch + 1))
         position = t.epoch, t.batch_in_epoch
@@ -170,17 +174,23 @@ class Duties:
         self.done_at = t.step
 
 
-def drop_later_checkpoints(t: Trainer) -> None:
+def drop_later_checkpoints(t: Trainer, pending: bool = False) -> None:
     """For a resumed run (rank 0): remove the epoch and timed checkpoints that its
     checkpoint does not list and that were saved at or after its step. The killed run
     saved them after checkpoint_last.pt, from updates the resumed run does again (as
     metrics.jsonl is cut back); kept, they were never pruned, and ``aiayn average`` took
     them among the newest. Only the names a run writes are looked at (a user's copy, such
-    as checkpoint_epoch004_old.pt, is not: :data:`~aiayn.checkpoint.KEPT_NAME`)."""
+    as checkpoint_epoch004_old.pt, is not: :data:`~aiayn.checkpoint.KEPT_NAME`).
+
+    One of the very step of a ``pending`` checkpoint is from its step's duties, which
+    saved it after that checkpoint (the run's first timed one, after the checkpoint_last.pt
+    of :meth:`Duties.last_first`): no update is done again, so it stays, listed."""
     for path in epoch_checkpoints(t.out_dir):
         if path.name in t.epoch_checkpoints:
             continue  # still listed
         step = saved_step(path)
-        if step is not None and step >= t.step:
+        if pending and step == t.step:
+            t.epoch_checkpoints.append(path.name)  # an epoch's is saved again, not twice
+        elif step is not None and step >= t.step:
             path.unlink(missing_ok=True)
             t.log(f"removed {path.name} (step {step}): saved after {LAST}, from updates done again")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 
 from aiayn.checkpoint import resolve_checkpoint, split_model_spec
 from aiayn.config import TransformerConfig
-from aiayn.data.shards import read_manifest
+from aiayn.data.shards import PreparedData, read_manifest
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.distributed import World
 from aiayn.errors import AiaynError, ConfigError, RecipeError
@@ -24,6 +25,7 @@ from aiayn.train.recipe import (
     Recipe,
 )
 from aiayn.train.recipe_values import SET_BY_TOKENIZER
+from aiayn.train.validation import check_valid_lengths
 
 
 def fine_tune_config(recipe: Recipe, source: TransformerConfig, origin: str) -> TransformerConfig:
@@ -255,6 +257,29 @@ def run_config(
     sizes = dict(src_vocab_size=t.src_vocab_size, tgt_vocab_size=t.tgt_vocab_size)
     ids = dict(pad_id=t.pad_id, bos_id=t.bos_id, eos_id=t.eos_id)
     return TransformerConfig.from_dict({**recipe.model, **sizes, **ids})
+
+
+def check_data_fits(
+    data: PreparedData, cfg: TransformerConfig, recipe: Recipe, log: Callable[[str], None]
+) -> None:
+    """RecipeError unless a run of ``recipe`` can train ``cfg`` on ``data`` and validate
+    it: some training pair fits its positions (those that do not are skipped, and said),
+    the validation loss has pairs to score (:func:`check_valid_lengths`), and validation's
+    beam is no wider than the target vocabulary (found after an epoch's training, before)."""
+    usable, pairs = len(data.train.usable(cfg.max_len)), len(data.train)
+    if not usable:  # every epoch would pass without an update
+        raise RecipeError(
+            f"train: all {pairs} pairs are longer than model.max_len={cfg.max_len} "
+            "tokens: nothing to train on (raise model.max_len)"
+        )
+    if usable < pairs:
+        log(f"train: {pairs - usable} pairs longer than {cfg.max_len} tokens skipped")
+    check_valid_lengths(data, cfg.max_len, log)
+    if recipe.valid_beam > cfg.tgt_vocab_size:
+        raise RecipeError(
+            f"recipe field valid_beam: {recipe.valid_beam} is larger than the target "
+            f"vocabulary ({cfg.tgt_vocab_size} tokens)"
+        )
 
 
 # Recipe fields that may differ between the processes of one job: where each machine finds

@@ -28,7 +28,7 @@ from aiayn.model.transformer import Transformer
 from aiayn.progress import progress as progress_bar
 from aiayn.train.duties import PENDING, Duties, drop_later_checkpoints
 from aiayn.train.metrics_log import UP_TO_STEP, MetricsLog
-from aiayn.train.model_checks import check_same_recipe, run_config
+from aiayn.train.model_checks import check_data_fits, check_same_recipe, run_config
 from aiayn.train.optim import make_optimizer
 from aiayn.train.recipe import Recipe, step_settings
 from aiayn.train.rng import rng_state, set_rng_state
@@ -36,7 +36,7 @@ from aiayn.train.rundir import RunDirectory
 from aiayn.train.runfolder import DATA_PRINT, check_resumed_data, data_print
 from aiayn.train.schedule import NoamSchedule, budget_spent
 from aiayn.train.update import Updater, UpdateResult, whole
-from aiayn.train.validation import check_valid_lengths, translate_texts, validate_world
+from aiayn.train.validation import translate_texts, validate_world
 
 
 @dataclass
@@ -111,16 +111,7 @@ class Trainer:
         self.tokenizer = run.tokenizer(self.data, state, init)  # another one is named first
         check_resumed_data(self.data, state)
         self.cfg = run_config(self.recipe, self.tokenizer, state, init)
-        # Checked before a new run writes its recipe and tokenizer: a refusal leaves no run.
-        usable, pairs = len(self.data.train.usable(self.cfg.max_len)), len(self.data.train)
-        if not usable:  # every epoch would pass without an update
-            raise RecipeError(
-                f"train: all {pairs} pairs are longer than model.max_len={self.cfg.max_len} "
-                "tokens: nothing to train on (raise model.max_len)"
-            )
-        if usable < pairs:
-            self.log(f"train: {pairs - usable} pairs longer than {self.cfg.max_len} tokens skipped")
-        check_valid_lengths(self.data, self.cfg.max_len, self.log)
+        check_data_fits(self.data, self.cfg, r, self.log)  # before a new run writes a file
         run.save_new_run(r, state, self.cfg, self.tokenizer)
         # What a model that came from elsewhere carries along (see aiayn.checkpoint).
         self.generation = dict((known or {}).get("generation") or {})
@@ -151,7 +142,7 @@ class Trainer:
         self._resumed_log_size = None if state is None else state.get("metrics_bytes", UP_TO_STEP)
         if state is not None:
             self._restore(state)
-            run.on_main(lambda: drop_later_checkpoints(self))
+            run.on_main(lambda: drop_later_checkpoints(self, bool(state.get(PENDING))))
             self.log(
                 f"resumed from {self.out_dir / LAST}: step {self.step}, epoch {self.epoch + 1}"
                 f", batch {self.batch_in_epoch} of the epoch's plan"
@@ -164,6 +155,8 @@ class Trainer:
             label_smoothing=r.label_smoothing, clip_norm=r.clip_norm,
             **step_settings(r, self.device.type),
         )  # fmt: skip
+        if state is not None and state.get("loss_scale"):  # as it went on, not 2^16 again
+            self.updater.scaler.load_state_dict(state["loss_scale"])
         self.log(
             f"model: {self.model.num_parameters() / 1e6:.2f}M parameters, d_model="
             f"{self.cfg.d_model}, {self.cfg.encoder_layers}+{self.cfg.decoder_layers} layers, "
@@ -191,6 +184,8 @@ class Trainer:
             "best_bleu": self.best_bleu,
             "elapsed": self.elapsed,
             "skipped": self.skipped,
+            "bad_in_a_row": self.bad_in_a_row,  # non-finite updates: the stop counts on
+            "loss_scale": self.updater.scaler.state_dict(),  # fp16's ({} otherwise)
             PENDING: pending,  # saved before its step's validation and stop (see Duties)
             # The log of every step up to this state, on disk first (see MetricsLog).
             "metrics_bytes": self._metrics.size() if self._metrics is not None else None,
@@ -219,6 +214,7 @@ class Trainer:
         self.best_bleu, self.elapsed = state["best_bleu"], state["elapsed"]
         self.epoch_checkpoints = list(state["epoch_checkpoints"])
         self.skipped = state.get("skipped", 0)  # absent from checkpoints before the guard
+        self.bad_in_a_row = state.get("bad_in_a_row", 0)
         self.schedule.load_state_dict(state["schedule"])  # after step and elapsed: its budget
 
     def save(self, name: str, fence: bool = True, pending: bool = False) -> Path:

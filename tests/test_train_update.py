@@ -181,6 +181,43 @@ def test_reduced_precision_updates(precision, loss_tol):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.parametrize("fails", ["forward", "backward"])
+def test_a_step_torch_cannot_compile_is_one_line(fails):
+    """Without a C++ compiler (or with any other failure of the compiler's backend) the
+    first update raised torch's 170-line BackendCompilerFailed traceback."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from aiayn.errors import TrainingError
+
+    model = Transformer(tiny_config(dropout=0.0))
+    updater = make_updater(model)
+    step = updater.step_module
+    no_compiler = RuntimeError("No working C++ compiler found in cxx: (None, 'g++')")
+    failure = BackendCompilerFailed(lambda: None, no_compiler, None)
+
+    class Backward(torch.autograd.Function):  # a backward graph compiled at its first call
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise failure
+
+    def compiled(*args):
+        if fails == "forward":
+            raise failure
+        return Backward.apply(step(*args))
+
+    updater.step_module = compiled
+    with pytest.raises(TrainingError) as caught:
+        updater.update([collate(*sentences(6, 0))])
+    assert str(caught.value) == (
+        "torch.compile could not build the training step (RuntimeError: No working C++ "
+        "compiler found in cxx: (None, 'g++')); the recipe's compile: false trains without it"
+    )
+
+
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16"):
         make_updater(Transformer(tiny_config()), precision="fp8")

@@ -182,9 +182,11 @@ class Updater:
             for ids in (batch.src, batch.tgt_in, batch.tgt_out):
                 torch._dynamo.maybe_mark_dynamic(ids, 0)
                 torch._dynamo.maybe_mark_dynamic(ids, 1)
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            sums = self.step_module(batch.src, batch.tgt_in, batch.tgt_out)  # [2]
-        self.scaler.scale(sums[0] * scale).backward()
+        autocast = torch.autocast(self.device.type, self.dtype, enabled=self.dtype is not None)
+        with _compile_failures():  # the backward pass compiles at its first call too
+            with autocast:  # the forward pass alone, as torch advises
+                sums = self.step_module(batch.src, batch.tgt_in, batch.tgt_out)  # [2]
+            self.scaler.scale(sums[0] * scale).backward()
         return sums.detach()
 
     @overload
@@ -270,3 +272,18 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+@contextlib.contextmanager
+def _compile_failures() -> Iterator[None]:
+    """A compiled step that torch cannot build (no C++ compiler, say) is one line naming
+    the cause and the way around it, not torch's 170 lines of traceback."""
+    try:
+        yield
+    except torch._dynamo.exc.BackendCompilerFailed as e:
+        inner = e.inner_exception
+        cause = f"{type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0]}"
+        raise TrainingError(
+            f"torch.compile could not build the training step ({cause}); the recipe's "
+            "compile: false trains without it"
+        ) from None

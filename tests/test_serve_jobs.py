@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -256,6 +257,40 @@ def test_attention_maps_are_made_beside_the_running_batch(translator, monkeypatc
     finally:
         release.set()
         worker.stop()
+
+
+def test_a_job_cancelled_while_its_maps_are_made_by_an_idle_worker_is_cancelled(
+    translator, monkeypatch
+):
+    """A client that left while its attention maps were made, the worker otherwise idle:
+    the cancel waited in the worker's records (held() not 0 when idle) until another
+    request came, and the job was counted done, where a busy worker counted it cancelled."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_maps(*args, **kwargs):
+        entered.set()
+        assert release.wait(30), "the test never released the maps"
+        return attention_maps(*args, **kwargs)
+
+    monkeypatch.setattr("aiayn.serve.batching.attention_maps", slow_maps)
+    metrics = Metrics()
+    worker = BatchWorker(translator, metrics, batch_wait_ms=0, join_ratio=0)
+    outcomes = Outcomes()
+    mapped = outcomes.job([translator.encode(PAIRS[0][0])], beam=2)
+    mapped.attention = True
+    worker.start()
+    try:
+        worker.submit(mapped)
+        assert entered.wait(30)  # decoded; its maps are being made, and held
+        time.sleep(0.3)  # the worker waits for a job now (it then slept through the cancel)
+        worker.cancel(mapped)
+        assert outcomes.wait(mapped, timeout=10).status is Status.CANCELLED
+        assert set(worker.held().values()) == {0}, worker.held()
+    finally:
+        release.set()
+        worker.stop()
+    assert metrics.jobs_ended == {"done": 0, "failed": 0, "cancelled": 1, "timed_out": 0}
+    assert len(outcomes.got[mapped.id]) == 1  # the maps, made after, answer nothing
 
 
 def test_the_running_batch_decodes_ensembles_and_forced_prefixes(translator):

@@ -265,8 +265,8 @@ class BatchWorker:
             self._continue(self._admit() if self.continuous else [])
             return True
         batch = self._next_batch()
-        if not batch:
-            return False  # stopping, and the queue is drained (it takes no more jobs)
+        if not batch:  # stopping with the queue drained (it takes no more jobs), or cancels
+            return not self._stopping  # of jobs beside the batch, applied at the next turn
         self._apply_cancels()  # of jobs taken while the batch gathered
         self._continue([job for job in batch if not job.status.ended])
         return True
@@ -295,11 +295,12 @@ class BatchWorker:
                 self.on_death(self.failure)
 
     def _next_batch(self) -> list[Job]:
-        """Block for the oldest job, then gather compatible ones (see the class)."""
+        """Block for the oldest job, then gather compatible ones (see the class); none
+        when a job's maps are being made (beside the batch) and its client leaves."""
         with self._cond:
-            self._cond.wait_for(lambda: self._queue or self._stopping)
+            self._cond.wait_for(lambda: self._queue or self._stopping or self._cancels)
             if not self._queue:
-                return []  # stopping and drained
+                return []  # stopping and drained, or cancels to apply
             first = next(iter(self._queue))
             key, batch = first.key, self._take([first])
             deadline = time.perf_counter() + self.wait_s

@@ -286,3 +286,26 @@ def test_a_translator_that_cannot_be_copied_is_one_clear_error(parts):
         create_app(ControlledTranslator(*parts))  # its thread events do not pickle
     with pytest.raises(AiaynError, match='worker must be "process" or "thread"'):
         create_app(Translator(*parts), ServeConfig(worker="gpu"))
+
+
+def test_a_cancel_racing_the_workers_stop_raises_nothing():
+    """stop() lets the pipe go (None) outside the lock: a cancel that checked it under the
+    lock, then read it again to post, raised AttributeError on the event loop."""
+    from types import SimpleNamespace
+
+    from aiayn.serve.jobs import Status
+
+    posted: list[tuple] = []
+
+    class StoppedRightAfter:  # the lock, released just as stop() lets the pipe go
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            worker._pipe = None
+
+    job = SimpleNamespace(id=7)
+    pipe = SimpleNamespace(post=lambda *message: posted.append(message))
+    worker = SimpleNamespace(_lock=StoppedRightAfter(), _pipe=pipe, _pending={7: job})
+    process.ProcessWorker.cancel(worker, job)  # type: ignore[arg-type]
+    assert posted == [("cancel", 7, Status.CANCELLED.value)]  # to the pipe it saw

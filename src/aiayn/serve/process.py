@@ -279,9 +279,10 @@ class ProcessWorker:
         """Nobody waits for ``job`` any more: the worker drops it from its queue or batch,
         and answers it (as ``why``), which ends it here too."""
         with self._lock:
-            if job.id not in self._pending or self._pipe is None:
+            pipe = self._pipe  # stop() lets it go (None) outside the lock
+            if job.id not in self._pending or pipe is None:
                 return
-        self._pipe.post("cancel", job.id, why.value)
+        pipe.post("cancel", job.id, why.value)
 
     def finish(self, job_id: int, outcome: Outcome) -> None:
         """This side's end of a job: forget it and answer its request."""

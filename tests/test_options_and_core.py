@@ -236,6 +236,14 @@ def test_the_length_rule_is_said_in_one_line_with_where_it_comes_from():
         "at most 7 tokens, within the model's 64 positions "
         "(aiayn's rule: generation_config.json sets no max_length)"
     )
+    # A cap above the rule's least: the rule holds below it (it said "at most 100 tokens",
+    # and a 3-token source got at most 53).
+    assert length_rule(DecodeOptions(max_new_tokens=100), 512) == (
+        "1 x source + 50 tokens, at most 100, within the model's 512 positions (aiayn's rule)"
+    )
+    assert length_rule(DecodeOptions(max_len_a=0.0, max_len_b=20, max_new_tokens=9), 64) == (
+        "at most 9 tokens, within the model's 64 positions (aiayn's rule)"
+    )
 
 
 def test_sampling_given_without_a_beam_samples_and_with_one_is_refused():

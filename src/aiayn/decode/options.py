@@ -224,12 +224,11 @@ def length_rule(
     """One line saying how long an output may get under ``options`` in a model of
     ``max_len`` positions, and where the rule comes from (``generation``: the settings the
     model was imported with, if any)."""
-    if options.max_new_tokens is not None:
-        text = f"at most {options.max_new_tokens} tokens"
-    elif options.max_len_a == 0:
-        text = f"at most {options.max_len_b} tokens"
-    else:
-        text = f"{options.max_len_a:g} x source + {options.max_len_b} tokens"
+    a, b, most = options.max_len_a, options.max_len_b, options.max_new_tokens
+    if a == 0 or (most is not None and most <= b):  # then the same for every source
+        text = f"at most {b if most is None else min(b, most)} tokens"
+    else:  # the least of the two, as length_limits takes it
+        text = f"{a:g} x source + {b} tokens" + ("" if most is None else f", at most {most}")
     text += f", within the model's {max_len} positions"
     if not generation:
         return f"{text} (aiayn's rule)"

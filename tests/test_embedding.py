@@ -71,6 +71,24 @@ def test_a_model_built_on_the_meta_device_gets_its_tables_when_loaded(how):
     assert half.src_pos.table.dtype == torch.float16
 
 
+@pytest.mark.parametrize("built", ["meta", "float32"])
+def test_bf16_weights_assigned_get_bf16_tables(built):
+    """A table rebuilt in its own (float32) dtype beside assigned bf16 weights promoted the
+    activations to float32: torch's 'mat1 and mat2 must have the same dtype' at the first
+    forward, where docs/python-api.md promises a model that decodes as one built as usual."""
+    from aiayn import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(30, 30, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=24)
+    model = Transformer(cfg).to(torch.bfloat16).eval()
+    with torch.device("meta" if built == "meta" else "cpu"):
+        loaded = Transformer(cfg)
+    loaded.load_state_dict(model.state_dict(), assign=True)
+    assert loaded.src_pos.table.dtype == loaded.tgt_pos.table.dtype == torch.bfloat16
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
+    assert torch.equal(loaded.eval()(src, tgt), model(src, tgt))
+
+
 def test_positions_past_max_len_are_refused_at_the_exact_boundary():
     pe = PositionalEncoding(8, max_len=20, dropout=0.0)
     x = torch.zeros(2, 5, 8)

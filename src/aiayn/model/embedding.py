@@ -74,17 +74,19 @@ class PositionalEncoding(nn.Module):
 
 
 def rebuild_tables(model: nn.Module, incompatible_keys: object = None) -> None:
-    """Compute every sinusoidal table under ``model`` again, on its parameters' device, in
-    the table's dtype: a load_state_dict post-hook (:class:`~aiayn.model.Transformer`'s).
+    """Compute every sinusoidal table under ``model`` again, on its parameters' device and
+    in their dtype: a load_state_dict post-hook (:class:`~aiayn.model.Transformer`'s).
 
     A state dict holds no table, so a model built on the meta device and loaded with
     ``assign=True`` kept a table with no data (torch's device error at the first forward),
-    and one moved with ``to_empty()`` kept uninitialised memory (silently wrong outputs)."""
-    device = next(model.parameters()).device
+    and one moved with ``to_empty()`` kept uninitialised memory (silently wrong outputs);
+    bf16 weights assigned to a float32 model met a float32 table (a dtype error)."""
+    first = next(model.parameters())
     for module in model.modules():
         if isinstance(module, PositionalEncoding) and module.learned is None:
             max_len, d_model = module.table.shape
-            module.table = sinusoidal_table(max_len, d_model).to(device, module.table.dtype)
+            dtype = first.dtype if first.is_floating_point() else module.table.dtype
+            module.table = sinusoidal_table(max_len, d_model).to(first.device, dtype)
 
 
 class TokenEmbedding(nn.Module):

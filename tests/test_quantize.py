@@ -151,3 +151,16 @@ def test_cli_quantize_for_translate_and_evaluate(sample_model_dir, tmp_path, cap
     assert "CPU only" in capsys.readouterr().err
     translator = Translator.from_dir(model_dir, quantize=True)
     assert is_quantized(translator.model)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_is_refused_at_once(dtype):
+    """torch quantized it, and the first forward failed deep inside ('expected scalar type
+    Float but found BFloat16')."""
+    from aiayn import Transformer
+    from aiayn.errors import AiaynError
+    from conftest import tiny_config
+
+    model = Transformer(tiny_config()).to(dtype)
+    with pytest.raises(AiaynError, match=f"takes a float32 model, not {dtype}"):
+        quantize_dynamic_int8(model)

@@ -68,6 +68,9 @@ def quantize_dynamic_int8(model: Transformer) -> Transformer:
         ) from None
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise AiaynError("int8 dynamic quantization runs on the CPU only; load on the cpu")
+    if other := {str(p.dtype) for p in model.parameters() if p.dtype != torch.float32}:
+        # torch quantizes them, then fails at the first forward ("expected scalar type Float")
+        raise AiaynError(f"int8 quantization takes a float32 model, not {', '.join(other)}")
     model = copy.deepcopy(model).eval()
     for layer in cast("list[DecoderLayer]", model.decoder.layers):  # an nn.ModuleList
         layer.cross_attn = SplitCrossAttention(layer.cross_attn)

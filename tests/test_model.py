@@ -478,6 +478,10 @@ def test_refusals_are_whole_sentences(tiny_model):
     assert message(lambda: m.start_state(memory).join(m.start_state(memory, group=2))) == (
         "only states of one group size can be joined"
     )
+    # A bare DecoderState (the tour's teacher forcing) is aligned, and zip() raised.
+    assert message(lambda: m.start_state(memory).join(DecoderState())) == (
+        "a state of 0 layers cannot join one of 2"
+    )
     assert message(lambda: DecoderState(offset=2)._padding()) == (
         "an empty DecoderState (see Transformer.start_state)"
     )

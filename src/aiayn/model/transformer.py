@@ -101,6 +101,9 @@ class DecoderState:
         right-padded along the source (pad the source ids alike: the mask hides them)."""
         if self.group != other.group:
             raise ModelInputError("only states of one group size can be joined")
+        count, joining = len(self.layers), len(other.layers)  # a bare DecoderState(): 0
+        if joining != count:
+            raise ModelInputError(f"a state of {joining} layers cannot join one of {count}")
         width = max(self.offset, other.offset)
         aligned = self.keys is None and other.keys is None and self.offset == other.offset
         padding = None if aligned else (self._padding(), other._padding())

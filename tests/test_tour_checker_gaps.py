@@ -569,3 +569,37 @@ def test_a_layerscale_is_no_norm_and_its_missing_residual_is_still_named():
 
     assert tour.check_encoder_layer(Scaled("missing"), 12).bug == "missing_residual"
     assert tour.check_encoder_layer(Scaled("post"), 12).complete
+
+
+class QueryFromMemory(nn.Module):
+    """Page 10's exercise 3: Q projected from memory, K and V from x, the heads merged by
+    ``reshape(x.shape)`` (which then raises: the output has memory's rows) or by
+    ``reshape(B, -1, d)`` (one output row per memory position)."""
+
+    def __init__(self, merge: str, d_model=32, h=4):
+        super().__init__()
+        self.merge, self.h, self.d_model = merge, h, d_model
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def split(self, t):
+        return t.view(t.size(0), t.size(1), self.h, -1).transpose(1, 2)
+
+    def forward(self, x, memory=None, mask=None):
+        source = x if memory is None else memory
+        q, k, v = self.split(self.w_q(source)), self.split(self.w_k(x)), self.split(self.w_v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = (scores.softmax(-1).nan_to_num(0.0) @ v).transpose(1, 2)
+        return self.w_o(
+            out.reshape(x.shape) if self.merge == "x" else out.reshape(x.size(0), -1, x.size(-1))
+        )
+
+
+@pytest.mark.parametrize("merge", ["x", "rows"])
+def test_queries_from_memory_are_named_however_the_heads_are_merged(merge):
+    """Merged into x's shape, the output of memory's rows raised in the reshape, and the
+    checker said only "raises" (pointing to page 5), not the exercise's bug."""
+    report = tour.check_multi_head_attention(QueryFromMemory(merge))
+    assert report.bug == "query_from_memory", report
+    assert "docs/tour/10-decoder.md" in str(report)

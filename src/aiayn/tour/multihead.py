@@ -83,6 +83,8 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
         try:
             return attend(x, memory, mask)
         except (RuntimeError, IndexError, ValueError) as error:
+            if f"input of size {B * S * d}" in str(error):  # S rows, put in x's shape
+                raise query_from_memory(f"(reshaped to x's shape, it raised: {error})") from None
             hint = ""
             if f"({T})" in str(error) and f"({S})" in str(error):
                 hint = (
@@ -146,16 +148,19 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
                 "05-multi-head.md",
             )
 
+    def query_from_memory(how: str) -> FoundBugError:
+        return FoundBugError(
+            "query_from_memory",
+            f"for x {[B, T, d]} and memory {[B, S, d]} the output has one row per memory "
+            f"position {how}: the queries come from memory. Queries come from x (the "
+            "decoder), keys and values from memory (the encoder).",
+            "10-decoder.md",
+        )
+
     def cross_shape() -> None:
         out = cross(x, memory)
         if tuple(out.shape) == (B, S, d):
-            raise FoundBugError(
-                "query_from_memory",
-                f"for x {[B, T, d]} and memory {[B, S, d]} the output has one row per "
-                "memory position: the queries come from memory. Queries come from x (the "
-                "decoder), keys and values from memory (the encoder).",
-                "10-decoder.md",
-            )
+            raise query_from_memory(f"({list(out.shape)})")
         expect_shape(out, (B, T, d), f"The output for x {[B, T, d]}, memory {[B, S, d]}")
 
     def kv_from_memory() -> None:

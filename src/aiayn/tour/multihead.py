@@ -83,7 +83,8 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
         try:
             return attend(x, memory, mask)
         except (RuntimeError, IndexError, ValueError) as error:
-            if f"input of size {B * S * d}" in str(error):  # S rows, put in x's shape
+            if f"'{[B, T, d]}' is invalid for input of size {B * S * d}" in str(error):
+                # memory's S rows, merged into x's shape
                 raise query_from_memory(f"(reshaped to x's shape, it raised: {error})") from None
             hint = ""
             if f"({T})" in str(error) and f"({S})" in str(error):

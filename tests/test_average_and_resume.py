@@ -63,7 +63,7 @@ def test_a_timed_checkpoint_of_an_epochs_step_is_older_whatever_its_file_time(
     run = _run(sample_model_dir, tmp_path / "run", saves)
     assert main(["average", "--model", str(run), "--last", "2"]) == 0
     assert "note: checkpoint_step0000040.pt is step 40, as checkpoint_epoch002.pt" in (
-        capsys.readouterr().out
+        capsys.readouterr().err
     )
     assert _averaged_from(run) == ["checkpoint_step0000030.pt", "checkpoint_epoch002.pt"]
 
@@ -142,3 +142,18 @@ def test_resume_takes_the_start_checkpoint_in_any_spelling(tmp_path):
     # A run that records no origin (nor one that started from scratch) takes no other.
     with pytest.raises(RecipeError, match="started from scratch"):
         check_resume(Recipe.from_dict({"init_from": str(base)}), {"config": {}}, "x.pt")
+
+
+def test_averages_notes_go_to_stderr_as_every_commands_do(sample_model_dir, tmp_path, capsys):
+    """average printed its notes on stdout, where every other command writes only its
+    result: `aiayn average ... > log` hid them, and a script reading the result read them."""
+    run = _run(
+        sample_model_dir,
+        tmp_path / "run",
+        [("checkpoint_step0000010.pt", 10), ("checkpoint_epoch001.pt", 10)],
+    )
+    assert main(["average", "--model", str(run), "--last", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("averaged checkpoint_epoch001.pt -> ") and "note:" not in out, out
+    assert "note: checkpoint_step0000010.pt is step 10, as checkpoint_epoch001.pt" in err
+    assert "note: averaging the 1 checkpoint(s) found (asked 5)" in err

@@ -437,8 +437,8 @@ def test_average_takes_a_state_saved_twice_once(sample_model_dir, tmp_path, caps
         save_checkpoint({**state, "model": model, "step": step}, run / name)
         time.sleep(0.01)
     assert main(["average", "--model", str(run), "--last", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "note: checkpoint_step0000030.pt is step 30, as checkpoint_epoch001.pt" in out
+    out, err = capsys.readouterr()
+    assert "note: checkpoint_step0000030.pt is step 30, as checkpoint_epoch001.pt" in err
     assert "checkpoint_step0000020.pt, checkpoint_epoch001.pt ->" in out
     averaged = load_checkpoint(run / AVERAGED)
     assert averaged["averaged_from"] == [str(run / n) for n in (names[0], names[1])] + [

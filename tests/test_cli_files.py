@@ -742,12 +742,29 @@ def test_lines_typed_at_a_terminal_are_translated_as_they_are_entered(sample_mod
         ["translate", "--model", "m", "-o", "", "in.de"],
         ["evaluate", "--model", "m", "--src", "a", "--ref", "b", ""],
         ["translate", "--model", "m", ""],  # the input: ".: is a directory"
+        ["import", "marian", "", "--out", "m"],  # imported the current folder
+        ["train", "--config", "r.yaml", "--out", "o", "--train-src", "", "--train-tgt", "t"],
+        [
+            "prepare",
+            "--out",
+            "o",
+            "--train-src",
+            "s",
+            "--valid-src",
+            "v",
+            "--valid-tgt",
+            "w",
+            "--train-tgt",
+            "",
+        ],
     ],
 )
 def test_a_path_flag_given_empty_is_refused(argv, capsys):
     """`--model "$MODEL"` with MODEL unset: some commands took "" for "not given" and did
-    something else without a word."""
+    something else without a word (train read the recipe's file beside the flag's other
+    side; import marian imported the folder it ran in)."""
     before = argv[argv.index("") - 1]
-    flag = before if before.startswith("-") else ("--ref" if argv[0] == "evaluate" else "input")
+    positional = {"evaluate": "--ref", "import": "folder"}.get(argv[0], "input")
+    flag = before if before.startswith("-") else positional
     flag = {"-o": "--output"}.get(flag, flag)
     assert f"{flag}: the path is empty" in one_line_error(argv, capsys)

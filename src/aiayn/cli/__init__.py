@@ -174,7 +174,8 @@ def run(argv: list[str] | None) -> int:
 # `--model "$MODEL"`), some would read as not given and quietly do something else.
 PATH_FLAGS = {
     "model", "checkpoint", "out", "output", "data", "run", "src", "ref", "mirror",
-    "spm_model", "init_from", "config", "prefix_file", "closest_to", "input",
+    "spm_model", "init_from", "config", "prefix_file", "closest_to", "input", "folder",
+    "train_src", "train_tgt", "valid_src", "valid_tgt",
 }  # fmt: skip
 
 

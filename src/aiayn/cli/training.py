@@ -188,6 +188,7 @@ def cmd_average(args: argparse.Namespace) -> int:
         save_checkpoint,
         saved_step,
     )
+    from aiayn.cli.flags import note
     from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
@@ -215,7 +216,7 @@ def cmd_average(args: argparse.Namespace) -> int:
     if not paths:
         raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
     if len(paths) < args.last:
-        print(f"note: averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
+        note(f"averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
     state = average_checkpoints(paths)
     if (run_step := saved_step(model_dir / LAST)) is not None:  # see stale_average
         state["run_step"] = run_step
@@ -230,6 +231,7 @@ def _newest_states(paths: list[Path], n: int) -> list[Path]:
     limit is a multiple of its save period saves its last update as a timed checkpoint and
     as the epoch's, one state the average counted twice."""
     from aiayn.checkpoint import saved_step
+    from aiayn.cli.flags import note
 
     chosen: list[Path] = []
     steps: dict[int, Path] = {}
@@ -238,7 +240,7 @@ def _newest_states(paths: list[Path], n: int) -> list[Path]:
             break
         step = saved_step(path)
         if step in steps and path.name.startswith("checkpoint_step"):
-            print(f"note: {path.name} is step {step}, as {steps[step].name}: averaged once")
+            note(f"{path.name} is step {step}, as {steps[step].name}: averaged once")
             continue
         if step is not None:
             steps[step] = path

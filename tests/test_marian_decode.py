@@ -190,3 +190,31 @@ def test_the_length_limit_flags_replace_the_folders_rule(imported, tmp_path, cap
     both = ["--forced-eos", "--cut-at-limit", *short]
     assert main(["translate", "--model", str(cut_dir), *both]) == 2
     assert "set at most one" in capsys.readouterr().err
+
+
+def test_no_sampling_decodes_a_folder_whose_settings_sample_by_search(imported, tmp_path, capsys):
+    """A folder whose generation settings sample (do_sample, num_beams 1): `--beam 1`
+    ("1 = greedy", said its help) sampled, and no flag turned sampling off. --no-sampling
+    decodes greedily, at --beam 2 by beam search, as the options with sampling off do."""
+    _, source_dir = imported
+    sampling_dir = tmp_path / "sampling"
+    shutil.copytree(source_dir, sampling_dir)
+    for path in sampling_dir.glob("*.pt"):
+        state = load_checkpoint(path)
+        state["generation"].update(do_sample=True, num_beams=1, top_k=0)
+        save_checkpoint(state, path)
+    translator = Translator.from_dir(sampling_dir)
+    assert translator.defaults.sampling
+    lines, _ = corpus_lines("val", 10)
+    path = tmp_path / "in.de"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    for beam in ([], ["--beam", "2"]):
+        off = translator.defaults.given(sampling=False, beam=int(beam[1]) if beam else None)
+        assert not off.sampling and off.beam == (2 if beam else 1)
+        want = [t[0] for t in translator.translate(lines, off)]
+        argv = ["translate", "--model", str(sampling_dir), "--no-sampling", *beam]
+        assert main([*argv, "--quiet", str(path)]) == 0
+        assert capsys.readouterr().out.splitlines() == want
+    assert main(["translate", "--model", str(sampling_dir), "--no-sampling", "--seed", "1",
+                 "--quiet", str(path)]) == 2  # fmt: skip
+    assert "--seed seeds sampling, which is off" in capsys.readouterr().err

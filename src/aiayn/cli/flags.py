@@ -195,7 +195,9 @@ def add_decoding_flags(p: argparse.ArgumentParser, ensemble: bool = False) -> No
             default="auto",
             help="auto|averaged|best|last or a .pt file",
         )
-    p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default 4)")
+    p.add_argument(
+        "--beam", type=int, default=None, help="beam size; 1 = greedy, unless sampling (default 4)"
+    )
     p.add_argument("--alpha", type=float, default=None, help="length penalty (default 0.6)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -236,9 +238,10 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument(
         "--sampling",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="draw each token, beam 1 (--n-best N: N samples)",
+        help="draw each token, beam 1 (--n-best N: N samples); --no-sampling searches "
+        "where an imported model's settings sample",
     )
     g.add_argument("--temperature", type=float, help="(default 1.0)")
     g.add_argument("--top-k", type=int, help="only the k most likely (default 0: all)")

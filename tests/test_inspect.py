@@ -312,6 +312,29 @@ def test_metrics_are_read_from_a_pipe(tmp_path):
         writer.join(10)
 
 
+@draws
+def test_the_plots_of_a_pipe_go_to_the_current_folder(tmp_path, monkeypatch, capsys):
+    """Beside a pipe (/dev/fd/plots) no folder can be made: they go to ./plots."""
+    import os
+    import threading
+
+    _metrics_file(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    text = (tmp_path / "metrics.jsonl").read_bytes()
+    writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
+    writer.start()
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    try:
+        assert main(["plot", "--run", str(fifo)]) == 0
+    finally:
+        writer.join(10)
+    assert "wrote plots/loss.png" in capsys.readouterr().out
+    assert (here / "plots" / "loss.png").is_file()
+
+
 def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     assert main(["plot", "--run", str(tmp_path / "none")]) == 2
     assert "no such metrics file" in capsys.readouterr().err

@@ -173,5 +173,5 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         required=True,
         help="model directory (its metrics.jsonl), or a metrics file or pipe",
     )
-    p.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
+    p.add_argument("--out", help="folder for the PNGs (default RUN/plots; from a pipe, ./plots)")
     p.set_defaults(func=cmd_plot)

@@ -121,11 +121,12 @@ def pyplot() -> Any:
 
 def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw loss, validation BLEU, learning rate and tokens/s against the update step into
-    PNGs in ``out_dir`` (default ``plots`` beside the metrics file); curves without data
-    are skipped. AiaynError naming the file it cannot read or write."""
+    PNGs in ``out_dir`` (default ``plots`` beside the metrics file, here for a pipe);
+    curves without data are skipped. AiaynError naming the file it cannot read or write."""
     plt = pyplot()
     records = read_metrics(run_dir)
-    run = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent  # or its file's
+    given = Path(run_dir)  # a run, its metrics file, or a pipe (its plots go here)
+    run = given if given.is_dir() else given.parent if given.is_file() else Path()
     out = Path(out_dir) if out_dir else run / "plots"
     try:
         out.mkdir(parents=True, exist_ok=True)

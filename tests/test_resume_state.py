@@ -85,19 +85,24 @@ def test_a_validation_beam_wider_than_the_vocabulary_is_refused_before_training(
 
 
 @pytest.mark.parametrize("stop", ["max_steps=2", "max_epochs=1"])  # mid-epoch; an epoch's end
-def test_a_run_killed_in_its_final_validation_keeps_every_update(tmp_path, text, monkeypatch, stop):
+@pytest.mark.parametrize("periodic", [False, True])  # the stop's validation, or valid_every's
+def test_a_run_killed_in_its_final_validation_keeps_every_update(
+    tmp_path, text, monkeypatch, stop, periodic
+):
     """checkpoint_last.pt is saved at the stop before the final validation, as at every
-    save_every_steps: a kill in that validation (long, with a large validation set) lost
-    the updates since the last save_every_steps, though the docs said it kept them."""
+    save_every_steps, also where valid_every_steps validates the stop's step: a kill in
+    that validation (long, with a large validation set) lost the updates since the last
+    save_every_steps (all of them: no checkpoint at all), though the docs said it kept them."""
     import aiayn.train.trainer as trainer
     from test_train_faults import interrupted, logged
 
     out = tmp_path / "run"
-    argv = train_text(text, out, stop, "save_every_steps=100", "valid_every_steps=0")
+    steps = 2 if stop == "max_steps=2" else 3  # the sample's epoch is 3 batches
+    every = f"valid_every_steps={steps if periodic else 0}"
+    argv = train_text(text, out, stop, "save_every_steps=100", every)
     with monkeypatch.context() as patch:
         patch.setattr(trainer, "validate_world", interrupted)
         assert main(argv) == 130
-    steps = 2 if stop == "max_steps=2" else 3  # the sample's epoch is 3 batches
     last = load_checkpoint(out / "checkpoint_last.pt")
     assert (last["step"], last["duties_pending"]) == (steps, True)
     assert main([*argv, "--resume"]) == 0

@@ -10,8 +10,8 @@ epoch's checkpoint, and checkpoint_last.pt once more. Before the run's first bes
 or timed checkpoint comes a checkpoint_last.pt (:meth:`Duties.last_first`).
 
 checkpoint_last.pt is saved after an update but before that update's validation and
-stop (every ``save_every_steps``, and at the stop before its final validation), so that a
-run killed in a long validation keeps its updates; it is then marked
+stop (every ``save_every_steps``, and at a stop known before its final validation), so
+that a run killed in a long validation keeps its updates; it is then marked
 pending (:data:`PENDING` in the state), and a run resumed from it does that validation
 and that stop first. Without the mark, a run killed (or failing: a full disk) in its
 final validation or saves would find its budget spent when resumed, and never have its
@@ -119,31 +119,34 @@ class Duties:
         short in those duties; "max_epochs" when it owes nothing."""
         return self.after_update(metrics) if self.pending else "max_epochs"
 
-    def after_update(self, metrics: MetricsLog) -> str:
-        """The duties of an update: its saves, then :meth:`after_save` (those done already
-        skipped). The step's duties are done unless it stops: its stop (:meth:`end`)
-        remains."""
+    def after_update(self, metrics: MetricsLog, last_of_run: bool = False) -> str:
+        """The duties of an update: its saves, then its validation every
+        ``valid_every_steps`` (those done already skipped); "max_steps"/"time_limit" when
+        the run must stop, else "max_epochs". The step's duties are done unless it stops:
+        its stop (:meth:`end`) remains. ``last_of_run``: the last update of the last epoch."""
         t, r = self.t, self.t.recipe
         period = r.save_every_minutes * 60
         if period and t.elapsed >= self.timed_save_at:  # first: checkpoint_last.pt lists it
             self.keep(step_checkpoint_name(t.step))
             self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period  # once saved
-        if r.save_every_steps and t.step % r.save_every_steps == 0 and self.saved_at != t.step:
-            t.save(LAST, pending=True)
-            self.saved_at, self.last_saved = t.step, True
-        stopped_by = self.after_save(metrics)
+        stopped_by = budget_spent(r, t.step, t.elapsed) or "max_epochs"
+        if r.save_every_steps and t.step % r.save_every_steps == 0:
+            self.save_pending()
+        due = r.valid_every_steps and t.step % r.valid_every_steps == 0
+        if due and self.validated_at != t.step:
+            if last_of_run or stopped_by != "max_epochs":  # the final one: see end()
+                self.save_pending()
+            self.validate(metrics)
+        stopped_by = budget_spent(r, t.step, t.elapsed) or "max_epochs"
         if stopped_by == "max_epochs":
             self.done_at = t.step
         return stopped_by
 
-    def after_save(self, metrics: MetricsLog) -> str:
-        """The validation every ``valid_every_steps``; "max_steps"/"time_limit" when the
-        run must stop, else "max_epochs"."""
-        t, r = self.t, self.t.recipe
-        due = r.valid_every_steps and t.step % r.valid_every_steps == 0
-        if due and self.validated_at != t.step:
-            self.validate(metrics)
-        return budget_spent(r, t.step, t.elapsed) or "max_epochs"
+    def save_pending(self) -> None:
+        """checkpoint_last.pt of this step (unless saved), before its validation and stop."""
+        if self.saved_at != self.t.step:
+            self.t.save(LAST, pending=True)
+            self.saved_at, self.last_saved = self.t.step, True
 
     def end(self, metrics: MetricsLog, stopped_by: str, epoch_done: bool) -> None:
         """The end of an epoch (``epoch_done``) or a stop (``stopped_by`` other than
@@ -155,9 +158,8 @@ class Duties:
         stopping = stopped_by != "max_epochs" or (epoch_done and t.epoch + 1 >= r.max_epochs)
         if epoch_done or stopping:
             if (stopping or not r.valid_every_steps) and self.validated_at != t.step:
-                if stopping and self.saved_at != t.step:  # a kill in it keeps the updates
-                    t.save(LAST, pending=True)
-                    self.saved_at, self.last_saved = t.step, True
+                if stopping:  # a kill in the final validation keeps the updates before it
+                    self.save_pending()
                 self.validate(metrics)
             self.keep(epoch_checkpoint_name(t.epoch + 1))
         position = t.epoch, t.batch_in_epoch

@@ -351,7 +351,8 @@ class Trainer:
                 tick, tick_tokens = now, 0
                 bar.set_postfix(loss=f"{result.loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
                 metrics.write("speed", self.step, tokens_per_s=rate)
-            stopped_by = duties.after_update(metrics)
+            last = self.batch_in_epoch >= len(batches) and self.epoch + 1 >= r.max_epochs
+            stopped_by = duties.after_update(metrics, last_of_run=last)
         bar.close()
         duties.end(metrics, stopped_by, epoch_done=self.batch_in_epoch >= len(batches))
         return stopped_by

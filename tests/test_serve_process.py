@@ -309,3 +309,26 @@ def test_a_cancel_racing_the_workers_stop_raises_nothing():
     worker = SimpleNamespace(_lock=StoppedRightAfter(), _pipe=pipe, _pending={7: job})
     process.ProcessWorker.cancel(worker, job)  # type: ignore[arg-type]
     assert posted == [("cancel", 7, Status.CANCELLED.value)]  # to the pipe it saw
+
+
+def test_a_metrics_scrape_racing_the_workers_stop_raises_nothing():
+    """The same race in refresh_metrics: stop() let the pipe go between the check and the
+    post (both under the lock, which stop() does not take)."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    posted: list[tuple] = []
+
+    class StoppedMeanwhile(list):  # the waiters' queue, appended to just as stop() runs
+        def append(self, item):
+            super().append(item)
+            worker._pipe = None
+
+    pipe = SimpleNamespace(post=lambda *message: posted.append(message))
+    worker = SimpleNamespace(
+        _lock=threading.Lock(), _pipe=pipe, _metric_waiters=StoppedMeanwhile(), alive=True,
+        silent=lambda: 0.0, metrics=None,
+    )  # fmt: skip
+    asyncio.run(process.ProcessWorker.refresh_metrics(worker, timeout=0.05))  # type: ignore[arg-type]
+    assert posted == [("metrics",)]  # to the pipe it saw; no answer: metrics stay as they were

@@ -302,10 +302,10 @@ class ProcessWorker:
         future = loop.create_future()
         with self._lock:
             wait = min(timeout, QUIET_S - self.silent())
-            if not self.alive or self._pipe is None or wait <= 0:
+            if not self.alive or (pipe := self._pipe) is None or wait <= 0:  # see cancel()
                 return
             self._metric_waiters.append(future_reply(loop, future))
-            self._pipe.post("metrics")
+            pipe.post("metrics")
         try:
             outcome = await asyncio.wait_for(future, wait)
         except asyncio.TimeoutError:

@@ -266,3 +266,24 @@ def test_dataset_drops_pairs_past_max_positions(tokenizer):
     assert (len(data), data.dropped_long) == (1, 1)
     (batch,) = list(data.batches(1000))
     assert batch.tgt_in[0, 0].item() == BOS_ID and EOS_ID in batch.tgt_out[0].tolist()
+
+
+def test_tokenizer_flags_beside_a_given_tokenizer_are_said_to_be_unused(
+    tokenizer, tmp_path, capsys
+):
+    """`prepare --spm-model X --vocab-size 500` used X's vocabulary as it is and dropped
+    the size (and the sample, type and seed) without a word."""
+    from aiayn.cli import main
+
+    path = tmp_path / "spm.model"
+    path.write_bytes(tokenizer.to_bytes())
+    src, tgt = tmp_path / "a.de", tmp_path / "a.en"
+    src.write_text("ein Hund\n")
+    tgt.write_text("a dog\n")
+    files = ["--train-src", str(src), "--train-tgt", str(tgt), "--valid-src", str(src)]
+    argv = ["prepare", *files, "--valid-tgt", str(tgt), "--spm-model", str(path)]
+    assert main([*argv, "--out", str(tmp_path / "a"), "--vocab-size", "500", "--seed", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --vocab-size, --seed: for training a tokenizer; --spm-model's is used" in err
+    assert main([*argv, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert "note:" not in capsys.readouterr().err  # the defaults: nothing was asked

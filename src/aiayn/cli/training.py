@@ -25,7 +25,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result.accuracy >= args.min_accuracy else 1
 
 
+# prepare's flags for training a tokenizer, with their defaults: --spm-model's is not trained.
+TOKENIZER_FLAGS = {"vocab_size": 8000, "spm_model_type": "bpe", "spm_sample": 500_000, "seed": 1}
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from aiayn.cli.flags import note
     from aiayn.data.prepared import SPECIAL, prepare
 
     # Named as flags here: the library names its parameters (sample, max_len_words).
@@ -37,6 +42,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     ):
         if value < low and not (flag == "--vocab-size" and args.spm_model):
             raise AiaynError(f"{flag} must be at least {low}, got {value}")
+    if args.spm_model and (
+        unused := [k for k, v in TOKENIZER_FLAGS.items() if getattr(args, k) != v]
+    ):
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in unused)
+        note(f"{flags}: for training a tokenizer; --spm-model's is used as it is")
     manifest = prepare(
         (args.train_src, args.train_tgt),
         (args.valid_src, args.valid_tgt),
@@ -266,21 +276,33 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     for flag in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
         p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), required=True)
     p.add_argument("--out", required=True, help="a new (or empty) directory for the prepared data")
-    p.add_argument("--vocab-size", type=int, default=8000, help="joint SentencePiece vocabulary")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=TOKENIZER_FLAGS["vocab_size"],
+        help="joint SentencePiece vocabulary",
+    )
     p.add_argument(
         "--spm-model",
         help="use this tokenizer instead of training one: a SentencePiece model, or a model "
         "directory (e.g. an imported Marian model, to fine-tune it with `train --init-from`)",
     )
-    p.add_argument("--spm-model-type", default="bpe", choices=["bpe", "unigram"])
     p.add_argument(
-        "--spm-sample", type=int, default=500_000, help="pairs the tokenizer is trained on"
+        "--spm-model-type", default=TOKENIZER_FLAGS["spm_model_type"], choices=["bpe", "unigram"]
+    )
+    p.add_argument(
+        "--spm-sample",
+        type=int,
+        default=TOKENIZER_FLAGS["spm_sample"],
+        help="pairs the tokenizer is trained on",
     )
     p.add_argument(
         "--max-len-words", type=int, default=100, help="drop longer training pairs (0: keep)"
     )
     p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--seed", type=int, default=1, help="seed of the tokenizer's sample")
+    p.add_argument(
+        "--seed", type=int, default=TOKENIZER_FLAGS["seed"], help="seed of the tokenizer's sample"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_prepare)
 

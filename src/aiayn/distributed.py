@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -205,9 +206,11 @@ def init_from_env(
                 )
         # A process that exits with the group still alive can abort in gloo's teardown
         # ("terminate called without an active exception"): its worker threads are then
-        # destroyed during interpreter finalization. Leaving at exit, while Python is still
-        # whole, covers every caller (the CLI leaves earlier itself; a no-op then).
-        atexit.register(shutdown)
+        # destroyed during interpreter finalization, or a peer still talks to it. Leaving
+        # at exit, while Python is still whole, covers every caller (the CLI leaves earlier
+        # itself; a no-op then): after the ranks meet, unless an uncaught exception ends
+        # this one (its peers may wait for it in a collective: leave at once).
+        atexit.register(lambda: shutdown(synchronize=getattr(sys, "last_value", None) is None))
     return world
 
 

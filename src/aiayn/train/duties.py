@@ -110,8 +110,7 @@ class Duties:
         with those but no last is refused on resume (lest a new run overwrite them), so a
         job killed before its first save_every_steps was lost to torchrun's restarts."""
         if not self.last_saved:
-            self.t.save(LAST, pending=True)
-            self.saved_at, self.last_saved = self.t.step, True
+            self.save_pending()
 
     def owed(self, metrics: MetricsLog) -> str:
         """What the run still owes its step before any update (see :meth:`after_update`):
@@ -129,12 +128,11 @@ class Duties:
         if period and t.elapsed >= self.timed_save_at:  # first: checkpoint_last.pt lists it
             self.keep(step_checkpoint_name(t.step))
             self.timed_save_at = (math.floor(t.elapsed / period) + 1) * period  # once saved
-        stopped_by = budget_spent(r, t.step, t.elapsed) or "max_epochs"
         if r.save_every_steps and t.step % r.save_every_steps == 0:
             self.save_pending()
         due = r.valid_every_steps and t.step % r.valid_every_steps == 0
         if due and self.validated_at != t.step:
-            if last_of_run or stopped_by != "max_epochs":  # the final one: see end()
+            if last_of_run or budget_spent(r, t.step, t.elapsed):  # the final one: see end()
                 self.save_pending()
             self.validate(metrics)
         stopped_by = budget_spent(r, t.step, t.elapsed) or "max_epochs"

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from aiayn.cli.common import MODEL_NAMES, MODEL_SUFFIXES
+from aiayn.cli.flags import note
 from aiayn.errors import AiaynError
 
 
@@ -30,7 +31,6 @@ TOKENIZER_FLAGS = {"vocab_size": 8000, "spm_model_type": "bpe", "spm_sample": 50
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from aiayn.cli.flags import note
     from aiayn.data.prepared import SPECIAL, prepare
 
     # Named as flags here: the library names its parameters (sample, max_len_words).
@@ -70,7 +70,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from aiayn.cli.flags import note
     from aiayn.train.model_checks import prepared_notes
     from aiayn.train.recipe import TEXT_FIELDS, Recipe
     from aiayn.train.trainer import Trainer
@@ -198,7 +197,6 @@ def cmd_average(args: argparse.Namespace) -> int:
         save_checkpoint,
         saved_step,
     )
-    from aiayn.cli.flags import note
     from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
@@ -241,7 +239,6 @@ def _newest_states(paths: list[Path], n: int) -> list[Path]:
     limit is a multiple of its save period saves its last update as a timed checkpoint and
     as the epoch's, one state the average counted twice."""
     from aiayn.checkpoint import saved_step
-    from aiayn.cli.flags import note
 
     chosen: list[Path] = []
     steps: dict[int, Path] = {}

@@ -292,13 +292,11 @@ def test_pictures_are_written_whole_or_not_at_all(sample_model_dir, tmp_path, ca
         assert [p.name for p in picture.parent.iterdir() if p.name.startswith(".")] == []
 
 
-def test_metrics_are_read_from_a_pipe(tmp_path):
-    """``plot --run <(ssh host cat run/metrics.jsonl)`` names a pipe (/dev/fd/N), which
-    was "no such metrics file": it is read as the file would be."""
+def _metrics_pipe(tmp_path):
+    """A FIFO in ``tmp_path`` that a thread fills with a run's metrics.jsonl (written there
+    too), and that thread."""
     import os
     import threading
-
-    from aiayn.inspect.curves import read_metrics
 
     _metrics_file(tmp_path)
     fifo = tmp_path / "pipe"
@@ -306,6 +304,15 @@ def test_metrics_are_read_from_a_pipe(tmp_path):
     text = (tmp_path / "metrics.jsonl").read_bytes()
     writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
     writer.start()
+    return fifo, writer
+
+
+def test_metrics_are_read_from_a_pipe(tmp_path):
+    """``plot --run <(ssh host cat run/metrics.jsonl)`` names a pipe (/dev/fd/N), which
+    was "no such metrics file": it is read as the file would be."""
+    from aiayn.inspect.curves import read_metrics
+
+    fifo, writer = _metrics_pipe(tmp_path)
     try:
         assert read_metrics(fifo) == read_metrics(tmp_path)
     finally:
@@ -315,15 +322,7 @@ def test_metrics_are_read_from_a_pipe(tmp_path):
 @draws
 def test_the_plots_of_a_pipe_go_to_the_current_folder(tmp_path, monkeypatch, capsys):
     """Beside a pipe (/dev/fd/plots) no folder can be made: they go to ./plots."""
-    import os
-    import threading
-
-    _metrics_file(tmp_path)
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    text = (tmp_path / "metrics.jsonl").read_bytes()
-    writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
-    writer.start()
+    fifo, writer = _metrics_pipe(tmp_path)
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)

@@ -228,9 +228,9 @@ def test_a_worker_that_dies_fails_every_job_and_refuses_new_ones(translator):
     assert set(worker.held().values()) == {0}
 
 
-def test_attention_maps_are_made_beside_the_running_batch(translator, monkeypatch):
-    """A job that asks for attention leaves the batch for the attention thread: while its
-    maps are being made (held here until ``release``), the worker goes on decoding."""
+def held_maps(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """The worker's attention maps, made only once the test sets ``release``: (``entered``,
+    set when the attention thread starts on a job's maps, ``release``)."""
     entered, release = threading.Event(), threading.Event()
 
     def slow_maps(*args, **kwargs):
@@ -239,6 +239,13 @@ def test_attention_maps_are_made_beside_the_running_batch(translator, monkeypatc
         return attention_maps(*args, **kwargs)
 
     monkeypatch.setattr("aiayn.serve.batching.attention_maps", slow_maps)
+    return entered, release
+
+
+def test_attention_maps_are_made_beside_the_running_batch(translator, monkeypatch):
+    """A job that asks for attention leaves the batch for the attention thread: while its
+    maps are being made (held here until ``release``), the worker goes on decoding."""
+    entered, release = held_maps(monkeypatch)
     worker = BatchWorker(translator, Metrics(), batch_wait_ms=0, join_ratio=0)
     outcomes = Outcomes()
     ids = [translator.encode(de) for de, _ in PAIRS[:2]]
@@ -265,14 +272,7 @@ def test_a_job_cancelled_while_its_maps_are_made_by_an_idle_worker_is_cancelled(
     """A client that left while its attention maps were made, the worker otherwise idle:
     the cancel waited in the worker's records (held() not 0 when idle) until another
     request came, and the job was counted done, where a busy worker counted it cancelled."""
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_maps(*args, **kwargs):
-        entered.set()
-        assert release.wait(30), "the test never released the maps"
-        return attention_maps(*args, **kwargs)
-
-    monkeypatch.setattr("aiayn.serve.batching.attention_maps", slow_maps)
+    entered, release = held_maps(monkeypatch)
     metrics = Metrics()
     worker = BatchWorker(translator, metrics, batch_wait_ms=0, join_ratio=0)
     outcomes = Outcomes()

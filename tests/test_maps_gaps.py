@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aiayn.decode.alignment import word_starts
@@ -9,6 +10,9 @@ from aiayn.inspect import maps
 from aiayn.inspect.maps import add_alignments
 from aiayn.translator import Translation, Translator
 from test_marian_import import folders, tokenizers  # noqa: F401 - the fixtures
+
+# The Marian fixtures train their tokenizers on Multi30k when it is there.
+pytestmark = pytest.mark.multi30k
 
 
 def test_alignments_count_source_words_in_the_source_vocabulary(folders, monkeypatch):  # noqa: F811
@@ -47,8 +51,6 @@ def test_attention_maps_label_the_source_with_source_pieces(folders):  # noqa: F
 
 
 def test_attention_maps_need_one_output_per_source(folders):  # noqa: F811
-    import pytest
-
     from aiayn.errors import AiaynError
 
     translator = Translator.from_dir(folders["separate"][1])
@@ -62,8 +64,6 @@ def test_attention_maps_need_one_output_per_source(folders):  # noqa: F811
 def test_a_wrong_layer_fails_before_any_work(folders):  # noqa: F811
     """add_alignments checks the layer first: refused even with nothing to align, and
     the translations given keep their alignment as it was."""
-    import pytest
-
     from aiayn.errors import DecodeError
 
     translator = Translator.from_dir(folders["separate"][1])

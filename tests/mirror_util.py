@@ -52,8 +52,11 @@ class Mirror:
                     start = int(wanted.removeprefix("bytes=").split("-")[0])
                     if path in mirror.wrong_range:
                         start = 0
-                    if start >= len(body):
-                        self.send_error(416, "Range Not Satisfiable")
+                    if start >= len(body):  # with the file's size, as RFC 9110 asks
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(body)}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
                         return
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")

@@ -108,6 +108,23 @@ def test_a_server_that_cannot_resume_sends_the_whole_file_again(mirror, tmp_path
     assert (tmp_path / "b.bin").read_bytes() == b"bee\n"
 
 
+def test_a_whole_part_is_checked_and_kept_not_fetched_again(mirror, tmp_path):
+    """A stop after the last byte, before the checksum and the rename (a Ctrl-C while a
+    large archive is hashed), leaves the whole file as the part: the server answers its
+    range with 416 and the file's size, and the part is checked and kept as it is."""
+    dest, url = tmp_path / "a.bin", mirror.url + "data/a.bin"
+    (tmp_path / "a.bin.part").write_bytes(BODY)
+    assert fetch(url, dest, SHA, show_progress=False) is True
+    assert dest.read_bytes() == BODY and leftovers(tmp_path) == ["a.bin"]
+    assert mirror.requests == [("data/a.bin", f"bytes={len(BODY)}-")]
+    # a part of the right size but other bytes: the checksum deletes it, nothing is kept
+    (tmp_path / "c.bin.part").write_bytes(bytes(len(BODY)))
+    mirror.files["data/c.bin"] = BODY
+    with pytest.raises(DownloadError, match=r"SHA-256 .* the download was deleted"):
+        fetch(mirror.url + "data/c.bin", tmp_path / "c.bin", SHA, show_progress=False)
+    assert leftovers(tmp_path) == ["a.bin"]
+
+
 def test_a_server_that_sends_another_range_than_asked_is_not_appended(mirror, tmp_path):
     """A 206 whose Content-Range does not start at the part's end would make a file of the
     part followed by other bytes: taken as whole where no checksum is pinned."""

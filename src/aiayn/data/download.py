@@ -183,7 +183,10 @@ def _transfer(url: str, out: BinaryIO, timeout: float, show_progress: bool, dest
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # the part is no prefix the server knows: start again
+        if e.code == 416 and have:
+            if _full_size(e) == have:  # whole: stopped before its check and rename
+                return
+            # the part is no prefix the server knows: start again
             out.seek(0)
             out.truncate()
             return _transfer(url, out, timeout, show_progress, dest)
@@ -280,6 +283,12 @@ def _content_length(response: http.client.HTTPResponse) -> int | None:
 def _range_start(response: http.client.HTTPResponse) -> int | None:
     """The first byte a 206 response holds, from its Content-Range; None without one."""
     match = re.fullmatch(r"\s*bytes\s+(\d+)-.*", response.headers.get("Content-Range") or "")
+    return int(match[1]) if match else None
+
+
+def _full_size(e: urllib.error.HTTPError) -> int | None:
+    """The file's size that a 416 gives in its Content-Range (``bytes */SIZE``), if any."""
+    match = re.fullmatch(r"\s*bytes\s+\*/(\d+)\s*", e.headers.get("Content-Range") or "")
     return int(match[1]) if match else None
 
 

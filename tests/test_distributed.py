@@ -126,6 +126,34 @@ def test_rank_0_says_after_each_chunk_whether_it_goes_on(sample_model_dir, monke
     assert said == []
 
 
+@pytest.mark.parametrize(
+    ("device", "gpu", "joined", "own"),
+    [
+        ("auto", True, "cuda", "cuda:1"),  # each process its own GPU, and NCCL
+        ("auto", False, "cpu", "cpu"),
+        ("cuda:0", True, "cuda:0", "cuda:0"),  # a GPU named by the user stays that one
+    ],
+)
+def test_translation_under_torchrun_resolves_auto_before_joining(
+    monkeypatch, device, gpu, joined, own
+):
+    """``--device auto`` (the default) is resolved before the process group is joined: as
+    ``auto`` it joined over gloo, and every process took the first GPU."""
+    import torch
+
+    from aiayn import distributed
+    from aiayn.cli.flags import process_world
+
+    asked: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(
+        distributed, "init_from_env", lambda name, *_a: asked.append(name) or World(1, 2, 1)
+    )
+    world, got = process_world(device)
+    assert (asked, got, world.rank) == ([joined], own, 1)
+
+
 @pytest.mark.slow
 def test_torchrun_refuses_stdin_and_pipes(sample_model_dir, tmp_path):
     """Each process would read its own stdin, or a share of a pipe's lines: refused before

@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from aiayn.cli.flags import decode_options, note, translator_for
+from aiayn.cli.flags import decode_options, note, process_world, translator_for
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
@@ -48,8 +48,6 @@ def refuse_two_stdins(inputs: dict[str, str | None], device: str) -> None:
     is ``-`` (stdin, which holds one text), or when one is stdin or a pipe and several
     processes run (torchrun): each would read its own stdin, not the one given, or a share
     of the pipe's lines."""
-    from aiayn.distributed import init_from_env
-
     readers = [name for name, path in inputs.items() if path == "-"]
     if len(readers) > 1:
         each = "both" if len(readers) == 2 else "all"
@@ -58,7 +56,7 @@ def refuse_two_stdins(inputs: dict[str, str | None], device: str) -> None:
             "but one as a file"
         )
     readers += [name for name, path in inputs.items() if path and path != "-" and _pipe(path)]
-    if readers and init_from_env(device).size > 1:
+    if readers and process_world(device)[0].size > 1:
         raise AiaynError(
             f"{readers[0]}: several processes read each input, which must be a file, not "
             "stdin or a pipe: give the file"
@@ -299,11 +297,10 @@ def translate_chunks(
     for no lines). Under torchrun every process decodes its share of each chunk and rank
     0 gets them all, in input order (the other ranks get None); line indices stay those of
     the whole input, so samples depend neither on the number of processes nor on chunks."""
-    from aiayn.distributed import init_from_env
     from aiayn.progress import progress
 
-    world = init_from_env(args.device)
-    translator = translator_for(args, world.device(args.device))
+    world, device = process_world(args.device)
+    translator = translator_for(args, device)
     options = decode_options(args, translator.defaults, n_best)
     if prefixes is not None:
         check_prefixes(translator, prefixes, getattr(args, "prefix_file", None) or "prefixes")

@@ -13,6 +13,7 @@ from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:  # imported where used, so that `aiayn --help` starts fast
     from aiayn.decode.options import DecodeOptions
+    from aiayn.distributed import World
     from aiayn.translator import Translator
 
 
@@ -108,6 +109,18 @@ def translator_for(args: argparse.Namespace, device: str | None = None) -> Trans
     )
     note_unchecked_generation(translator)
     return translator
+
+
+def process_world(device: str) -> tuple[World, str]:
+    """The process group that torchrun's environment describes (joined; a world of one
+    without torchrun) and this process's own device. ``auto`` is resolved first: left as
+    it is, the group would talk gloo and every process would take the first GPU."""
+    from aiayn.distributed import init_from_env
+    from aiayn.model.device import resolve_device
+
+    name = str(resolve_device(device))
+    world = init_from_env(name)
+    return world, world.device(name)
 
 
 def note_unchecked_generation(translator: Translator) -> None:

@@ -203,6 +203,24 @@ def test_plot_training_curves(tmp_path, capsys):
     assert capsys.readouterr().out.count("wrote ") == 4
 
 
+@draws
+def test_a_path_that_is_not_utf8_is_printed_escaped_on_a_strict_stdout(tmp_path):
+    """A folder name of bytes that are not UTF-8, on a stdout strict about them (a UTF-8
+    desktop locale; PYTHONIOENCODING=utf-8 here): "wrote PATH" raised after the plots were
+    written, exit 1 with a traceback. It is printed escaped now, and the command succeeds."""
+    import os
+    import subprocess
+
+    run, out = tmp_path / "run", tmp_path / "p\udcff"  # the byte 0xff, as Python keeps it
+    _metrics_file(run)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "aiayn", "plot", "--run", str(run), "--out", str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.count("wrote ") == 4 and "p\\udcff" in done.stdout
+    assert len(list(out.iterdir())) == 4
+
+
 def test_curves_keep_the_losses_logged_as_nan(tmp_path):
     """The trainer logs a non-finite loss as "nan"/"inf" (JSON has neither): such a
     point is NaN in the series (a gap in the plot, not its neighbours joined), and the

@@ -12,6 +12,7 @@ not a traceback from deep inside torch's import.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
@@ -133,11 +134,17 @@ class _ClosedStdout:
 def closed_streams() -> None:
     """A stream the shell closed is None in Python. Then print(file=sys.stderr) falls back
     to stdout, mixing notes and errors into the output, and a write to stdout is an
-    AttributeError: notes and errors go nowhere, and output to stdout is an error."""
+    AttributeError: notes and errors go nowhere, and output to stdout is an error.
+
+    A path of bytes that are not UTF-8 (Python keeps them as lone surrogates) printed on a
+    stdout that is strict about them (a UTF-8 desktop locale) raised after the work was
+    done ("averaged ... -> PATH"): stdout escapes them, as stderr does."""
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the whole process
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()
+    elif isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def run(argv: list[str] | None) -> int:

@@ -68,6 +68,19 @@ def test_a_timed_checkpoint_of_an_epochs_step_is_older_whatever_its_file_time(
     assert _averaged_from(run) == ["checkpoint_step0000030.pt", "checkpoint_epoch002.pt"]
 
 
+@pytest.mark.parametrize("step", ["abc", -3, True])
+def test_a_checkpoint_whose_step_is_no_count_is_named(sample_model_dir, tmp_path, capsys, step):
+    """A step that is no count (another tool's checkpoint, or one edited by hand) was a
+    TypeError traceback from comparing it with the others' steps."""
+    saves = [("checkpoint_epoch001.pt", 10), ("checkpoint_epoch002.pt", step)]
+    run = _run(sample_model_dir, tmp_path / "run", saves)
+    error = one_line_error(["average", "--model", str(run), "--last", "2"], capsys)
+    assert re.search(
+        r"checkpoint_epoch002\.pt: checkpoint entry 'step' is .*not a step count", error
+    )
+    assert not (run / AVERAGED).exists()
+
+
 def test_a_users_copy_of_a_checkpoint_is_not_averaged(sample_model_dir, tmp_path, capsys):
     """checkpoint_epoch004_before_finetune.pt (a backup) was averaged as one more state."""
     saves = [("checkpoint_step12.pt", 50), ("checkpoint_epoch1.pt", 60)]  # not a run's names

@@ -60,6 +60,9 @@ def _load(path: str | Path) -> dict[str, Any]:
     state = load_checkpoint(path)
     if state.get("tokenizer") is not None:
         checkpoint_tokenizer(state, path)
+    step = state.get("step", 0)  # the newest checkpoint's metadata is the average's
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{path}: checkpoint entry 'step' is {step!r}, not a step count")
     # A run resumed across an upgrade holds checkpoints of both namings.
     return {**state, "model": current_names(state["model"])}
 

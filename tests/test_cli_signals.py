@@ -21,9 +21,12 @@ import aiayn
 from aiayn.checkpoint import BEST
 from aiayn.cli import main, unwound_on_term
 
-# Kills itself once the checkpoint is written to its temp file, before the rename.
+# Kills itself once the checkpoint is written to its temp file, before the rename. The
+# signal's default action first, as a terminal's shell gives it: a suite run under `nohup`
+# passes SIGHUP on ignored, and aiayn rightly leaves an ignored signal ignored.
 CHILD = """
 import os, signal, sys, time
+signal.signal(signal.{name}, signal.SIG_DFL)
 import aiayn.checkpoint as c
 real = c.torch.save
 def save(obj, f):

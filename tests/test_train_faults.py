@@ -59,6 +59,25 @@ def test_a_resume_cuts_the_log_back_to_its_checkpoint(tmp_path, text):
     assert 9.0 not in [json.loads(line).get("loss") for line in (out / "metrics.jsonl").open()]
 
 
+def test_a_resume_records_its_overrides_in_the_runs_recipe(tmp_path, text):
+    """run-directory.md: the run's recipe.yaml holds the recipe as run, overrides included,
+    and resumes it. A resume's overrides were not written, so the recipe.yaml of a run
+    resumed with a larger max_steps still said the first one."""
+    import yaml
+
+    out = tmp_path / "run"
+    assert main(train_text(text, out, "max_epochs=1")) == 0
+    # at an epoch's end, where the seed may change too
+    assert main([*train_text(text, out, "max_epochs=2", "seed=7"), "--resume"]) == 0
+    recipe = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert (recipe["max_epochs"], recipe["seed"]) == (2, 7)
+    steps = len(logged(out))
+    argv = ["train", "--config", str(out / "recipe.yaml"), "--out", str(out), "--resume"]
+    assert main([*argv, "--no-progress", "--set", "max_epochs=3"]) == 0
+    assert logged(out) == list(range(1, len(logged(out)) + 1)) and len(logged(out)) > steps
+    assert load_checkpoint(out / "checkpoint_last.pt")["recipe"]["seed"] == 7
+
+
 def test_a_resume_of_an_older_checkpoint_cuts_the_log_at_its_step(tmp_path, text):
     """A checkpoint of an older aiayn has no metrics_bytes (the log's size when saved):
     the lines of the later steps were kept, so the resumed run logged them twice."""

@@ -352,7 +352,7 @@ class RunDirectory:
     ) -> Tokenizer:
         """The run's tokenizer: the checkpoint's when resuming, else that of the model the
         run starts from (``init``), else the data's; the first two must be the one the
-        data was encoded with (:meth:`save_new_run` writes its files for a new run)."""
+        data was encoded with (:meth:`save_run_files` writes its files for a new run)."""
         source = state if state is not None else init
         if source is not None:
             path = self.out_dir / LAST if state is not None else Path(source["path"])
@@ -364,16 +364,15 @@ class RunDirectory:
         self.log(f"tokenizer: {tokenizer.describe()}")
         return tokenizer
 
-    def save_new_run(
+    def save_run_files(
         self, r: Recipe, state: dict | None, cfg: TransformerConfig, tokenizer: Tokenizer
     ) -> None:
-        """A new run writes its tokenizer's files and its recipe, once its model config
-        is known to be good (nothing overwritten for a run refused before), and drops the
-        logs of a run it replaces (one that saved no checkpoint); one that starts
-        from a model (``init_from``) writes the model fields it really has (the starting
-        model's), not the recipe defaults. A resumed run writes neither."""
-        if state is not None:
-            return
+        """A new run writes its tokenizer's files and its recipe, once its model config is
+        known to be good (nothing overwritten for a run refused before), and drops the logs
+        of a run it replaces (one that saved no checkpoint); one that starts from a model
+        (``init_from``) writes the model fields it really has (the starting model's), not
+        the recipe defaults. A resumed run writes its recipe alone: the one it goes on
+        with, overrides (a larger ``max_steps``) included, so that it resumes the run."""
         if r.init_from:
             skip = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
             r.model = {k: v for k, v in cfg.to_dict().items() if k not in skip}
@@ -385,15 +384,17 @@ class RunDirectory:
             try:  # a full disk: one line naming the file, not an OSError from pathlib
                 r.save(self.out_dir / "recipe.yaml")
                 what = "the tokenizer's files"
-                tokenizer.save(self.out_dir)
+                if state is None:
+                    tokenizer.save(self.out_dir)
             except OSError as e:
                 raise AiaynError(
                     f"{self.out_dir}: cannot write {what} ({e.strerror or e})"
                 ) from None
-            # The logs of the run being replaced (one that saved no checkpoint: checked by
-            # _resume_path to hold nothing else) would mix with this run's, which appends.
-            (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
-            shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
+            if state is None:
+                # The logs of the run being replaced (one that saved no checkpoint: checked
+                # by _resume_path to hold nothing else) would mix with this run's.
+                (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+                shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
 
         self.write(save)
         self._prepared = None  # the run's own data/ from here: kept whatever comes

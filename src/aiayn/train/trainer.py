@@ -112,7 +112,7 @@ class Trainer:
         check_resumed_data(self.data, state)
         self.cfg = run_config(self.recipe, self.tokenizer, state, init)
         check_data_fits(self.data, self.cfg, r, self.log)  # before a new run writes a file
-        run.save_new_run(r, state, self.cfg, self.tokenizer)
+        run.save_run_files(r, state, self.cfg, self.tokenizer)
         # What a model that came from elsewhere carries along (see aiayn.checkpoint).
         self.generation = dict((known or {}).get("generation") or {})
         self.origin = (known or {}).get("origin")

@@ -155,6 +155,11 @@ def test_resume_takes_the_start_checkpoint_in_any_spelling(tmp_path):
     # A run that records no origin (nor one that started from scratch) takes no other.
     with pytest.raises(RecipeError, match="started from scratch"):
         check_resume(Recipe.from_dict({"init_from": str(base)}), {"config": {}}, "x.pt")
+    # Under torchrun, rank 0's start is the run's: another machine's rank names the same
+    # model at its own path (distributed.md), which its resume never reads. It was refused,
+    # so a job of model paths that differ by machine could never resume.
+    elsewhere = Recipe.from_dict({"init_from": str(other)})
+    check_resume(elsewhere, state, "ft/checkpoint_last.pt", start=False)
 
 
 def test_averages_notes_go_to_stderr_as_every_commands_do(sample_model_dir, tmp_path, capsys):

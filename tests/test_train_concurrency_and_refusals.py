@@ -286,6 +286,10 @@ class TwoRanks:
             "recipe field init_from \\(given\\): rank 1 has True where rank 0 has False",
         ),
         ("data=/prepared", "recipe field data \\(given\\): rank 1 has True"),
+        # A data set fills the text files a rank lacks, fetched by rank 0 (a collective):
+        # a rank naming another, none, or a text file where rank 0 has none, is refused.
+        ("dataset=multi30k/de-en", "recipe field dataset: rank 1 has 'multi30k/de-en'"),
+        ("train_src=/t.de", "recipe field train_src \\(given\\): rank 1 has True"),
     ],
 )
 def test_every_process_of_a_job_runs_one_recipe(override, message):
@@ -294,8 +298,9 @@ def test_every_process_of_a_job_runs_one_recipe(override, message):
     torchrun job whose ranks were given different --set; checked there by hand too)."""
     with pytest.raises(AiaynError, match=message):
         check_same_recipe(Recipe(), TwoRanks(Recipe().override([override])))
+    here = Recipe().override(["train_src=/here/train.de"])
     where = Recipe().override(["train_src=/elsewhere/train.de", "threads=1"])
-    check_same_recipe(Recipe(), TwoRanks(where))  # each machine's own paths and threads
+    check_same_recipe(here, TwoRanks(where))  # each machine's own paths and threads
     mine = Recipe().override(["init_from=/here/model", "data=/here/data"])
     theirs = Recipe().override(["init_from=/there/model", "data=/there/data"])
     check_same_recipe(mine, TwoRanks(theirs))

@@ -145,7 +145,7 @@ def check_fits(cfg: TransformerConfig, device: torch.device) -> None:
     )
 
 
-def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
+def check_resume(recipe: Recipe, state: dict, origin: str, start: bool = True) -> None:
     """Refuse what resuming from ``state`` (read from ``origin``) would silently ignore: a
     model field the recipe sets to other than the checkpoint's (a resumed run keeps its
     model), another model to start from (``init_from``), one of :data:`RESUME_FIXED` or
@@ -163,7 +163,10 @@ def check_resume(recipe: Recipe, state: dict, origin: str) -> None:
             )
     saved = state.get("recipe") or {}
     started = saved.get("init_from") or ""
-    if recipe.init_from and recipe.init_from != started and not _started_from(recipe, state):
+    # ``start``: rank 0 alone compares its init_from, which the run recorded; the other
+    # ranks may name that model by another path (their machine's).
+    other = start and recipe.init_from and recipe.init_from != started
+    if other and not _started_from(recipe, state):
         was = f"started from {started}" if started else "started from scratch"
         raise RecipeError(
             f"recipe field init_from={recipe.init_from} differs from the run being resumed "
@@ -284,7 +287,7 @@ def check_data_fits(
 
 # Recipe fields that may differ between the processes of one job: where each machine finds
 # its files (rank 0 prepares the data the others read) and what each uses to run.
-PER_PROCESS = ("data", "dataset", *TEXT_FIELDS, "init_from", "threads", "device")
+PER_PROCESS = ("data", *TEXT_FIELDS, "init_from", "threads", "device")
 
 
 def job_fields(recipe: Recipe) -> dict[str, object]:
@@ -292,9 +295,9 @@ def job_fields(recipe: Recipe) -> dict[str, object]:
     recipe's but :data:`PER_PROCESS`."""
     every = recipe.to_dict()
     fields = {k: v for k, v in every.items() if k not in PER_PROCESS}
-    # Where the files are may differ, not whether there are any: a rank with init_from or
-    # data where rank 0 has none ran other collectives, and the job hung without a word.
-    given = {f"{k} (given)": bool(every[k]) for k in ("data", "init_from")}
+    # Where the files are may differ, not whether there are any: a rank with init_from,
+    # data or a text file where rank 0 has none (a dataset fills it) ran other collectives.
+    given = {f"{k} (given)": bool(every[k]) for k in ("data", "init_from", *TEXT_FIELDS)}
     model = fields.pop("model")
     return {**fields, **given, **{f"model.{k}": v for k, v in model.items()}}
 

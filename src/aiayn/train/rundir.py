@@ -211,7 +211,7 @@ class RunDirectory:
                     "missing): weights only, as an averaged checkpoint holds"
                 )
             if recipe is not None:
-                check_resume(recipe, state, str(path))
+                check_resume(recipe, state, str(path), start=self.world.is_main)
             return state
 
         return self.on_every_rank(load)

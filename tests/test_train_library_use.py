@@ -333,6 +333,13 @@ def test_an_empty_output_path_is_refused(tmp_path, sample_prepared, monkeypatch,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_recipe_that_is_no_recipe_is_named(tmp_path, sample_prepared):
+    """Trainer({...}) (a dict, as the YAML reads) was an AttributeError from inside."""
+    with pytest.raises(RecipeError, match=r"^recipe: a dict, not a Recipe \(Recipe\.from_dict"):
+        Trainer({"data": str(sample_prepared), "max_steps": 1}, tmp_path / "r", log=quiet)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("key", "words"),
     [

@@ -81,6 +81,10 @@ class Trainer:
     ):
         if str(out_dir) == "":  # Path("") is the current directory: an unset variable?
             raise AiaynError("run directory: the path is empty")
+        if not isinstance(recipe, Recipe):  # a dict, say: an AttributeError before
+            raise RecipeError(
+                f"recipe: a {type(recipe).__name__}, not a Recipe (Recipe.from_dict reads a dict)"
+            )
         r = self.recipe = recipe.check()  # before anything is written
         if r.threads > 0:
             torch.set_num_threads(r.threads)

@@ -114,11 +114,12 @@ def translator_for(args: argparse.Namespace, device: str | None = None) -> Trans
 def process_world(device: str) -> tuple[World, str]:
     """The process group that torchrun's environment describes (joined; a world of one
     without torchrun) and this process's own device. ``auto`` is resolved first: left as
-    it is, the group would talk gloo and every process would take the first GPU."""
+    it is, the group would talk gloo and every process would take the first GPU. (Other
+    names are checked where the model is loaded, after the settings they must fit.)"""
     from aiayn.distributed import init_from_env
     from aiayn.model.device import resolve_device
 
-    name = str(resolve_device(device))
+    name = str(resolve_device(device)) if device == "auto" else device
     world = init_from_env(name)
     return world, world.device(name)
 

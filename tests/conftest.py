@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -31,6 +32,13 @@ def pytest_configure(config):
     SESSION_TMP = tempfile.mkdtemp(prefix="aiayn-test-tmp-")  # gettempdir() is fixed now
     os.environ["TMPDIR"] = SESSION_TMP
     os.environ["AIAYN_MIRROR"] = "http://127.0.0.1:9/"
+    # A suite a script starts in the background (`make test &`, no job control) inherits
+    # SIGINT ignored, which Python then leaves ignored, in this process and every process
+    # it starts: the tests of Ctrl-C would send theirs to nobody. They test what Ctrl-C
+    # does at a terminal, so this session gives it the terminal's handler (a process it
+    # starts gets the default action, and Python's handler with it).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Under pytest-xdist (`make test` runs TEST_WORKERS of them) each worker takes its share of

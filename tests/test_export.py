@@ -175,6 +175,24 @@ def test_beam_search_cut_at_the_limit_agrees_there_too(exported):
         assert sum(a == b for a, b in zip(theirs, eos)) < 0.2 * len(SOURCES)
 
 
+def test_an_export_into_a_folder_another_is_writing_is_refused(sample_model_dir, tmp_path):
+    """As `export marian`'s: a second `export ctranslate2 --force` into a folder being
+    written is refused in one line, and the earlier export is left as it was."""
+    import re
+
+    from aiayn.data.folders import busy, held_output
+    from aiayn.errors import AiaynError
+
+    out = tmp_path / "ct2"
+    export_ctranslate2(sample_model_dir(), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    held = pytest.raises(AiaynError, match=re.escape(busy(out)))
+    with held_output(out, "the test's"), held:
+        export_ctranslate2(sample_model_dir(), out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+
+
 def test_int8_export_translates_like_the_float_model(exported, tmp_path):
     _, tokenizer, translator, _, model_dir = exported
     int8 = ct2_translator(export_ctranslate2(model_dir, tmp_path / "int8", quantization="int8"))

@@ -163,6 +163,26 @@ def test_an_earlier_export_is_replaced_only_when_forced(exported, tmp_path, caps
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
 
 
+def test_an_export_into_a_folder_another_is_writing_is_refused(exported, tmp_path):
+    """Two `export --force` into one folder at once could each move the other's folder
+    aside: a traceback, and the old exports left as hidden .old folders. The writing is
+    held now: the second is refused in one line, and the folder is left alone."""
+    import re
+
+    from aiayn.data.folders import busy, held_output
+    from aiayn.errors import AiaynError
+
+    model_dir, _ = exported
+    out = tmp_path / "hf"
+    export_marian(model_dir, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    held = pytest.raises(AiaynError, match=re.escape(busy(out)))
+    with held_output(out, "the test's"), held:  # another export, writing
+        export_marian(model_dir, out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
 def test_force_never_replaces_the_source_folder_or_a_folder_aiayn_did_not_write(
     exported, tmp_path, capsys
 ):

@@ -407,6 +407,35 @@ def test_the_unbroken_folder_imports(marian, tmp_path, capsys):
     assert main(["import", "marian", str(marian), "--out", str(tmp_path / "ok")]) == 0
 
 
+def test_an_import_into_a_folder_another_is_writing_is_refused(marian, tmp_path, monkeypatch):
+    """Two imports into one new --out at once: the second was a traceback (ENOTEMPTY from
+    its rename) or replaced the first. The writing is held: an import meeting another is
+    refused in one line, and one that finds --out written since it looked is refused."""
+    import re
+
+    from aiayn.data.folders import busy, held_output
+    from aiayn.errors import AiaynError, ConversionError
+    from aiayn.marian import folder as marian_folder
+    from aiayn.marian import import_marian
+
+    out = tmp_path / "out"
+    held = pytest.raises(AiaynError, match=re.escape(busy(out)))
+    with held_output(out, "the test's"), held:  # another import, writing
+        import_marian(marian, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    real = marian_folder.MarianFolder
+
+    def another_import_writes_meanwhile(folder):
+        out.mkdir()
+        (out / "theirs.pt").write_text("kept")
+        return real(folder)
+
+    monkeypatch.setattr(marian_folder, "MarianFolder", another_import_writes_meanwhile)
+    with pytest.raises(ConversionError, match="exists and is not empty"):
+        import_marian(marian, out)
+    assert [p.name for p in out.iterdir()] == ["theirs.pt"]
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
-from aiayn.data.folders import replaceable_folder, staged_folder
+from aiayn.data.folders import busy, held_output, replaceable_folder, staged_folder
 from aiayn.data.marian_tokenizer import MarianTokenizer
 from aiayn.data.tokenizer import SPM_FILE
 from aiayn.errors import AiaynError
@@ -224,13 +224,17 @@ def export_ctranslate2(
         raise ExportError(f"quantization {quantization!r}: choose one of {CT2_QUANTIZATIONS}")
     replaceable_folder(out_dir, model_dir)  # before anything is read or written
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        if not (out_dir / "model.bin").is_file():
-            raise ExportError(
-                f"{out_dir}: exists and is not an earlier export; choose another folder"
-            )
-        if not force:
-            raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
+
+    def check_replaceable() -> None:
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            if not (out_dir / "model.bin").is_file():
+                raise ExportError(
+                    f"{out_dir}: exists and is not an earlier export; choose another folder"
+                )
+            if not force:
+                raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
+
+    check_replaceable()
     model, tokenizer = load_model(resolve_checkpoint(model_dir, checkpoint), "cpu")
 
     Converter: Any = ct2.converters.Converter
@@ -239,7 +243,9 @@ def export_ctranslate2(
         def _load(self) -> Any:
             return build_spec(model, tokenizer)
 
-    with staged_folder(out_dir, replace=True, ours=CT2_FILES) as tmp:  # checked above
-        AiaynConverter().convert(str(tmp), quantization=quantization, force=True)
-        tokenizer.save(tmp)  # spm.model, or a Marian model's source.spm, vocab.json, ...
+    with held_output(out_dir, busy(out_dir)):
+        check_replaceable()  # again: another export may have written it since
+        with staged_folder(out_dir, replace=True, ours=CT2_FILES) as tmp:
+            AiaynConverter().convert(str(tmp), quantization=quantization, force=True)
+            tokenizer.save(tmp)  # spm.model, or a Marian model's source.spm, vocab.json, ...
     return out_dir

@@ -131,6 +131,11 @@ def held_output(out: str | Path, busy: str) -> Iterator[None]:
         yield
 
 
+def busy(out: str | Path) -> str:
+    """What :func:`held_output` says of an output folder that another process is writing."""
+    return f"{out}: another aiayn process is writing it; let it finish, or choose another folder"
+
+
 def wait_saying(message: str, log: Callable[[str], None] | None) -> Callable[[], None]:
     """An ``on_busy`` for :func:`held_lock` that waits for the holder, saying ``message``
     through ``log`` the first time."""

@@ -29,7 +29,13 @@ from aiayn.checkpoint import (
     resolve_checkpoint,
 )
 from aiayn.config import TransformerConfig
-from aiayn.data.folders import new_file_mode, replaceable_folder, staged_folder
+from aiayn.data.folders import (
+    busy,
+    held_output,
+    new_file_mode,
+    replaceable_folder,
+    staged_folder,
+)
 from aiayn.data.marian_tokenizer import AIAYN_KEY, MarianTokenizer
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConversionError
@@ -114,13 +120,17 @@ def export_marian(
             raise ConversionError(
                 f"{out_dir}: is the folder this model was imported from; choose another folder"
             )
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        if not _is_aiayn_export(out_dir):
-            raise ConversionError(
-                f"{out_dir}: exists and is not an earlier aiayn export; choose another folder"
-            )
-        if not force:
-            raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
+
+    def check_replaceable() -> None:
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            if not _is_aiayn_export(out_dir):
+                raise ConversionError(
+                    f"{out_dir}: exists and is not an earlier aiayn export; choose another folder"
+                )
+            if not force:
+                raise ExportExistsError(f"{out_dir}: already holds an export, kept unless forced")
+
+    check_replaceable()
     model, tokenizer = model_from_state(state, path)
     try:  # refuses what Marian cannot hold, before writing
         config = config_to_marian(model.cfg)
@@ -140,15 +150,17 @@ def export_marian(
 
     from safetensors.torch import save_file
 
-    with staged_folder(out_dir, replace=True, ours=EXPORT_FILES) as tmp:  # checked above
-        try:
-            save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-            (tmp / WEIGHTS).chmod(new_file_mode())  # safetensors makes it private (0600)
-        except Exception as e:  # safetensors' own error type, a full disk among its causes
-            raise ConversionError(f"{out_dir}: cannot write {WEIGHTS} ({e})") from None
-        for name, text in texts.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        tokenizer.save(tmp)
+    with held_output(out_dir, busy(out_dir)):
+        check_replaceable()  # again: another export may have written it since
+        with staged_folder(out_dir, replace=True, ours=EXPORT_FILES) as tmp:
+            try:
+                save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+                (tmp / WEIGHTS).chmod(new_file_mode())  # safetensors makes it private (0600)
+            except Exception as e:  # safetensors' own error type, a full disk among its causes
+                raise ConversionError(f"{out_dir}: cannot write {WEIGHTS} ({e})") from None
+            for name, text in texts.items():
+                (tmp / name).write_text(text, encoding="utf-8")
+            tokenizer.save(tmp)
     return out_dir
 
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from aiayn.checkpoint import BEST, finite, save_checkpoint
 from aiayn.config import TransformerConfig
-from aiayn.data.folders import staged_folder
+from aiayn.data.folders import busy, held_output, staged_folder
 from aiayn.data.marian_tokenizer import (
     AIAYN_KEY,
     SOURCE_SPM,
@@ -318,10 +318,14 @@ def import_marian(folder: str | Path, out_dir: str | Path) -> Path:
     """Convert the Marian model folder ``folder`` into the aiayn model directory
     ``out_dir`` (which must not exist, or be empty). Returns ``out_dir``."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConversionError(f"{out_dir}: is a file, not a folder; choose a new folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        raise ConversionError(f"{out_dir}: exists and is not empty; choose another folder")
+
+    def check_new() -> None:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ConversionError(f"{out_dir}: is a file, not a folder; choose a new folder")
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            raise ConversionError(f"{out_dir}: exists and is not empty; choose another folder")
+
+    check_new()
     source = MarianFolder(folder)  # reads and checks everything before writing
     state = {
         "model": source.model.state_dict(),
@@ -332,9 +336,11 @@ def import_marian(folder: str | Path, out_dir: str | Path) -> Path:
         "step": 0,
         "epoch": 0,
     }
-    with staged_folder(out_dir) as tmp:
-        save_checkpoint(state, tmp / BEST)
-        source.tokenizer.save(tmp)
-        text = json.dumps(source.generation, indent=2, sort_keys=True) + "\n"
-        (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
+    with held_output(out_dir, busy(out_dir)):
+        check_new()  # again: another import may have written it since
+        with staged_folder(out_dir) as tmp:
+            save_checkpoint(state, tmp / BEST)
+            source.tokenizer.save(tmp)
+            text = json.dumps(source.generation, indent=2, sort_keys=True) + "\n"
+            (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
     return out_dir

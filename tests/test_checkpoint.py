@@ -17,7 +17,6 @@ from aiayn.checkpoint import (
     CheckpointError,
     check_vocab,
     load_checkpoint,
-    remove_stale_temp_files,
     save_checkpoint,
     split_model_spec,
 )
@@ -199,13 +198,23 @@ def test_recipe_yaml_overrides_and_errors(tmp_path):
 
 
 def test_stale_temp_files_of_a_killed_save_are_removed(tmp_path):
+    """A resumed run removes what its own saves cut short left, and nothing else: the temp
+    file of an `aiayn average` saving into the run directory meanwhile was deleted, and
+    that average failed ("cannot write (No such file or directory)")."""
+    from aiayn.train.runfolder import remove_stale_temp_files
+
     path = save_checkpoint(state(1.0), tmp_path / "checkpoint_last.pt")
-    stale = tmp_path / ".checkpoint_last.pt.abc123.tmp"  # what a save cut short leaves
-    stale.write_bytes(b"half a checkpoint")
-    keep = tmp_path / "notes.tmp"
-    keep.write_text("not ours")
+    names = ["checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_epoch003.pt"]
+    names += ["checkpoint_step0000040.pt"]
+    stale = [tmp_path / f".{name}.k2x9_q1a.tmp" for name in names]  # saves cut short
+    for file in stale:
+        file.write_bytes(b"half a checkpoint")
+    keep = [tmp_path / "notes.tmp", tmp_path / ".checkpoint_averaged.pt.abc123xy.tmp"]
+    for file in keep:
+        file.write_text("not the run's")
     remove_stale_temp_files(tmp_path)
-    assert not stale.exists() and keep.exists() and load_checkpoint(path)["step"] == 1
+    assert not any(f.exists() for f in stale) and all(f.exists() for f in keep)
+    assert load_checkpoint(path)["step"] == 1
 
 
 def test_a_ctrl_c_inside_a_save_is_a_keyboard_interrupt(tmp_path, monkeypatch):

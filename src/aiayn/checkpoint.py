@@ -121,12 +121,6 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def remove_stale_temp_files(directory: str | Path) -> None:
-    """Delete the temp files of saves cut short (a kill) in ``directory``, not checkpoints."""
-    for stale in Path(directory).glob(f".*.pt.*{TMP_SUFFIX}"):
-        stale.unlink(missing_ok=True)
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`. CheckpointError (never a bare
     torch/pickle traceback) when the file is missing, truncated, corrupt, not an aiayn

@@ -33,7 +33,6 @@ from aiayn.checkpoint import (
     LAST,
     check_vocab,
     load_checkpoint,
-    remove_stale_temp_files,
     resolve_checkpoint,
     split_model_spec,
 )
@@ -51,6 +50,7 @@ from aiayn.train.runfolder import (
     check_new_run_folder,
     check_replaced_data,
     data_print,
+    remove_stale_temp_files,
     same_text,
 )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from aiayn.checkpoint import BEST, KEPT_NAME, LAST, TMP_SUFFIX
 from aiayn.data.folders import LOCKED, staged_leftovers
 from aiayn.data.marian_tokenizer import (
     SOURCE_SPM,
@@ -89,6 +90,15 @@ def check_new_run_folder(out_dir: Path) -> None:
         raise AiaynError(
             f"{out_dir}: holds {shown} but no {RECIPE}: not what a training run leaves; {MOVE_AWAY}"
         )
+
+
+def remove_stale_temp_files(out_dir: Path) -> None:
+    """Delete the temp files of the run's own saves cut short (a kill) in ``out_dir``:
+    not checkpoints, nor the save of another command in progress there (`average`'s)."""
+    for stale in out_dir.glob(f".*.pt.*{TMP_SUFFIX}"):
+        name = stale.name[1:].rsplit(".", 2)[0]  # .checkpoint_last.pt.k2x9_q1a.tmp
+        if name in (LAST, BEST) or KEPT_NAME.fullmatch(name):
+            stale.unlink(missing_ok=True)
 
 
 def check_replaced_data(r: Recipe, out_dir: Path, directory: Path) -> None:

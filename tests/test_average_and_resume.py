@@ -68,6 +68,33 @@ def test_a_timed_checkpoint_of_an_epochs_step_is_older_whatever_its_file_time(
     assert _averaged_from(run) == ["checkpoint_step0000030.pt", "checkpoint_epoch002.pt"]
 
 
+def test_an_average_beside_a_run_that_prunes_lists_again(sample_model_dir, tmp_path, monkeypatch):
+    """`average` while a run trains in the folder with keep_last: a checkpoint pruned
+    between the listing and its loading failed the average, naming a file the user never
+    gave ("no such checkpoint file"). It lists them again and averages the newest."""
+    import aiayn.checkpoint as checkpoints
+
+    saves = [(f"checkpoint_epoch{e:03d}.pt", 10 * e) for e in (1, 2, 3)]
+    run = _run(sample_model_dir, tmp_path / "run", saves)
+    real, calls = checkpoints.epoch_checkpoints, []
+
+    def listed_then_pruned(model_dir):
+        found = real(model_dir)
+        calls.append(len(found))
+        if len(calls) == 1:  # the run saves epoch 4 and prunes epoch 2 meanwhile
+            state = load_checkpoint(run / "checkpoint_epoch003.pt")
+            save_checkpoint({**state, "step": 40}, run / "checkpoint_epoch004.pt")
+            (run / "checkpoint_epoch002.pt").unlink()
+        return found
+
+    monkeypatch.setattr(checkpoints, "epoch_checkpoints", listed_then_pruned)
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    assert calls == [3, 3] and _averaged_from(run) == [
+        "checkpoint_epoch003.pt",
+        "checkpoint_epoch004.pt",
+    ]
+
+
 @pytest.mark.parametrize("step", ["abc", -3, True])
 def test_a_checkpoint_whose_step_is_no_count_is_named(sample_model_dir, tmp_path, capsys, step):
     """A step that is no count (another tool's checkpoint, or one edited by hand) was a

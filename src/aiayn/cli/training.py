@@ -197,6 +197,7 @@ def cmd_average(args: argparse.Namespace) -> int:
         save_checkpoint,
         saved_step,
     )
+    from aiayn.errors import CheckpointError
     from aiayn.train.averaging import average_checkpoints
 
     model_dir = Path(args.model)
@@ -220,12 +221,22 @@ def cmd_average(args: argparse.Namespace) -> int:
             f"{out}: a model's tokenizer, recipe or metrics file, which the average would "
             "replace; choose another file"
         )
-    paths = _newest_states(epoch_checkpoints(model_dir), args.last)
-    if not paths:
-        raise AiaynError(f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average")
+    for tries_left in (2, 1, 0):
+        paths = _newest_states(epoch_checkpoints(model_dir), args.last)
+        if not paths:
+            raise AiaynError(
+                f"{model_dir}: no checkpoint_epoch*.pt or checkpoint_step*.pt to average"
+            )
+        try:
+            state = average_checkpoints(paths)
+            break
+        except CheckpointError:
+            # One pruned since the listing (a run training there saves and prunes): list
+            # them again, rather than name a file the user never gave.
+            if not tries_left or all(p.is_file() for p in paths):
+                raise
     if len(paths) < args.last:
         note(f"averaging the {len(paths)} checkpoint(s) found (asked {args.last})")
-    state = average_checkpoints(paths)
     if (run_step := saved_step(model_dir / LAST)) is not None:  # see stale_average
         state["run_step"] = run_step
     save_checkpoint(state, out)

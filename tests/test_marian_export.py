@@ -17,6 +17,7 @@ from aiayn.cli import main
 from aiayn.data.batching import pad
 from aiayn.decode import DecodeOptions, search
 from aiayn.marian import export_marian, import_marian
+from aiayn.marian.export import ExportExistsError
 from aiayn.translator import Translator
 from marian_util import make_marian, write_tokenizer
 from sample_data import PAIRS
@@ -180,6 +181,26 @@ def test_an_export_into_a_folder_another_is_writing_is_refused(exported, tmp_pat
     with held_output(out, "the test's"), held:  # another export, writing
         export_marian(model_dir, out, force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_an_export_killed_between_its_swaps_renames_loses_nothing(exported, tmp_path):
+    """`export --force` moves the earlier export aside, then renames the new one in: a
+    kill between the two left no export under the name, and the earlier one, whole, as a
+    hidden .old folder that no later export put back or removed (nor the staged .tmp)."""
+    model_dir, _ = exported
+    out = tmp_path / "hf"
+    export_marian(model_dir, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    out.rename(tmp_path / ".hf.k2x9_q1a.old")  # as the kill left them
+    (tmp_path / ".hf.k2x9_q1a.tmp").mkdir()
+    (tmp_path / ".hf.k2x9_q1a.tmp" / "model.safetensors").write_bytes(b"half")
+    with pytest.raises(ExportExistsError):  # the earlier export is back: kept unless forced
+        export_marian(model_dir, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    (tmp_path / ".hf.a1b2c3d4.old").mkdir()  # an older kill's, beside a whole export
+    export_marian(model_dir, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.checkpoint import load_model, resolve_checkpoint
-from aiayn.data.folders import busy, held_output, replaceable_folder, staged_folder
+from aiayn.data.folders import busy, clear_leftovers, held_output, replaceable_folder, staged_folder
 from aiayn.data.marian_tokenizer import MarianTokenizer
 from aiayn.data.tokenizer import SPM_FILE
 from aiayn.errors import AiaynError
@@ -244,6 +244,7 @@ def export_ctranslate2(
             return build_spec(model, tokenizer)
 
     with held_output(out_dir, busy(out_dir)):
+        clear_leftovers(out_dir)  # a killed export's: its moved-aside output put back
         check_replaceable()  # again: another export may have written it since
         with staged_folder(out_dir, replace=True, ours=CT2_FILES) as tmp:
             AiaynConverter().convert(str(tmp), quantization=quantization, force=True)

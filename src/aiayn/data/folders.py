@@ -53,6 +53,7 @@ def replaceable_folder(out: str | Path, model_dir: str | Path) -> Path:
 
 
 STAGED = ".tmp"  # the suffix of a folder being staged beside its output
+MOVED = ".old"  # the suffix of an earlier output a replacing swap moved aside (_swap)
 LOCKED = ".lock"  # the suffix of an output's lock file, beside it (see held_output)
 # Errors that only a write meets (a full disk or quota, a read-only file system, a file
 # too large), so they name the output whatever raised them.
@@ -200,23 +201,37 @@ def _take(lock: Path, on_busy: Callable[[], None]) -> int | None:
         os.close(fd)
 
 
-def staged_leftovers(out: str | Path) -> list[Path]:
+def staged_leftovers(out: str | Path, suffix: str = STAGED) -> list[Path]:
     """The folders :func:`staged_folder` made for ``out`` that are still there: left by a
     process that was killed, or in use by one running (unless the caller holds ``out``:
     :func:`held_output`, which every writer that stages it takes). Only ``out``'s own names
     (``.{name}.`` and mkdtemp's 8 characters), not those of another output whose name
-    starts with this one (``data.v2`` beside ``data``)."""
+    starts with this one (``data.v2`` beside ``data``). ``suffix`` :data:`MOVED`: the
+    earlier outputs that a replacing swap moved aside."""
     out = Path(out)
-    own = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}{re.escape(STAGED)}")
+    own = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}{re.escape(suffix)}")
     return [
-        p for p in out.parent.glob(f".{glob.escape(out.name)}.*{STAGED}") if own.fullmatch(p.name)
+        p for p in out.parent.glob(f".{glob.escape(out.name)}.*{suffix}") if own.fullmatch(p.name)
     ]
+
+
+def clear_leftovers(out: str | Path) -> None:
+    """For a writer holding ``out`` (:func:`held_output`): what killed writers left beside
+    it. An earlier ``out`` that a replacing swap had moved aside is put back where ``out``
+    is gone (a kill between the swap's two renames then loses no output); staged folders
+    and the other moved-aside ones are deleted."""
+    target = output_folder(out)
+    aside = sorted(staged_leftovers(target, MOVED), key=lambda p: p.stat().st_mtime_ns)
+    if aside and not os.path.lexists(target):
+        aside.pop().rename(target)
+    for leftover in staged_leftovers(target) + aside:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _swap(new: Path, target: Path) -> None:
     """Put ``new`` in the place of the folder ``target``; the old one is deleted only once
     the new one is in place, and put back if that fails."""
-    old = new.with_suffix(".old")
+    old = new.with_suffix(MOVED)
     target.rename(old)
     try:
         new.rename(target)

@@ -31,6 +31,7 @@ from aiayn.checkpoint import (
 from aiayn.config import TransformerConfig
 from aiayn.data.folders import (
     busy,
+    clear_leftovers,
     held_output,
     new_file_mode,
     replaceable_folder,
@@ -151,6 +152,7 @@ def export_marian(
     from safetensors.torch import save_file
 
     with held_output(out_dir, busy(out_dir)):
+        clear_leftovers(out_dir)  # a killed export's: its moved-aside output put back
         check_replaceable()  # again: another export may have written it since
         with staged_folder(out_dir, replace=True, ours=EXPORT_FILES) as tmp:
             try:

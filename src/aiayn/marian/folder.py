@@ -30,7 +30,7 @@ from torch import Tensor
 
 from aiayn.checkpoint import BEST, finite, save_checkpoint
 from aiayn.config import TransformerConfig
-from aiayn.data.folders import busy, held_output, staged_folder
+from aiayn.data.folders import busy, clear_leftovers, held_output, staged_folder
 from aiayn.data.marian_tokenizer import (
     AIAYN_KEY,
     SOURCE_SPM,
@@ -337,6 +337,7 @@ def import_marian(folder: str | Path, out_dir: str | Path) -> Path:
         "epoch": 0,
     }
     with held_output(out_dir, busy(out_dir)):
+        clear_leftovers(out_dir)  # what a killed import staged
         check_new()  # again: another import may have written it since
         with staged_folder(out_dir) as tmp:
             save_checkpoint(state, tmp / BEST)

@@ -46,17 +46,9 @@ def test_a_save_every_steps_checkpoint_counts_as_the_last_before_the_first_epoch
     recipe = tiny(sample_prepared, "max_steps=4", "save_every_steps=2", "valid_every_steps=0")
     trainer = Trainer(recipe, tmp_path / "r", log=quiet)
     saves: list[tuple[str, int, bool]] = []
-    save = trainer.save
-
-    def recording(name, fence=True, pending=False):
-        saves.append((name, trainer.step, pending))
-        return save(name, fence=fence, pending=pending)
-
-    trainer.save = recording  # type: ignore[method-assign]
-    try:
-        trainer.train()
-    finally:
-        trainer.run.release()
+    _train_watching_saves(
+        trainer, lambda name, pending: saves.append((name, trainer.step, pending))
+    )
     lasts = [(step, pending) for name, step, pending in saves if name == "checkpoint_last.pt"]
     assert lasts == [(2, True), (3, False), (4, True), (4, False)], saves
 
@@ -72,19 +64,29 @@ def test_an_old_epoch_checkpoint_deleted_by_hand_is_not_an_error_when_pruned(
     recipe = tiny(sample_prepared, "max_epochs=2", "keep_last=1", "valid_every_steps=0")
     out = tmp_path / "r"
     trainer = Trainer(recipe, out, log=quiet)
-    save = trainer.save
 
-    def deleting_the_first(name, fence=True, pending=False):
+    def deleting_the_first(name, pending):
         if name == "checkpoint_epoch002.pt":
             (out / "checkpoint_epoch001.pt").unlink()
+
+    _train_watching_saves(trainer, deleting_the_first)
+    assert sorted(p.name for p in out.glob("checkpoint_epoch*.pt")) == ["checkpoint_epoch002.pt"]
+
+
+def _train_watching_saves(trainer, before) -> None:
+    """Train ``trainer`` to its end, calling ``before(name, pending)`` ahead of each of its
+    saves, and let go of its run directory however the run ends."""
+    save = trainer.save
+
+    def watched(name, fence=True, pending=False):
+        before(name, pending)
         return save(name, fence=fence, pending=pending)
 
-    trainer.save = deleting_the_first  # type: ignore[method-assign]
+    trainer.save = watched
     try:
         trainer.train()
     finally:
         trainer.run.release()
-    assert sorted(p.name for p in out.glob("checkpoint_epoch*.pt")) == ["checkpoint_epoch002.pt"]
 
 
 class _Trainer:

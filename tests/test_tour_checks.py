@@ -416,6 +416,18 @@ class SelfTwice(DecoderLayer):
         return x, self_w, self_w  # the bug
 
 
+class CrossFirst(DecoderLayer):
+    """The two attentions in the wrong order (post-LN): the encoder-decoder attention
+    first, then the masked self-attention. Every other check passes it."""
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        y, cross_w = self._mha_block(x, memory, cross_mask, None, need_weights)
+        x = self.cross_attn_norm(x + y)
+        y, self_w = self._sa_block(x, self_mask, None, need_weights)  # the bug: after it
+        x = self.self_attn_norm(x + y)
+        return self.ffn_norm(x + self._ff_block(x)), self_w, cross_w
+
+
 class NoCrossMask(DecoderLayer):
     def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
         return super().forward(x, memory, self_mask, None, cache, need_weights)
@@ -508,6 +520,7 @@ def test_check_decoder_layer():
     assert report.ok, str(report)
     cases = {
         "returns_self_attention_twice": SelfTwice(CFG),
+        "cross_attention_first": CrossFirst(CFG),
         "source_padding_leaks": NoCrossMask(CFG),
         "future_leaks": NoCausalMask(CFG),
         "kv_from_query": CrossOverTarget(CFG),

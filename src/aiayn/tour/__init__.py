@@ -33,9 +33,10 @@ check_noam_rate                 ``fn(step, d_model, warmup)``                   
 """
 
 from aiayn.tour.attention import check_attention
+from aiayn.tour.decoder import check_decoder_layer
 from aiayn.tour.example import SOURCE_PIECES, TARGET_PIECES, WORKED_SENTENCE, WORKED_VECTORS
 from aiayn.tour.heads import check_multi_head_attention, check_split_heads
-from aiayn.tour.layers import check_decoder_layer, check_encoder_layer, check_feed_forward
+from aiayn.tour.layers import check_encoder_layer, check_feed_forward
 from aiayn.tour.masks import check_causal_mask, check_padding_mask
 from aiayn.tour.positional import check_positional_encoding
 from aiayn.tour.report import Report

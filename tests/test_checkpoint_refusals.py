@@ -110,6 +110,19 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(sample_model_dir, tmp_path, 
             assert f"{path}: {message}" in one_line_error(argv, capsys)
 
 
+def test_a_device_given_as_checkpoint_or_recipe_is_not_called_missing(
+    sample_model_dir, tmp_path, capsys
+):
+    """/dev/null (or a pipe) exists: "no such checkpoint file" sent a user looking for it."""
+    model = str(sample_model_dir())
+    for argv, message in (
+        (["summary", "--model", model, "--checkpoint", "/dev/null"], "checkpoint file"),
+        (["train", "--config", "/dev/null", "--out", str(tmp_path / "run")], "recipe file"),
+    ):
+        err = one_line_error(argv, capsys)
+        assert "/dev/null: not a regular file" in err and message not in err, err
+
+
 def test_a_checkpoint_it_may_not_read_is_not_called_corrupt(sample_model_dir, capsys, monkeypatch):
     """ "cannot read checkpoint, the file is truncated or corrupt (PermissionError)" sent a
     user to delete a good file. Root reads any file: the refusal is simulated."""

@@ -135,8 +135,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
+    if not path.is_file():  # a device or a pipe exists, but holds no checkpoint to load
+        what = "not a regular file" if path.exists() else "no such checkpoint file"
+        raise CheckpointError(f"{path}: {what}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:

@@ -189,7 +189,8 @@ class Recipe:
         empty, not YAML, gives a key twice, or has a field of the wrong type or range."""
         path = Path(path)
         if not path.is_file():
-            what = "a folder, not a recipe file" if path.is_dir() else "no such recipe file"
+            what = "no such recipe file" if not path.exists() else "not a regular file"
+            what = "a folder, not a recipe file" if path.is_dir() else what
             raise RecipeError(f"{path}: {what}")
         try:
             text = path.read_bytes().decode("utf-8")

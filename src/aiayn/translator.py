@@ -86,13 +86,8 @@ class Translator:
         of one, make an ensemble; their tokenizers must be the same. An imported model's
         generation settings become :attr:`defaults` (those of the first model)."""
         check_inference_settings(device, quantize, precision)  # before reading any file
-        dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
-        names = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint or [])
-        if not all(isinstance(n, (str, Path)) for n in names):
-            raise AiaynError(
-                f"checkpoint must be auto, best, last, averaged or a file (or several), "
-                f"got {checkpoint!r}"
-            )
+        dirs = _paths(model_dir, "model_dir", "a model directory")
+        names = _paths(checkpoint, "checkpoint", "auto, best, last, averaged or a file")
         paths = [resolve_checkpoint(d, n) for d, n in _members(dirs, names)]
         models, tokenizer, generation = [], None, None
         for path in paths:
@@ -294,6 +289,15 @@ def _check_texts(texts: object, name: str) -> None:
             raise AiaynError(f"{name}[{i}]: text, not {type(text).__name__}")
         if (at := unencodable(text)) is not None:
             raise AiaynError(f"{name}[{i}]: not valid Unicode (character {at})")
+
+
+def _paths(value: object, name: str, one: str) -> list[str | Path]:
+    """``value``, one path or a list (or tuple) of them, as a list; AiaynError naming
+    ``name`` and what ``one`` of them is otherwise (None, a number, a set)."""
+    found = [value] if isinstance(value, (str, Path)) else value
+    if not isinstance(found, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in found):
+        raise AiaynError(f"{name} must be {one} (or a list of them), got {value!r}")
+    return list(found)
 
 
 def _members(dirs: list, names: list) -> list[tuple]:

@@ -116,7 +116,7 @@ def test_a_model_built_for_another_tokenizer_is_refused(translator, change, name
         Translator([translator.model, other], translator.tokenizer)
 
 
-def test_wrong_arguments_are_one_aiayn_error_naming_them(translator, sample_model_dir):
+def test_wrong_arguments_are_one_aiayn_error_naming_them(translator, sample_model_dir, tmp_path):
     """Each raised a KeyError, a TypeError or torch's RuntimeError from inside."""
     amap = maps.attention(translator, "Ein Hund.", beam=1)
     two = translator.translations(["Ein Hund.", "Eine Katze."], beam=1)
@@ -139,6 +139,9 @@ def test_wrong_arguments_are_one_aiayn_error_naming_them(translator, sample_mode
     for call, message in calls:
         with pytest.raises(AiaynError, match=message):
             call()
+    with pytest.raises(AiaynError, match="a checkpoint is a dict of entries, not a list"):
+        save_checkpoint([1], tmp_path / "none.pt")  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())  # no temp file either
     # A checkpoint given as a Path (a TypeError too) is a file like its string.
     best = sample_model_dir() / "checkpoint_best.pt"
     by_path = Translator.from_dir(sample_model_dir(), checkpoint=best)

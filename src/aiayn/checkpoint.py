@@ -97,6 +97,8 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     renamed over the old one (a crash mid-save leaves the old file; a failed save, no temp
     file); CheckpointError naming ``path`` if it cannot be written (:func:`check_target`)."""
     path = Path(path)
+    if not isinstance(state, dict):  # ** would raise a TypeError in the middle of the save
+        raise CheckpointError(f"{path}: a checkpoint is a dict of entries, not {_kind(state)}")
     check_target(path)
     tmp, handling = None, sys.exc_info()[1]  # the caller's exception: not one of ours below
     try:

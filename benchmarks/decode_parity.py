@@ -2,6 +2,7 @@
 
     python benchmarks/decode_parity.py outputs --base ../old --new . --model DIR --also CKPT
     python benchmarks/decode_parity.py speed --base ../old --new . --model DIR --rounds 3
+    python benchmarks/decode_parity.py serve --base ../old --new . --model DIR --lines 300
 
 Each tree runs in a worker process of its own (``PYTHONPATH=TREE/src``, one torch thread;
 ``--device cuda``: on the GPU) on the first ``--lines`` sentences of Multi30k test2016
@@ -20,6 +21,11 @@ second round served greedy and sampled requests offline: compare the new tree's
 ``speed`` times greedy and beam 4 in length-sorted batches of 64, the two workers taking
 turns batch by batch (A B, then B A); a round's ratio is the base's total time over the
 new one's (above 1: the new tree is faster), and the median of the rounds is printed.
+
+``serve`` times each tree's ``aiayn serve`` under the load of ``benchmarks/serve_load.py``
+(the first ``--lines`` sentences, one per request, from ``--clients`` clients at
+``--beam``), in pairs A B B A; a pair's ratio is the new tree's sentences/s over the
+base's, and the median of the pairs is printed.
 """
 
 from __future__ import annotations
@@ -137,6 +143,34 @@ def worker(model: str, also: str | None, n: int, device: str = "cpu") -> None:
         print(json.dumps(answer), flush=True)
 
 
+def serve_pairs(args: argparse.Namespace) -> None:
+    """The two trees' servers under one load, A B B A per round (see the module)."""
+    sys.path.insert(0, str(ROOT))
+    import serve_load
+
+    lines = serve_load.sentences(args.lines)[0]
+    trees, ratios, p50 = {"base": Path(args.base), "new": Path(args.new)}, [], []
+    for r in range(args.rounds):
+        runs: dict[str, list[dict]] = {"base": [], "new": []}
+        for name in ("base", "new", "new", "base"):
+            run = serve_load.run_mode(args, lines, [], root=trees[name])
+            if run["errors"]:
+                raise SystemExit(
+                    f"{name}: {run['errors']} requests failed ({run['error_statuses']})"
+                )
+            runs[name].append(run)
+            print(f"round {r + 1} {name}: {run['sentences_per_s']:.1f} sentences/s, "
+                  f"p50 {run['p50_s']:.3f} s", flush=True)  # fmt: skip
+        for b, n in zip(runs["base"], runs["new"]):
+            ratios.append(n["sentences_per_s"] / b["sentences_per_s"])
+            p50.append(b["p50_s"] / n["p50_s"])
+    print(
+        f"serve (beam {args.beam}, {args.clients} clients): sentences/s new/base per pair "
+        f"{', '.join(f'{x:.2f}' for x in ratios)}, median {statistics.median(ratios):.2f}x; "
+        f"p50 base/new median {statistics.median(p50):.2f}x"
+    )
+
+
 class Worker:
     def __init__(self, tree: str, args: argparse.Namespace):
         path = os.pathsep.join(
@@ -168,7 +202,7 @@ class Worker:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["outputs", "speed", "worker"])
+    parser.add_argument("what", choices=["outputs", "speed", "serve", "worker"])
     parser.add_argument("--base", help="the tree before the change")
     parser.add_argument("--new", help="the tree after it")
     parser.add_argument("--model", required=True, help="a model directory")
@@ -176,9 +210,14 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (timings end on the host)")
+    parser.add_argument("--clients", type=int, default=32, help="serve: concurrent clients")
+    parser.add_argument("--beam", type=int, default=4, help="serve: the requests' beam")
     args = parser.parse_args()
     if args.what == "worker":
         worker(args.model, args.also, args.lines, args.device)
+        return
+    if args.what == "serve":
+        serve_pairs(args)
         return
     base, new = Worker(args.base, args), Worker(args.new, args)
     if args.what == "outputs":

@@ -141,11 +141,13 @@ async def load(base: str, lines: list[str], clients: int, beam: int) -> dict:
     }
 
 
-def run_mode(args, lines: list[str], flags: list[str]) -> dict:
+def run_mode(args, lines: list[str], flags: list[str], root: Path = ROOT) -> dict:
+    """One served run: ``aiayn serve`` of the tree ``root`` (its src/) with ``flags``, the
+    ``args.clients`` clients sending ``lines``."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "aiayn", "serve", "--model", args.model, "--port", str(port)]
     server = subprocess.Popen([*cmd, "--threads", "1", *flags], env=env)
     try:

@@ -123,6 +123,19 @@ def test_a_device_given_as_checkpoint_or_recipe_is_not_called_missing(
         assert "/dev/null: not a regular file" in err and message not in err, err
 
 
+def test_weights_saved_from_a_wrapper_are_named_in_short(sample_model_dir, tmp_path, capsys):
+    """Weights saved from DDP's wrapper (every name "module."-prefixed) gave torch's whole
+    list of missing names, 2.5 KB, and never the prefix that explains it."""
+    from aiayn.checkpoint import BEST, save_checkpoint
+
+    state = load_checkpoint(sample_model_dir() / BEST)
+    wrapped = {f"module.{name}": tensor for name, tensor in state["model"].items()}
+    path = save_checkpoint({**state, "model": wrapped}, tmp_path / "ddp.pt")
+    err = one_line_error(["summary", "--model", str(tmp_path), "--checkpoint", str(path)], capsys)
+    assert f"{path}: weights do not fit the model config (Missing key(s)" in err
+    assert '"module.src_embed.weight"' in err and len(err) < 600, err
+
+
 def test_a_checkpoint_it_may_not_read_is_not_called_corrupt(sample_model_dir, capsys, monkeypatch):
     """ "cannot read checkpoint, the file is truncated or corrupt (PermissionError)" sent a
     user to delete a good file. Root reads any file: the refusal is simulated."""

@@ -338,7 +338,7 @@ def model_from_state(state: dict[str, Any], path: str | Path) -> tuple[Transform
 
 def load_weights(model: Transformer, state: dict[str, Any], path: str | Path) -> None:
     """Load the weights of the checkpoint read from ``path`` into ``model``; CheckpointError
-    naming ``path`` and the first weight that does not fit (or is integer: it would be cast)."""
+    naming ``path`` and the first weights that do not fit (or is integer: it would be cast)."""
     ours = model.state_dict()
     for name, tensor in state["model"].items():
         if name in ours and ours[name].is_floating_point() and not tensor.is_floating_point():
@@ -347,10 +347,12 @@ def load_weights(model: Transformer, state: dict[str, Any], path: str | Path) ->
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        # torch's first line only says "Error(s) in loading"; the next names the weight.
+        # torch's first line only says "Error(s) in loading"; the next two list the weights
+        # missing and unexpected (a wrapper's "module." shows there): each list cut short.
         lines = [line.strip() for line in str(e).strip().splitlines()]
-        first = lines[1] if len(lines) > 1 else lines[0]
-        raise CheckpointError(f"{path}: weights do not fit the model config ({first})") from None
+        found = " ".join(lines[1:3]) or lines[0]
+        found = re.sub(r'((?:"[^"]+", ){2})(?:"[^"]+", )+', r"\1..., ", found)
+        raise CheckpointError(f"{path}: weights do not fit the model config ({found})") from None
 
 
 def check_inference_settings(device: object, quantize: object, precision: object) -> None:

@@ -150,6 +150,66 @@ def test_check_multi_head_attention_wants_every_weight_used():
     assert "w_o.weight" in report.message
 
 
+class ThrownAwaySplit(EinsumMHA):
+    """The head split's results thrown away (its view and transpose on a line of their
+    own), scaled by 1/sqrt(q.size(-1)): one head over all of d_model, with the right scale
+    for one head. It passed every check."""
+
+    def forward(self, x, memory=None, mask=None):
+        source = x if memory is None else memory
+        q, k, v = self.w_q(x), self.w_k(source), self.w_v(source)
+        for t in (q, k, v):
+            t.view(x.size(0), -1, self.h, self.d_model // self.h).transpose(1, 2)  # the bug
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(~mask[:, 0], float("-inf"))
+        return self.w_o(torch.softmax(s, -1).nan_to_num(0.0) @ v)
+
+
+class SoftmaxOverHeads(EinsumMHA):
+    """softmax(scores, dim=1) on [B, h, T, S], the heads' axis: it passed every check."""
+
+    def forward(self, x, memory=None, mask=None):
+        source = x if memory is None else memory
+        q = _heads(self.w_q(x), self.h) / math.sqrt(self.d_model // self.h)
+        k, v = _heads(self.w_k(source), self.h), _heads(self.w_v(source), self.h)
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=1).nan_to_num(0.0)  # the bug
+        return self.w_o((w @ v).transpose(1, 2).flatten(2))
+
+
+class NoOutputProjection(SoftmaxOverHeads):
+    """No W^O at all (the concatenated heads are the output): it passed every check."""
+
+    def __init__(self, d_model, h):
+        super().__init__(d_model, h)
+        del self.w_o
+
+    def forward(self, x, memory=None, mask=None):
+        source = x if memory is None else memory
+        q = _heads(self.w_q(x), self.h) / math.sqrt(self.d_model // self.h)
+        k, v = _heads(self.w_k(source), self.h), _heads(self.w_v(source), self.h)
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return (torch.softmax(s, -1).nan_to_num(0.0) @ v).transpose(1, 2).flatten(2)
+
+
+def test_check_multi_head_attention_counts_heads_projections_and_the_softmax_axis():
+    cases = {
+        "wrong_head_count": ThrownAwaySplit(12, 3),
+        "softmax_wrong_axis": SoftmaxOverHeads(12, 3),
+        "missing_projection": NoOutputProjection(12, 3),
+    }
+    for bug, module in cases.items():
+        report = tour.check_multi_head_attention(module)
+        assert report.bug == bug, str(report)
+    report = tour.check_multi_head_attention(ThrownAwaySplit(12, 3))
+    assert "3 heads" in report.message and "thrown away" in report.message
+
+
 class ListHeld(nn.Module):
     def __init__(self, d_model, h):
         super().__init__()

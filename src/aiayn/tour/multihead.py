@@ -28,9 +28,21 @@ from aiayn.tour.report import (
     not_a_module,
     run_checks,
 )
-from aiayn.tour.scale import check_scales
+from aiayn.tour.scale import check_scales, watch_scales
 
 B, T, S = 2, 5, 7  # T != S: a query axis and a key axis cannot be confused
+# The names a module's head count goes by: aiayn's, the notes' and torch's.
+HEAD_COUNTS = ("n_heads", "h", "num_heads", "heads", "n_head", "nhead")
+
+
+def declared_heads(module: nn.Module) -> int | None:
+    """The number of heads ``module`` says it has (an int attribute of one of the
+    :data:`HEAD_COUNTS` names), or None."""
+    for name in HEAD_COUNTS:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def check_multi_head_attention(module: nn.Module, d_model: int | None = None) -> Report:
@@ -46,7 +58,9 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
     ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
     ``unused_parameters``, ``mixes_positions``, ``future_leaks``, ``query_from_memory``,
     ``nan_on_fully_masked_rows``, ``kv_from_query``, ``queries_interact``,
-    ``ignores_memory``, ``source_padding_leaks``, ``missing_scale``, ``divides_by_d_k``,
+    ``ignores_memory``, ``source_padding_leaks``, ``missing_projection``,
+    ``softmax_wrong_axis``, ``wrong_head_count`` (against an ``n_heads``, ``h``,
+    ``num_heads``, ... attribute), ``missing_scale``, ``divides_by_d_k``,
     ``scale_by_d_model``, ``divides_by_d_k_or_sqrt_d_model``, ``wrong_scale`` (a scale
     of 0, which makes every weight alike, too), ``not_a_module``, ``no_d_model``,
     ``raises``. A scale it cannot fit (queries and keys it cannot find among the
@@ -111,12 +125,55 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
         check_no_modules_built_in_forward(module, both)
 
     def gradients() -> None:
+        held = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
+        if held < 4 * d * d:  # W^Q, W^K, W^V (h slices of d_k each) and W^O: d x d each
+            raise FoundBugError(
+                "missing_projection",
+                f"the module's weight matrices hold {held} numbers, fewer than the "
+                f"{4 * d * d} = 4 x d_model^2 of multi-head attention's four projections: "
+                "W^Q, W^K and W^V (each h slices of d_k columns) and W^O, which mixes the "
+                "concatenated heads (Section 3.2.2). One is missing: often W^O, or one "
+                "projection shared by the keys and the values.",
+                "05-multi-head.md",
+            )
+
         def loss() -> Tensor:  # both uses: a weight used in either one counts
             own = first_tensor(module(x), "the module")
             cross = first_tensor(module(x, memory=memory), "the module")
             return own.pow(2).sum() + cross.pow(2).sum()
 
         check_gradients(module, loss, "module")
+
+    def heads() -> None:
+        seen = watch_scales(lambda: (attend(x), attend(x, memory)), B, d)
+        declared = declared_heads(module)
+        for w in seen.attentions:
+            shape = list(w.shape)
+            if not torch.allclose(w.sum(-1), torch.ones_like(w[..., 0]), atol=1e-4):
+                raise FoundBugError(
+                    "softmax_wrong_axis",
+                    f"the attention weights [B, h, T_q, T_k] = {shape} do not sum to 1 over "
+                    "the keys (the last axis): the softmax runs over another axis (dim=1 "
+                    "is the heads of [B, h, T_q, T_k]). Each query's weights are a "
+                    "distribution over the keys: softmax(scores, dim=-1).",
+                    "05-multi-head.md",
+                )
+            if declared is not None and w.size(1) != declared:
+                raise FoundBugError(
+                    "wrong_head_count",
+                    f"the module has {declared} heads (its attribute), but its attention "
+                    f"weights [B, h, T_q, T_k] = {shape} are those of {w.size(1)}: "
+                    + (
+                        "the head split never happens, or its result is thrown away "
+                        "(t.view(...) or t.transpose(1, 2) on a line of its own leaves t as "
+                        "it was), so one head attends over all of d_model. "
+                        if w.size(1) == 1
+                        else ""
+                    )
+                    + f"Each of the {declared} heads attends with its own d_k = d_model / h "
+                    "slice of the projections.",
+                    "05-multi-head.md",
+                )
 
     def scales() -> None:
         check_scales(lambda: (attend(x), attend(x, memory)), B, d)
@@ -245,7 +302,8 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
             ("cross-attention returns one row per query position", cross_shape),
             ("cross-attention: keys and values come from memory", kv_from_memory),
             ("cross-attention: masked memory positions are ignored", source_padding),
-            ("every parameter gets a gradient (W^O included)", gradients),
+            ("four projections, every parameter gets a gradient (W^O included)", gradients),
+            ("h heads, each a softmax over the keys", heads),
             ("each head scales its scores by 1/sqrt(d_k)", scales),
             ("a fully masked query gets no NaN", fully_masked),
         ],

@@ -171,6 +171,7 @@ class Scales:
     measured: list[Measured]
     unmeasured: list[tuple[int, int, int]]  # (heads, t_q, t_k): no projections explain it
     torch_own: int
+    attentions: list[Tensor]  # every attention's weights, [B, h, T_q, T_k]
 
 
 def watch_scales(call: Callable[[], object], batch: int, d_model: int) -> Scales:
@@ -182,14 +183,15 @@ def watch_scales(call: Callable[[], object], batch: int, d_model: int) -> Scales
         call()
     measured: list[Measured] = []
     unmeasured: list[tuple[int, int, int]] = []
-    for weights in _attentions(watch.weights, batch):
+    attentions = _attentions(watch.weights, batch)
+    for weights in attentions:
         _, heads, t_q, t_k = weights.shape
         s = _fit(weights, watch.products, d_model)
         if s is None:
             unmeasured.append((heads, t_q, t_k))
         else:
             measured.append(Measured(heads, t_q, t_k, s))
-    return Scales(measured, unmeasured, watch.torch_own)
+    return Scales(measured, unmeasured, watch.torch_own, attentions)
 
 
 def measure_scales(call: Callable[[], object], batch: int, d_model: int) -> list[Measured]:

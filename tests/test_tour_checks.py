@@ -478,6 +478,28 @@ class NoResidual(EncoderLayer):
         return self.ffn_norm(x + self._ff_block(x)), w
 
 
+class NormOnBranch(EncoderLayer):
+    """x + norm(sublayer(x)): silenced, it returns x, as pre-LN does. It passed."""
+
+    def forward(self, x, src_mask, need_weights=False):
+        y, w = self._sa_block(x, src_mask, need_weights)
+        x = x + self.self_attn_norm(y)  # the bug: the norm on the branch
+        return x + self.ffn_norm(self._ff_block(x)), w
+
+
+class NoNorm(EncoderLayer):
+    """x + sublayer(x) and no norm anywhere: silenced, it returns x. It passed."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        del self.self_attn_norm, self.ffn_norm
+
+    def forward(self, x, src_mask, need_weights=False):
+        y, w = self._sa_block(x, src_mask, need_weights)
+        x = x + y
+        return x + self._ff_block(x), w
+
+
 class NormedResidual(EncoderLayer):
     """Pre-LN with the residual added to the normalised input."""
 
@@ -506,6 +528,9 @@ def test_check_encoder_layer():
     assert tour.check_encoder_layer(FreshNorm(CFG), 12).bug == "module_built_in_forward"
     assert tour.check_encoder_layer(AlwaysDropout(CFG), 12).bug == "dropout_in_eval"
     assert tour.check_encoder_layer(NoResidual(CFG), 12).bug == "missing_residual"
+    for unnormed in (NormOnBranch(CFG), NoNorm(CFG)):
+        report = tour.check_encoder_layer(unnormed, 12)
+        assert report.bug == "missing_layer_norm", str(report)
     normed = tour.check_encoder_layer(NormedResidual(CFG), 12)
     assert normed.bug == "residual_on_normalized_input", str(normed)
 

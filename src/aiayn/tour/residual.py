@@ -1,17 +1,40 @@
 """The residual check of the layer checkers (tour page 8): with every sub-layer silenced,
-a layer must hand its input through, as x itself (pre-LN) or as norm(x) (post-LN)."""
+a layer must hand its input through, as x itself (pre-LN, whose sub-layers then read
+norm(x)) or as norm(x) (post-LN)."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from aiayn.tour.report import FoundBugError, NotCheckedError
+from aiayn.tour.scale import PRODUCTS
 
 PAGE = "08-residual-layernorm.md"
+
+
+class _Inputs(TorchFunctionMode):
+    """While active, keeps the inputs of ``shape`` of every projection (a product with a
+    2-D weight: nn.Linear, F.linear, x @ W): what a layer's sub-layers read."""
+
+    def __init__(self, shape: torch.Size) -> None:
+        super().__init__()
+        self.shape, self.found = shape, cast("list[Tensor]", [])
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        x, weight = (*args, None, None)[:2]
+        projects = isinstance(weight, Tensor) and weight.dim() == 2
+        if func in PRODUCTS and projects and isinstance(x, Tensor) and x.shape == self.shape:
+            self.found.append(x.detach())
+        return func(*args, **kwargs)
 
 
 def _silenceable(layer: nn.Module) -> bool:
@@ -119,7 +142,9 @@ def check_residual(
     (nn.LayerNorm, nn.RMSNorm, or a hand-written one: :func:`_reset_norms`), every
     sub-layer outputs 0, so a pre-LN layer must return x and a post-LN one a per-position
     normalisation of x (LayerNorm's or RMSNorm's); a post-LN layer must also return
-    normalised vectors with its weights in place. A layer whose weights are not all in
+    normalised vectors with its weights in place, and a pre-LN one must feed some
+    projection of x's shape a normalised input (``missing_layer_norm``: x + sublayer(x),
+    or x + norm(sublayer(x)), returns x when silenced too). A layer whose weights are not all in
     nn.Linear modules has its raw matrices (and their biases) zeroed too; as that may miss
     a weight, its output then proves a bug only when it is 0 (x reaches the output by no
     path) and no 1-D parameter beside a matrix was zeroed (a hand-written LayerNorm's gain
@@ -130,7 +155,8 @@ def check_residual(
     copied = copy.deepcopy(layer).eval()  # its dropout off, whatever the learner's mode
     with torch.no_grad():
         _reset_norms(copied, x)
-        live = call(copied, x)
+        with _Inputs(x.shape) as read:
+            live = call(copied, x)
         for m in copied.modules():
             if isinstance(m, nn.Linear):
                 m.weight.zero_()
@@ -138,8 +164,19 @@ def check_residual(
                     m.bias.zero_()
         gains_maybe_zeroed = not strict and _silence_raw(copied)
         silent = call(copied, x)
-    if torch.allclose(silent, x, atol=1e-5):
-        return  # pre-LN: the residual stream is x itself
+    if torch.allclose(silent, x, atol=1e-5):  # pre-LN: the residual stream is x itself
+        if not read.found or any(_normalized(t) or _normalized(t, "RMSNorm") for t in read.found):
+            return  # and a sub-layer reads norm(x)
+        raise FoundBugError(
+            "missing_layer_norm",
+            "with every sub-layer silenced (all nn.Linear weights and biases 0) the layer "
+            "returns x itself, as pre-LN does, but no sub-layer reads a normalised input "
+            "(per position: mean 0 and one spread). Pre-LN is "
+            "x + sublayer(norm(x)); with no norm before the sub-layer, x + sublayer(x), or "
+            "one on its output, x + norm(sublayer(x)), nothing normalises the residual "
+            "stream. Post-LN, the paper's, is norm(x + sublayer(x)).",
+            PAGE,
+        )
     kind = _norm_of(silent, x)
     if kind is not None:
         if _normalized(live, kind):

@@ -28,7 +28,7 @@ from aiayn.tour.report import FoundBugError, NotCheckedError
 
 PAGE = "03-scaled-dot-product.md"
 _SOFTMAX = (torch.softmax, torch.Tensor.softmax, F.softmax)
-_PRODUCTS = (F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+PRODUCTS = (F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
 
@@ -71,7 +71,7 @@ class _Watch(TorchFunctionMode):
                 self.torch_own += 1
             elif func is torch.einsum and isinstance(out, Tensor) and out.dim() in (3, 4):
                 self.products.append(out.detach().double())
-            elif func in _PRODUCTS and isinstance(out, Tensor) and out.dim() == 3:
+            elif func in PRODUCTS and isinstance(out, Tensor) and out.dim() == 3:
                 weight = args[1] if len(args) > 1 else kwargs.get("weight", kwargs.get("other"))
                 if isinstance(weight, Tensor) and weight.dim() == 2:
                     self.products.append(out.detach().double())

@@ -428,6 +428,34 @@ class CrossFirst(DecoderLayer):
         return self.ffn_norm(x + self._ff_block(x)), self_w, cross_w
 
 
+class DiagonalMasked(DecoderLayer):
+    """Its own causal mask, tril(-1): position 0 sees no key (zero weights). It passed."""
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        own = torch.ones(x.size(1), x.size(1), dtype=torch.bool).tril(-1)[None, None]
+        return super().forward(x, memory, own, cross_mask, cache, need_weights)
+
+
+class CrossQueriesFromX(DecoderLayer):
+    """The encoder-decoder attention's queries taken from x, not the self-attention's
+    output (post-LN; x1 typed as x). It passed."""
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        y, self_w = self._sa_block(x, self_mask, None, need_weights)
+        x1 = self.self_attn_norm(x + y)
+        y, cross_w = self._mha_block(x, memory, cross_mask, None, need_weights)  # the bug
+        x = self.cross_attn_norm(x1 + y)
+        return self.ffn_norm(x + self._ff_block(x)), self_w, cross_w
+
+
+class Float64Weights(DecoderLayer):
+    """Correct, its weights in float64: the checker's own float32 ones raised on them."""
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
+        x, self_w, cross_w = super().forward(x, memory, self_mask, cross_mask, cache, True)
+        return x, self_w.double(), cross_w.double()
+
+
 class NoCrossMask(DecoderLayer):
     def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False):
         return super().forward(x, memory, self_mask, None, cache, need_weights)
@@ -543,9 +571,19 @@ def test_check_decoder_layer():
     assert layer.training  # the checker restores the mode it found
     report = tour.check_decoder_layer(HeadAveraged(CFG), 12)
     assert report.ok, str(report)
+    pre_ln = TransformerConfig(**{**CFG.to_dict(), "norm_first": True})
+    for correct in (DecoderLayer(pre_ln), Float64Weights(CFG)):
+        report = tour.check_decoder_layer(correct, 12)
+        assert report.ok and report.complete, str(report)
+    # 1.0 added to every feature of x is invisible to a LayerNorm: a pre-LN layer without
+    # its causal mask passed the future check.
+    report = tour.check_decoder_layer(NoCausalMask(pre_ln), 12)
+    assert report.bug == "future_leaks", str(report)
     cases = {
         "returns_self_attention_twice": SelfTwice(CFG),
         "cross_attention_first": CrossFirst(CFG),
+        "diagonal_masked": DiagonalMasked(CFG),
+        "cross_queries_skip_self_attention": CrossQueriesFromX(CFG),
         "source_padding_leaks": NoCrossMask(CFG),
         "future_leaks": NoCausalMask(CFG),
         "kv_from_query": CrossOverTarget(CFG),

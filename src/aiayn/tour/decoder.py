@@ -77,7 +77,9 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     [B, 1, 1, S])`` returning ``(x, self-attention weights [B, h, T, T], encoder-decoder
     weights [B, h, T, S])`` (with ``need_weights=True`` when forward takes it). Bugs:
     ``self_mask_in_cross_attention``, ``kv_from_query``, ``returns_self_attention_twice``,
-    ``wrong_cross_weights``, ``cross_attention_first``, ``future_leaks``, ``ignores_memory``,
+    ``wrong_cross_weights``, ``diagonal_masked``, ``wrong_self_weights``,
+    ``cross_attention_first``, ``cross_queries_skip_self_attention``, ``future_leaks``,
+    ``ignores_memory``,
     ``source_padding_leaks``, ``wrong_return``, and those of the encoder layer."""
     subject = f"check_decoder_layer({name_of(layer)})"
     if (refused := not_a_module(layer, subject, "10-decoder.md")) is not None:
@@ -85,6 +87,9 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     g = torch.Generator().manual_seed(0)
     x, memory = torch.randn(B, T, d_model, generator=g), torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    # A change of x that a LayerNorm keeps: 1.0 added to every feature is invisible to it,
+    # so a pre-LN layer's sub-layers would never see it.
+    bump = torch.randn(B, T, d_model, generator=g)
     sources = torch.ones(B, 1, 1, S, dtype=torch.bool)
     sources[1, ..., 5:] = False  # sentence 1: 5 real source tokens, then 2 pads
 
@@ -133,6 +138,18 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
             self_w, cross_w = self_w[:, None], cross_w[:, None]
         h = self_w.size(1) if self_w.dim() == 4 else 1
         expect_shape(self_w, (B, h, T, T), "The self-attention weights", "10-decoder.md")
+        if not torch.allclose(self_w.sum(-1), torch.ones_like(self_w[..., 0]), atol=1e-4):
+            first = float(self_w[..., 0, :].sum(-1).abs().max())
+            raise FoundBugError(
+                "diagonal_masked" if first < 1e-6 else "wrong_self_weights",
+                f"the self-attention weights of position 0 sum to {first:.3g}, not 1: under "
+                "the causal mask every position may attend to itself and the positions "
+                "before it, so position 0 has one key, itself. torch.ones(T, T).tril() keeps "
+                "the diagonal; tril(-1) masks it."
+                if first < 1e-6
+                else "the self-attention weights of a query must sum to 1 over the target",
+                "04-masks.md" if first < 1e-6 else "10-decoder.md",
+            )
         if cross_w is self_w or close(cross_w, self_w, atol=0):
             raise FoundBugError(
                 "returns_self_attention_twice",
@@ -144,7 +161,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
         if tuple(cross_w.shape) == (B, h, T, T):
             raise _kv_from_query(list(cross_w.shape))
         expect_shape(cross_w, (B, h, T, S), "The encoder-decoder weights", "10-decoder.md")
-        if not torch.allclose(cross_w.sum(-1), torch.ones(B, h, T), atol=1e-4):
+        if not torch.allclose(cross_w.sum(-1), torch.ones_like(cross_w[..., 0]), atol=1e-4):
             raise FoundBugError(
                 "wrong_cross_weights",
                 "the encoder-decoder weights of a query must sum to 1 over the source",
@@ -170,13 +187,28 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
                 "10-decoder.md",
             )
 
+    def queries() -> None:  # the encoder-decoder attention reads the self-attention's output
+        earlier = x.clone()
+        earlier[:, 0] += bump[:, 0]  # the later positions see it through self-attention
+        later = (..., slice(1, None), slice(None))  # the queries of positions 1..
+        if close(outputs(x)[2][later], outputs(earlier)[2][later], atol=1e-6):
+            raise FoundBugError(
+                "cross_queries_skip_self_attention",
+                "changing target position 0 leaves the encoder-decoder weights of positions "
+                "1.. as they were: their queries come from x itself, not from the masked "
+                "self-attention's output, which mixes each position with the ones before it. "
+                "Feed the second attention the first sub-layer's output, "
+                "norm(x + self_attn(x)).",
+                "10-decoder.md",
+            )
+
     def scales() -> None:  # with masks that allow every key: a masked one has no log-weight
         allow_all = torch.ones(B, 1, 1, S, dtype=torch.bool), torch.ones(1, 1, T, T).bool()
         check_scales(lambda: call(x, memory, False, layer, *allow_all), B, d_model)
 
     def causality() -> None:
         later = x.clone()
-        later[:, 3:] += 1.0
+        later[:, 3:] += bump[:, 3:]
         if not close(run(x)[:, :3], run(later)[:, :3], atol=1e-5):
             raise FoundBugError(
                 "future_leaks",
@@ -207,6 +239,7 @@ def check_decoder_layer(layer: nn.Module, d_model: int) -> Report:
     checks += [
         ("the weights: [B, h, T, T] over the target, [B, h, T, S] over the source", weights),
         ("the masked self-attention comes first, before the source enters", order),
+        ("the encoder-decoder attention's queries come from the self-attention", queries),
         ("the causal mask keeps the future out", causality),
         ("the source enters, its padding does not", source),
         ("each head scales its scores by 1/sqrt(d_k)", scales),

@@ -390,6 +390,8 @@ def test_check_feed_forward():
     assert tour.check_feed_forward(linear, 8).bug == "no_relu"
     relu_last = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU())
     assert tour.check_feed_forward(relu_last, 8).bug == "relu_after_second_layer"
+    relu_first = nn.Sequential(nn.ReLU(), nn.Linear(8, 16), nn.Linear(16, 8))  # it passed
+    assert tour.check_feed_forward(relu_first, 8).bug == "relu_on_input"
 
 
 CFG = TransformerConfig(
@@ -619,6 +621,8 @@ def test_training_checkers():
     assert tour.check_label_smoothing(torch_mean)
     assert tour.check_label_smoothing(kl_div_loss)
     assert tour.check_label_smoothing(label_smoothed_cross_entropy)  # (loss, nll, n)
+    fixed = lambda lg, t, eps, p: F.cross_entropy(lg, t, ignore_index=0, label_smoothing=0.1)  # noqa: E731
+    assert tour.check_label_smoothing(fixed).bug == "ignores_arguments"  # it passed
     no_ignore = lambda lg, t, eps, p: F.cross_entropy(lg, t, label_smoothing=eps, reduction="sum")  # noqa: E731
     assert tour.check_label_smoothing(no_ignore).bug == "pads_counted"
     plain = lambda lg, t, eps, p: F.cross_entropy(lg, t, ignore_index=p, reduction="sum")  # noqa: E731

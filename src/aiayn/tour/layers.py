@@ -48,7 +48,7 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
     """Check a learner's ``module(x [B, T, d_model]) -> [B, T, d_model]``, the position-wise
     FFN: each position's output depends on that position alone. Bugs: ``wrong_shape``,
     ``nan_output``, ``module_built_in_forward``, ``modules_in_plain_list``, ``dropout_in_eval``,
-    ``unused_parameters``, ``not_position_wise``, ``no_relu``, ``not_relu``
+    ``unused_parameters``, ``not_position_wise``, ``no_relu``, ``relu_on_input``, ``not_relu``
     (GELU, SiLU, tanh, ... where the ReLU belongs), ``relu_after_second_layer``, ``raises``."""
     subject = f"check_feed_forward({name_of(module)})"
     if (refused := not_a_module(module, subject, "07-feed-forward.md")) is not None:
@@ -79,6 +79,15 @@ def check_feed_forward(module: nn.Module, d_model: int) -> Report:
             raise FoundBugError(
                 "no_relu",
                 "the network is affine: the ReLU between W_1 and W_2 is missing",
+                "07-feed-forward.md",
+            )
+        a, b = x.abs(), x.roll(1, dims=1).abs()  # every feature > 0: a ReLU of x is x
+        if close(run(a) + run(b), 2 * run((a + b) / 2), atol=1e-5):
+            raise FoundBugError(
+                "relu_on_input",
+                "on inputs whose features are all positive the network is affine: the ReLU "
+                "is applied to x itself (which it leaves as it is there), not between the "
+                "two maps. The FFN is max(0, x W_1 + b_1) W_2 + b_2.",
                 "07-feed-forward.md",
             )
         if found := activations_not_relu(lambda: run(x)):

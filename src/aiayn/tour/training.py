@@ -169,7 +169,7 @@ def check_label_smoothing(fn: Callable) -> Report:
     distribution's entropy, a constant, so its gradient is the same. Bugs:
     ``pads_counted``, ``mean_counts_pads``, ``smoothing_over_v_minus_1``,
     ``smoothing_skips_pad_column``, ``target_gets_1_minus_eps``, ``no_smoothing``,
-    ``no_log_softmax``, ``wrong_loss``."""
+    ``no_log_softmax``, ``wrong_loss``, ``ignores_arguments``."""
     g = torch.Generator().manual_seed(0)
     V, eps = 9, 0.1
     logits = torch.randn(6, V, generator=g, dtype=torch.float64)
@@ -179,15 +179,15 @@ def check_label_smoothing(fn: Callable) -> Report:
     n = int(real.sum())
     right = _smoothed(V, target, eps / V, 1 - eps + eps / V, True)
 
-    def totals(q: Tensor, keep: Tensor, logp: Tensor = logp) -> list[float]:
+    def totals(q: Tensor, keep: Tensor, logp: Tensor = logp, n: int = n) -> list[float]:
         """The loss against ``q`` over the rows ``keep``, as a cross-entropy or a KL
-        divergence, summed or averaged over the real targets."""
+        divergence, summed or averaged over the ``n`` real targets."""
         ce = -(q * logp).sum(-1)
         kl = ce + torch.xlogy(q, q).sum(-1)
         return [float(t[keep].sum()) / k for t in (ce, kl) for k in (1, n)]
 
-    def value() -> None:
-        result = fn(logits, target, eps, PAD_ID)
+    def loss_of(result: object) -> float:
+        """The scalar loss of ``fn``'s result (a tuple's first item)."""
         loss = result[0] if isinstance(result, (tuple, list)) and result else result
         if isinstance(loss, Tensor) and loss.numel() != 1:
             raise FoundBugError(
@@ -205,7 +205,26 @@ def check_label_smoothing(fn: Callable) -> Report:
                 "(or a number)",
                 "13-label-smoothing.md",
             )
-        got = float(loss)
+        return float(loss)
+
+    def arguments() -> None:  # another eps and pad id than value()'s
+        other = torch.tensor([3, 1, 4, 0, 5, 3])  # pads: id 3 now, and 0 a real target
+        keep, e = other != 3, 0.25
+        q = torch.full((6, V), e / V, dtype=torch.float64)
+        q[torch.arange(6), other] = 1 - e + e / V
+        got = loss_of(fn(logits, other, e, 3))
+        right = totals(q, keep, n=int(keep.sum()))
+        if not any(math.isclose(got, t, rel_tol=1e-5) for t in right):
+            raise FoundBugError(
+                "ignores_arguments",
+                f"with eps={e} and pad_id=3 the loss is {got:.4f}, not {right[0]:.4f} (the "
+                "sum over the 4 targets that are not 3): fn uses a fixed eps or pad id "
+                "(0.1 and 0 give the right loss) instead of its arguments",
+                "13-label-smoothing.md",
+            )
+
+    def value() -> None:
+        got = loss_of(fn(logits, target, eps, PAD_ID))
         if any(math.isclose(got, t, rel_tol=1e-5) for t in totals(right, real)):
             return
         candidates = {
@@ -250,7 +269,10 @@ def check_label_smoothing(fn: Callable) -> Report:
 
     return run_checks(
         f"check_label_smoothing({name_of(fn)})",
-        [("the label-smoothed cross-entropy", value)],
+        [
+            ("the label-smoothed cross-entropy", value),
+            ("eps and pad_id are its arguments", arguments),
+        ],
         "13-label-smoothing.md",
     )
 

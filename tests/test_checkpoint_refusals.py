@@ -123,6 +123,21 @@ def test_a_device_given_as_checkpoint_or_recipe_is_not_called_missing(
         assert "/dev/null: not a regular file" in err and message not in err, err
 
 
+def test_a_path_too_long_or_a_loop_of_links_is_one_line(sample_model_dir, tmp_path, capsys):
+    """Path.is_dir() raises ENAMETOOLONG and the like on Python 3.11: tracebacks."""
+    long = str(tmp_path / ("x" * 300))
+    model = str(sample_model_dir())
+    for argv in (["summary", "--model", long], ["plot", "--run", long]):
+        err = one_line_error(argv, capsys)
+        assert long in err and ": File name too long" in err, err
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund.\n", encoding="utf-8")
+    out = str(tmp_path / "loop")
+    err = one_line_error(["translate", "--model", model, "-o", out, "--quiet", str(src)], capsys)
+    assert f"{out}: Too many levels of symbolic links" in err
+
+
 def test_weights_saved_from_a_wrapper_are_named_in_short(sample_model_dir, tmp_path, capsys):
     """Weights saved from DDP's wrapper (every name "module."-prefixed) gave torch's whole
     list of missing names, 2.5 KB, and never the prefix that explains it."""

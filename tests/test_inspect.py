@@ -365,6 +365,12 @@ def test_plot_errors_name_the_file_and_line(tmp_path, capsys):
     (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
     assert main(["plot", "--run", str(run)]) == 2
     assert "metrics.jsonl:6: not a JSON line" in capsys.readouterr().err
+    # A whole last line (its newline written) is no kill mid-write: it was skipped. JSON
+    # that Python refuses to parse (a 5,000-digit integer, deep nesting) was a traceback.
+    for last in ("garbage", '{"step": 1' + "0" * 5000 + "}", "[" * 100_000):
+        (run / "metrics.jsonl").write_text("\n".join([*text[:5], last]) + "\n")
+        assert main(["plot", "--run", str(run)]) == 2
+        assert "metrics.jsonl:6: not a JSON line" in capsys.readouterr().err
     text[5] = json.dumps({"kind": "train", "step": "abc", "loss": 1.0})  # not categories
     (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
     assert main(["plot", "--run", str(run)]) == 2

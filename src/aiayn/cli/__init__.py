@@ -1,7 +1,8 @@
 """The `aiayn` command line: each subcommand is a thin layer over the library.
 
 Errors the user can fix (bad files, bad recipes, bad checkpoints: every
-:class:`~aiayn.errors.AiaynError`) print one line naming the file or field and exit with
+:class:`~aiayn.errors.AiaynError`, and an OSError about a path itself: a name too long, a
+loop of links, no permission) print one line naming the file or field and exit with
 status 2. Any other exception is a bug and keeps its traceback.
 
 This module imports nothing heavy: the subcommands (and torch, about a second) are imported
@@ -12,6 +13,7 @@ not a traceback from deep inside torch's import.
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import signal
@@ -173,8 +175,18 @@ def run(argv: list[str] | None) -> int:
     except AiaynError as e:  # names the file or field; anything else is a bug: traceback
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except OSError as e:  # Path.is_dir() and the like raise these on Python 3.11
+        if e.filename is None or e.errno not in PATH_ERRORS:
+            raise
+        print(f"aiayn {args.command}: error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return EXIT_USER_ERROR
     finally:
         shutdown()  # leaves a torchrun process group, if one was joined
+
+
+# What is wrong with a path given, not with aiayn: where a check of the path raises one of
+# these (a name over 255 bytes, a loop of links), the user's path is named in one line.
+PATH_ERRORS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOTDIR}
 
 
 # The flags that name a file, folder or URL: given as "" (a script's unset variable:

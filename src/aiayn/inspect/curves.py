@@ -35,7 +35,7 @@ CURVES = {
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """The records of ``run_dir/metrics.jsonl`` (or of that file itself); AiaynError naming
     the file and line for a missing file or a line that is not a JSON object. A last line
-    cut short by a crash mid-write is skipped."""
+    cut short by a crash mid-write (no newline after it) is skipped."""
     path = Path(run_dir)
     if path.is_dir():
         path = path / "metrics.jsonl"
@@ -43,17 +43,17 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         what = "a folder, not a metrics file" if path.is_dir() else "no such metrics file"
         raise AiaynError(f"{path}: {what} (written by training)")
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:  # no permission
         raise AiaynError(f"{path}: cannot read ({e.strerror or e})") from None
-    records = []
+    records, lines = [], text.splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):  # the trainer was killed while writing it
+        except (ValueError, RecursionError):  # a 5,000-digit integer; 100,000 brackets
+            if number == len(lines) and not text.endswith("\n"):  # the trainer was killed
                 break
             raise AiaynError(f"{path}:{number}: not a JSON line") from None
         step = record.get("step") if isinstance(record, dict) else None

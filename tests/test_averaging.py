@@ -76,6 +76,20 @@ def test_refusals_name_the_checkpoint_and_the_one_it_differs_from(tmp_path):
     with pytest.raises(CheckpointError) as e:
         average_checkpoints([a, b, c])
     assert str(e.value) == f"{c}: model config differs from {a}; cannot average"
+    # Integer weights: averaged, then cast back, they made a model of nonsense (exit 0).
+    ints = state(3.0)
+    ints["model"]["w"] = ints["model"]["w"].long()
+    save_checkpoint(ints, c)
+    with pytest.raises(CheckpointError) as e:
+        average_checkpoints([a, b, c])
+    assert str(e.value) == (
+        f"{c}: weight 'w' has dtype torch.int64, but torch.float32 in {a}; cannot average"
+    )
+    real = state(1.0)  # a weight of the model itself, integer in the first checkpoint
+    real["model"]["src_embed.weight"] = torch.zeros(10, 512, dtype=torch.long)
+    first = save_checkpoint(real, tmp_path / "first.pt")
+    with pytest.raises(CheckpointError, match="'src_embed.weight' holds int64 values, not float"):
+        average_checkpoints([first, b])
     words = [s for p in PAIRS for s in p]
     tokenizer = Tokenizer.train(words, tmp_path / "spm", 60, num_threads=1).to_bytes()
     save_checkpoint(state(3.0, tokenizer=tokenizer), c)

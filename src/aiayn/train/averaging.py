@@ -13,6 +13,7 @@ from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
 from aiayn.config import TransformerConfig
 from aiayn.errors import CheckpointError
 from aiayn.model.layers import current_names
+from aiayn.model.transformer import Transformer
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
@@ -30,6 +31,12 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     first = _load(paths[0])
     weights, tokenizer, newest = first["model"], first.get("tokenizer"), _metadata(first)
     config = TransformerConfig.from_dict(first["config"])  # defaults filled in
+    with torch.device("meta"):  # the model's weight names and dtypes, in no memory
+        floats = {k for k, t in Transformer(config).state_dict().items() if t.is_floating_point()}
+    for name in floats & weights.keys():  # an integer weight would be averaged, then cast
+        if not weights[name].is_floating_point():
+            kind = str(weights[name].dtype).removeprefix("torch.")
+            raise CheckpointError(f"{paths[0]}: weight {name!r} holds {kind} values, not floats")
     total = {k: t.double() for k, t in weights.items() if t.is_floating_point()}
     del first  # its optimizer state
     for p in paths[1:]:
@@ -79,15 +86,22 @@ def _check_same_weights(
     ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], first: Any, path: Any
 ) -> None:
     """CheckpointError unless ``theirs`` (of ``path``) has the weights of ``ours`` (of
-    ``first``): the same names, each of the same shape."""
+    ``first``): the same names, each of the same shape and dtype."""
     missing, extra = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
     if missing:
         raise CheckpointError(f"{path}: no weight {missing[0]!r} (as {first} has); cannot average")
     if extra:
         raise CheckpointError(f"{path}: weight {extra[0]!r} is not in {first}; cannot average")
     for name, tensor in ours.items():
-        if theirs[name].shape != tensor.shape:
+        if theirs[name].shape != tensor.shape or theirs[name].dtype != tensor.dtype:
+            what: tuple[str, object, object] = (
+                "shape",
+                list(theirs[name].shape),
+                list(tensor.shape),
+            )
+            if theirs[name].shape == tensor.shape:
+                what = ("dtype", theirs[name].dtype, tensor.dtype)
             raise CheckpointError(
-                f"{path}: weight {name!r} has shape {list(theirs[name].shape)}, but "
-                f"{list(tensor.shape)} in {first}; cannot average"
+                f"{path}: weight {name!r} has {what[0]} {what[1]}, but {what[2]} in {first}; "
+                "cannot average"
             )

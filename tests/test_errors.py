@@ -173,6 +173,19 @@ def test_a_flag_of_one_model_given_twice_is_refused(argv, capsys):
     assert "given twice: this command takes one" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags", [["--sampling", "--no-sampling"], ["--no-sampling", "--sampling"]]
+)
+def test_a_flag_and_its_no_form_together_are_refused(flags, capsys):
+    """--sampling --no-sampling let the last win without a word."""
+    with pytest.raises(SystemExit) as e:
+        main(["translate", "--model", "a", *flags, "in.de"])
+    assert e.value.code == 2
+    assert "--sampling/--no-sampling: given twice (or with its --no- form)" in (
+        capsys.readouterr().err
+    )
+
+
 PREPARE = "prepare --train-src a --train-tgt b --valid-src c --valid-tgt d --out o"
 
 

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _once_each(parser: argparse.ArgumentParser) -> None:
     """Every flag of one value, in every command, refuses a second (:class:`~aiayn.cli.
     flags.Once`): argparse takes the last, so ``translate -o a -o b`` wrote b alone."""
-    from aiayn.cli.flags import Once
+    from aiayn.cli.flags import Once, OnceBool
 
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -109,6 +109,8 @@ def _once_each(parser: argparse.ArgumentParser) -> None:
             and (action.nargs in (None, "?"))
         ):
             action.__class__ = Once  # type: ignore[assignment]
+        elif type(action) is argparse.BooleanOptionalAction:
+            action.__class__ = OnceBool
 
 
 def main(argv: list[str] | None = None) -> int:

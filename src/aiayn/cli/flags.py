@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import AiaynError
 
@@ -43,6 +43,19 @@ class Once(argparse.Action):
             raise argparse.ArgumentError(self, "given twice: this command takes one")
         setattr(namespace, given, True)
         setattr(namespace, self.dest, values)
+
+
+class OnceBool(argparse.BooleanOptionalAction):
+    """``--flag`` / ``--no-flag``, refusing a second of either: ``--sampling --no-sampling``
+    let the last win without a word."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        given = f"_given_{self.dest}"
+        if getattr(namespace, given, False):
+            raise argparse.ArgumentError(self, "given twice (or with its --no- form): give one")
+        setattr(namespace, given, True)
+        super().__call__(parser, namespace, values, option_string)
 
 
 def note(text: str) -> None:

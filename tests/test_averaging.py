@@ -88,7 +88,7 @@ def test_refusals_name_the_checkpoint_and_the_one_it_differs_from(tmp_path):
     real = state(1.0)  # a weight of the model itself, integer in the first checkpoint
     real["model"]["src_embed.weight"] = torch.zeros(10, 512, dtype=torch.long)
     first = save_checkpoint(real, tmp_path / "first.pt")
-    with pytest.raises(CheckpointError, match="'src_embed.weight' holds int64 values, not float"):
+    with pytest.raises(CheckpointError, match=r"'src_embed\.weight' holds int64 values, not float"):
         average_checkpoints([first, b])
     words = [s for p in PAIRS for s in p]
     tokenizer = Tokenizer.train(words, tmp_path / "spm", 60, num_threads=1).to_bytes()

@@ -563,6 +563,16 @@ def test_flags_that_would_take_no_effect_are_refused_before_any_work(
     assert list(tmp_path.iterdir()) == []  # no -o file either
 
 
+def test_a_length_rule_that_allows_no_token_is_refused(sample_model_dir, tmp_path, capsys):
+    """--max-len-a 0 --max-len-b 0 printed empty lines with log-prob 0 (exit 0)."""
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund läuft.\n")
+    argv = ["translate", str(src), "--model", str(sample_model_dir()), "--quiet"]
+    err = one_line_error([*argv, "--max-len-a", "0", "--max-len-b", "0"], capsys)
+    assert "--max-len-a 0 and --max-len-b 0 allow no output token" in err
+    assert main([*argv, "--max-len-a", "0", "--max-len-b", "1"]) == 0
+
+
 def test_a_seed_without_sampling_is_refused_as_the_server_refuses_it(
     sample_model_dir, tmp_path, capsys
 ):

@@ -173,6 +173,11 @@ def decode_options(
     options = defaults.given(n_best=n_best, **given)
     if given["seed"] is not None and not options.sampling:  # as the server's 422
         raise AiaynError("--seed seeds sampling, which is off: give --sampling too")
+    if options.max_len_a == 0 and options.max_len_b == 0:  # empty lines, log-prob 0
+        raise AiaynError(
+            "--max-len-a 0 and --max-len-b 0 allow no output token (EOS counts): every "
+            "output would be empty"
+        )
     if options.sampling and options.n_best > MAX_SAMPLES:  # 100000 ran out of memory, unsaid
         raise AiaynError(
             f"--n-best {options.n_best}: at most {MAX_SAMPLES} samples a line (each is a row "

@@ -453,7 +453,8 @@ def test_summary_refuses_what_it_would_ignore_or_cannot_build(sample_model_dir, 
     model = str(sample_model_dir())
     cases = [
         (["--depth", "0"], "--depth must be at least 1, got 0"),
-        (["--vocab", "0"], "--vocab must be at least 1, got 0"),  # was TransformerConfig's
+        (["--vocab", "0"], "--vocab must be at least 3 (PAD, BOS and EOS), got 0"),
+        (["--vocab", "2"], "--vocab must be at least 3"),  # "at least 1", then the config's
         (["--model", model, "--preset", "big"], "--preset sets up an untrained preset"),
         (["--model", model, "--vocab", "1000"], "--vocab sets up an untrained preset"),
         (["--checkpoint", "best"], "--checkpoint needs --model"),

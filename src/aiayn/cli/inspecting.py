@@ -13,7 +13,7 @@ from aiayn.cli.flags import (
     text_arg,
     translator_for,
 )
-from aiayn.config import TransformerConfig
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from aiayn.errors import AiaynError
 
 if TYPE_CHECKING:
@@ -49,8 +49,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.checkpoint is not None:
         raise AiaynError("--checkpoint needs --model (a preset has no checkpoints)")
     vocab = 37000 if args.vocab is None else args.vocab
-    if vocab < 1:
-        raise AiaynError(f"--vocab must be at least 1, got {vocab}")
+    if vocab < (least := max(PAD_ID, BOS_ID, EOS_ID) + 1):  # the special ids are in it
+        raise AiaynError(f"--vocab must be at least {least} (PAD, BOS and EOS), got {vocab}")
     print(summary(_preset_model(args.preset or "base", vocab), depth=args.depth))
     return 0
 

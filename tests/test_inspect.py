@@ -171,6 +171,10 @@ def test_attention_cli(sample_model_dir, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert f"--out {tmp_path / 'a.GIF'}: pictures are .png, .svg" in err and not out
     assert not (tmp_path / "a.GIF").exists()
+    # In a "folder" that is a file: "cannot write (File exists)", after the heatmap.
+    assert main([*args[:-2], "--out", str(notes / "x.png")]) == 2
+    out, err = capsys.readouterr()
+    assert f"{notes} is a file, not a folder to write in" in err and not out
 
 
 def _metrics_file(run, truncated_tail: bool = True):

@@ -89,6 +89,9 @@ def cmd_attention(args: argparse.Namespace) -> int:
         raise AiaynError(
             f"--out {args.out}: a file; give a picture ({', '.join(PICTURES)}) or a folder"
         )
+    parent = os.path.dirname(args.out or "")  # made if missing; a file there cannot be
+    if parent and os.path.exists(parent) and not os.path.isdir(parent):
+        raise AiaynError(f"--out {args.out}: {parent} is a file, not a folder to write in")
     real = os.path.realpath(args.out or "")  # a link: the file it would write
     if picture and (real.endswith(MODEL_SUFFIXES) or os.path.basename(real) in MODEL_NAMES):
         raise AiaynError(f"--out {args.out}: a link to {real}, a model's file; give another")

@@ -290,7 +290,9 @@ def test_evaluate_scores_a_reference_with_a_bom_as_sacrebleu_does(
     ref.write_bytes(("\ufeff" + "\n".join(en for _, en in PAIRS[:8]) + "\n").encode())
     argv = ["evaluate", "--model", str(sample_model_dir()), "--quiet", "-o", str(hyp)]
     assert main([*argv, "--src", str(src), "--ref", str(ref)]) == 0
-    printed = capsys.readouterr().out.splitlines()[0]
+    out, err = capsys.readouterr()
+    printed = out.splitlines()[0]
+    assert f"note: {ref} starts with a byte order mark, kept as sacreBLEU keeps it" in err
     with open(ref, encoding="utf-8", newline="\n") as f:  # as the sacrebleu command reads
         refs = [line.rstrip() for line in f]
     assert refs[0].startswith("\ufeff")

@@ -225,6 +225,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             )
     if not src:
         raise AiaynError(f"{src_name} and {named(args.ref[0])}: no lines to score")
+    for path, ref in zip(args.ref, refs):
+        if ref[0].startswith("\ufeff"):
+            note(
+                f"{named(path)} starts with a byte order mark, kept as sacreBLEU keeps it: "
+                "its first word matches no output (remove it to score that word)"
+            )
     prefixes = read_prefixes(args, len(src))
     if args.tokenize == "13a" and unsegmented_share(refs[0]) > 0.5:
         note(

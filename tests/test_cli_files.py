@@ -429,6 +429,28 @@ def _stdin(text: str) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
 
 
+class _Zeros(io.RawIOBase):
+    """An endless stdin of NUL bytes, as `< /dev/zero`."""
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        buffer[:] = bytes(len(buffer))
+        return len(buffer)
+
+
+def test_endless_binary_stdin_is_refused_without_reading_it_all(
+    sample_model_dir, monkeypatch, capsys
+):
+    """`aiayn translate < /dev/zero` read stdin whole before its NUL check: 24 GB, then
+    the kernel killed it."""
+    stdin = io.TextIOWrapper(io.BufferedReader(_Zeros()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    argv = ["translate", "--model", str(sample_model_dir()), "--quiet"]
+    assert "line 1: a NUL byte at column 1" in one_line_error(argv, capsys)
+
+
 def test_evaluate_reads_src_or_ref_from_stdin_as_translate_does(
     sample_model_dir, tmp_path, monkeypatch, capsys
 ):

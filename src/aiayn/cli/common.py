@@ -31,8 +31,13 @@ def read_input(path: str | None, keep_bom: bool = False) -> list[str]:
         return read_lines(path, keep_bom)
     if sys.stdin is None:
         raise AiaynError("stdin: closed; give an input file or pipe the text in")
+    chunks: list[bytes] = []
     try:  # bytes, so invalid UTF-8 is an error as in a file
-        data = sys.stdin.buffer.read()
+        while chunk := sys.stdin.buffer.read(1 << 20):
+            chunks.append(chunk)
+            if b"\0" in chunk and not chunks[0].startswith(b"\x1f\x8b"):  # not gzip
+                break  # text with a NUL byte is refused below: no need to read on (/dev/zero)
+        data = b"".join(chunks)
     except OSError as e:  # a folder as stdin (`< /tmp`), a read error
         raise AiaynError(f"stdin: cannot read ({e.strerror or e})") from None
     return decode_bytes(data, "<stdin>", keep_bom)  # gzip recognised as in a file

@@ -1,7 +1,7 @@
 """TransformerConfig: every hyper-parameter of the model in one dataclass.
 
 Names follow the paper (Vaswani et al. 2017): d_model, n_heads (h), d_ff, d_k = d_model / h,
-n_layers (N). ``base()`` and ``big()`` are the two columns of Table 3.
+n_layers (N). ``base()`` and ``big()`` are the two rows of Table 3.
 """
 
 from __future__ import annotations

@@ -165,6 +165,18 @@ def test_decoder_uses_the_source_through_cross_attention(tiny_model):
     assert [w.shape for w in weights["cross"]] == [(1, 4, 5, 6)] * 2
     assert [w.shape for w in weights["decoder_self"]] == [(1, 4, 5, 5)] * 2
     assert [w.shape for w in weights["encoder"]] == [(1, 4, 6, 6)] * 2
+    # With a source as long as the target the shapes agree: the encoder-decoder weights
+    # must still be their own, over the source (a decoder returning its self-attention
+    # weights twice passed on the shapes alone).
+    src, tgt = random_batch(cfg, [5], [5])
+    other, _ = random_batch(cfg, [5], [5], seed=9)
+    with torch.no_grad():
+        _, weights = tiny_model.forward_with_attention(src, tgt)
+        _, changed = tiny_model.forward_with_attention(other, tgt)
+    for cross, own, moved in zip(weights["cross"], weights["decoder_self"], changed["cross"]):
+        assert not torch.allclose(cross, own) and not torch.allclose(cross, moved)
+        assert torch.allclose(own.triu(1), torch.zeros_like(own))  # self: causal
+        assert not torch.allclose(cross.triu(1), torch.zeros_like(cross))  # cross: not
 
 
 def test_embeddings_scaled_shared_and_tied():

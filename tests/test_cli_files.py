@@ -417,7 +417,7 @@ def test_a_closed_or_unreadable_stdin_is_one_line(tmp_path, monkeypatch, capsys)
     class Unreadable:
         class buffer:  # noqa: N801 - stands in for sys.stdin.buffer
             @staticmethod
-            def read() -> bytes:
+            def read(size: int = -1) -> bytes:
                 raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(sys, "stdin", Unreadable())

@@ -226,6 +226,27 @@ def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(parts, wor
         assert blank.status_code == 200 and blank.json() == {"translations": [""]}, blank.text
 
 
+def test_a_job_done_as_its_deadline_passes_is_answered_as_counted(parts, monkeypatch):
+    """The deadline's cancel can reach the worker after the job finished: the job was
+    counted done and its result thrown away, and the client got a 504. Here every cancel
+    comes too late (it waits for the job to end, then does nothing)."""
+    from aiayn.serve.batching import BatchWorker
+
+    def late(self, job, why=None):
+        while not job.status.ended:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(BatchWorker, "cancel", late)
+    translator = SlowTranslator(*parts, step_s=0.05)
+    app = create_app(translator, ServeConfig(worker="thread", request_timeout_s=0.3))
+    with serving(app) as base:
+        r = httpx.post(f"{base}/translate", json={"src": GERMAN[:2], "beam": 2}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["translations"]) == 2, r.text
+        settled(base)
+        ended = jobs_ended(base)
+        assert ended.get("timed_out", 0) == 0 and ended["done"] == 2, ended  # + the warm-up
+
+
 def _assert_dead(base: str, reason: str, answers: list[httpx.Response]) -> None:
     """Every waiting request got a 503 with ``reason``, /ready and /health say it, and a
     new request is refused at once."""

@@ -70,6 +70,7 @@ from aiayn.translator import Translator
 
 STATIC = Path(__file__).parent / "static"
 WARMUP = "Hallo Welt."  # the sentence translated once before /ready says ready
+ENDING_S = 1.0  # how long a request at its deadline waits for the worker's answer to its cancel
 
 
 @dataclass
@@ -181,11 +182,7 @@ def create_app(
         timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
         waits: list[asyncio.Future[Any]] = [future] if gone is None else [future, gone]
         try:
-            await asyncio.wait(
-                waits,
-                timeout=timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server stops, past its grace period
             worker.cancel(job)
             raise  # answered by translate()
@@ -195,10 +192,13 @@ def create_app(
                 gone.cancel()
         if future.done():
             return future.result()
-        if left:  # stop decoding its sentences: nobody will read them
-            worker.cancel(job, Status.CANCELLED)
+        worker.cancel(job, Status.CANCELLED if left else Status.TIMED_OUT)  # nobody will read it
+        # Its ending as the worker counts it: done, where it finished as the cancel came.
+        await asyncio.wait([future], timeout=ENDING_S)
+        if future.done() and (outcome := future.result()).status is Status.DONE:
+            return outcome
+        if left:
             raise ApiError(CLIENT_GONE, "the client closed the connection")
-        worker.cancel(job, Status.TIMED_OUT)
         raise ApiError(504, f"no translation within the {cfg.request_timeout_s:g} s deadline")
 
     async def warm_up() -> None:

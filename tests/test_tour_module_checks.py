@@ -197,11 +197,33 @@ class NoOutputProjection(SoftmaxOverHeads):
         return (torch.softmax(s, -1).nan_to_num(0.0) @ v).transpose(1, 2).flatten(2)
 
 
+class RepeatedMask(EinsumMHA):
+    """[B * h, T, d_k] rows (d2l's, fairseq's) with the mask copied by mask.repeat(h, 1,
+    1): rows are sentence-major, so one sentence's mask reaches the other's heads. It
+    passed: the padding check masked the same keys in every sentence."""
+
+    def forward(self, x, memory=None, mask=None):
+        kv = x if memory is None else memory
+        (B, T, _), S = x.shape, kv.size(1)
+
+        def rows(t):
+            return _heads(t, self.h).flatten(0, 1)  # [B * h, len, d_k]
+
+        q, k, v = rows(self.w_q(x)), rows(self.w_k(kv)), rows(self.w_v(kv))
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            m = mask.expand(B, 1, T, S).reshape(B, T, S).repeat(self.h, 1, 1)  # the bug
+            s = s.masked_fill(~m, float("-inf"))
+        o = (torch.softmax(s, -1).nan_to_num(0.0) @ v).unflatten(0, (B, self.h))
+        return self.w_o(o.transpose(1, 2).flatten(2))
+
+
 def test_check_multi_head_attention_counts_heads_projections_and_the_softmax_axis():
     cases = {
         "wrong_head_count": ThrownAwaySplit(12, 3),
         "softmax_wrong_axis": SoftmaxOverHeads(12, 3),
         "missing_projection": NoOutputProjection(12, 3),
+        "source_padding_leaks": RepeatedMask(12, 3),
     }
     for bug, module in cases.items():
         report = tour.check_multi_head_attention(module)

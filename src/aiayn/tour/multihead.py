@@ -252,9 +252,11 @@ def check_multi_head_attention(module: nn.Module, d_model: int | None = None) ->
 
     def source_padding() -> None:
         keys = torch.ones(B, 1, 1, S, dtype=torch.bool)
-        keys[..., -2:] = False  # the last two source positions are padding
+        # Sentence 1 alone is padded (its last two positions): a mask that reaches another
+        # sentence's heads (mask.repeat(h, 1, 1) for [B * h, ..] scores) leaks then.
+        keys[1, ..., -2:] = False
         changed = memory.clone()
-        changed[:, -2:] = 100.0
+        changed[1, -2:] = 100.0
         if not close(attend(x, memory, keys), attend(x, changed, keys), atol=1e-5):
             raise FoundBugError(
                 "source_padding_leaks",

@@ -111,6 +111,12 @@ def test_check_attention_passes_the_library_with_weights():
         (attention_with(scale=lambda q, k: math.sqrt(q.size(1) * q.size(-1))), "scale_by_d_model"),
         (attention_with(scale=lambda q, k: math.sqrt(512)), "scale_by_d_model"),
         (mask_after_softmax, "mask_after_softmax"),
+        (  # the notes' mask.unsqueeze(1), kept: a 5-D output (was masked_keys_get_weight)
+            lambda q, k, v, mask=None: attention_with()(
+                q, k, v, None if mask is None else mask.unsqueeze(1)
+            ),
+            "wrong_shape",
+        ),
         (
             lambda q, k, v, mask=None: F.dropout(learner_attention(q, k, v, mask), 0.1),
             "random_output",

@@ -180,6 +180,9 @@ def check_attention(fn: Callable[..., object]) -> Report:
     def mask() -> None:
         allowed = _some_allowed(1)
         w = call(q, k, eye, allowed)
+        # A mask broadcast into a new axis ([B, 1, 1, T] unsqueezed again) makes a 5-D
+        # output, whose weights would be misread below.
+        expect_shape(w, (B, H, T_Q, T_K), f"The output with a mask {list(allowed.shape)}")
         on_allowed = float(w.masked_fill(~allowed, 0).sum(-1).mean())
         on_forbidden = float(w.masked_fill(allowed, 0).abs().sum(-1).max())
         if on_forbidden <= 1e-6:

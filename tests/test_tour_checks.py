@@ -342,6 +342,13 @@ def test_check_positional_encoding():
         return torch.stack([sin, cos], dim=-1).flatten(1)
 
     assert tour.check_positional_encoding(table)
+
+    def bf16_positions(max_len, d):  # whole numbers exact to 256 only: it passed
+        pos = torch.arange(max_len).to(torch.bfloat16).float()[:, None]
+        angle = pos * torch.exp(torch.arange(0, d, 2) * -(math.log(10000.0) / d))
+        return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)
+
+    assert tour.check_positional_encoding(bf16_positions).bug == "wrong_far_positions"
     assert (
         tour.check_positional_encoding(lambda L, d: table(L, d, lambda i, d: i / d)).bug
         == "halved_exponent"

@@ -49,11 +49,11 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
     of every (sin, cos) pair is measured from the table, after checking that the two take
     one angle. Bugs: ``wrong_shape``, ``sin_cos_swapped``, ``halves_not_interleaved``,
     ``positions_start_at_1``, ``sin_cos_frequencies_differ``, ``halved_exponent``,
-    ``doubled_exponent``, ``wrong_frequencies``, ``wrong_values``, ``low_precision_table``,
-    ``raises``."""
+    ``doubled_exponent``, ``wrong_frequencies``, ``wrong_values``, ``wrong_far_positions``,
+    ``low_precision_table``, ``raises``."""
     L, d = 50, 32
 
-    def table() -> Tensor:
+    def table(L: int = L) -> Tensor:
         pe = fn(L, d)
         if type(pe).__module__ == "numpy":  # a NumPy table is as good as a tensor
             pe = torch.as_tensor(pe)
@@ -154,6 +154,20 @@ def check_positional_encoding(fn: Callable[[int, int], Tensor]) -> Report:
             raise FoundBugError(
                 "wrong_values",
                 "the table differs from the formula at later positions",
+                "06-positional-encoding.md",
+            )
+        far = torch.tensor([255, 257, 1000, 2049, 4095])  # past bf16's and fp16's integers
+        pe, angle = table(4096)[far], far[:, None].double() * angle[1]
+        if not (
+            torch.allclose(pe[:, 0::2], angle.sin(), atol=2e-3)
+            and torch.allclose(pe[:, 1::2], angle.cos(), atol=2e-3)
+        ):
+            raise FoundBugError(
+                "wrong_far_positions",
+                "fn(4096, d_model) differs from the formula at positions 255..4095: the "
+                "positions or angles are counted in a low-precision type (bfloat16 holds "
+                "whole numbers exactly only up to 256, float16 up to 2048). Build them in "
+                "float32: torch.arange(max_len, dtype=torch.float32).",
                 "06-positional-encoding.md",
             )
 

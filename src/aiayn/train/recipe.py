@@ -242,9 +242,10 @@ class Recipe:
         return recipe
 
     def override(self, items: list[str]) -> Recipe:
-        """Apply ``key=value`` strings; values are parsed as YAML (numbers, booleans),
-        except those of text fields (paths, names), which are taken as given: YAML would
-        read ``dir:`` as a mapping and ``1e3`` as a number."""
+        """Apply ``key=value`` strings in order (a later one for a key wins: code may put
+        its defaults first; the command line refuses a key given twice); values are parsed
+        as YAML (numbers, booleans), except those of text fields (paths, names), which are
+        taken as given: YAML would read ``dir:`` as a mapping and ``1e3`` as a number."""
         for item in items:
             if "=" not in item:
                 raise RecipeError(f"override {item!r}: expected key=value")

@@ -195,6 +195,12 @@ def test_recipe_yaml_overrides_and_errors(tmp_path):
         Recipe.from_yaml(tmp_path / "nope.yaml")
     with pytest.raises(RecipeError, match="expected key=value"):
         Recipe().override(["max_tokens"])
+    # Nested hundreds deep: a RecursionError traceback of 3,000 lines.
+    path.write_text("max_steps: " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(RecipeError, match="nested too deeply to be a recipe"):
+        Recipe.from_yaml(path)
+    with pytest.raises(RecipeError, match="the value is not valid YAML"):
+        Recipe().override(["seed=" + "[" * 1000 + "]" * 1000])
 
 
 def test_stale_temp_files_of_a_killed_save_are_removed(tmp_path):

@@ -207,6 +207,8 @@ class Recipe:
             raise RecipeError(f"{path}{line}: not valid YAML: {e.problem}") from None
         except yaml.YAMLError as e:
             raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        except RecursionError:  # [[[...]]] hundreds deep: YAML's reader recurses
+            raise RecipeError(f"{path}: nested too deeply to be a recipe") from None
         if _values_past(data, 10_000):  # a few dozen in a recipe: aliases (*a) nested
             raise RecipeError(f"{path}: holds over 10,000 values (YAML aliases nested?)")
         if data is None:  # nothing but comments: no silent run of the defaults
@@ -253,7 +255,7 @@ class Recipe:
             text = isinstance(getattr(type(self)(), key, None), str)  # a path or a name
             try:
                 value = raw if text or not raw else yaml.safe_load(raw)
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):  # the latter: nested hundreds deep
                 raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
             model: dict[str, Any] | None = None
             if key.startswith("model."):

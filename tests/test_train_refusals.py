@@ -437,8 +437,10 @@ def test_data_named_on_the_command_line_replaces_the_recipes(tmp_path, sample_pr
     for argv, message in [
         ([*run, *tiny, f"train_src={files[0]}"],
          "fields data and train_src both name the training data"),
-        ([*run, *texts, *tiny, f"data={sample_prepared}"],
-         "fields data and train_src, train_tgt, valid_src, valid_tgt both name the training"),
+        ([*run, *texts, *tiny, f"data={sample_prepared}"],  # named: it blamed the file
+         f"override 'data={sample_prepared}': fields data and train_src, train_tgt, "
+         "valid_src, valid_tgt both name the training"),
+        ([*run, *tiny, "dataset=nosuch"], "override 'dataset=nosuch': field dataset: data set"),
         ([*run, *texts, *tiny, f"train_src={files[0]}"],
          "--train-src and --set train_src=... both set train_src: give one"),
     ]:  # fmt: skip

@@ -189,9 +189,8 @@ class Recipe:
         empty, not YAML, gives a key twice, or has a field of the wrong type or range."""
         path = Path(path)
         if not path.is_file():
-            what = "no such recipe file" if not path.exists() else "not a regular file"
-            what = "a folder, not a recipe file" if path.is_dir() else what
-            raise RecipeError(f"{path}: {what}")
+            what = "a folder, not a recipe file" if path.is_dir() else "not a regular file"
+            raise RecipeError(f"{path}: {what if path.exists() else 'no such recipe file'}")
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
@@ -289,12 +288,14 @@ class Recipe:
             try:
                 parse_spec(self.dataset)
             except DownloadError as e:
-                raise RecipeError(f"{source}: field dataset: {e}") from None
+                where = self._sources.get("dataset", source)  # the file, or an override
+                raise RecipeError(f"{where}: field dataset: {e}") from None
         others = [k for k in ("dataset", *TEXT_FIELDS) if getattr(self, k)]
         if self.data and others:  # the prepared directory would be read, the rest unused
             raise RecipeError(
-                f"{source}: fields data and {', '.join(others)} both name the training data "
-                "(data, a prepared directory, would leave the others unused): give one"
+                f"{self._sources.get('data', source)}: fields data and {', '.join(others)} "
+                "both name the training data (data, a prepared directory, would leave the "
+                "others unused): give one"
             )
         if self.schedule != "noam" and not (self.max_steps or self.time_limit_minutes):
             raise RecipeError(

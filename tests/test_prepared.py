@@ -375,6 +375,13 @@ def test_dropped_pairs_are_counted_and_the_sample_is_seeded(tmp_path):
     m = prepare((src, tgt), (src, tgt), tmp_path / "d", 40, max_len_words=3, show_progress=False)
     assert (m["splits"]["train"]["pairs"], m["splits"]["train"]["dropped_empty"]) == (2, 1)
     assert (m["splits"]["train"]["dropped_long"], m["splits"]["valid"]["pairs"]) == (1, 3)
+    # A side of which SentencePiece's normaliser leaves no token (U+200B alone) is empty:
+    # it was kept, and validation scored against empty references.
+    tgt = write(tmp_path / "b.en", "one\nlost\ntwo three four five\n\u200b\n".encode())
+    m = prepare((src, tgt), (src, tgt), tmp_path / "e", 40, max_len_words=3, show_progress=False)
+    assert (m["splits"]["train"]["pairs"], m["splits"]["train"]["dropped_empty"]) == (1, 2)
+    assert (m["splits"]["valid"]["pairs"], m["splits"]["valid"]["dropped_empty"]) == (2, 2)
+    assert "\u200b" not in (tmp_path / "e" / "valid.tgt.txt").read_text(encoding="utf-8")
     pairs = [(str(i), str(i)) for i in range(1000)]
     assert sample_pairs(iter(pairs), 2000, 1) == pairs  # all of them, in order
     a = sample_pairs(iter(pairs), 50, 1)

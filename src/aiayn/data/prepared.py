@@ -93,11 +93,18 @@ def _encode_chunk(
     counts = PairCounts()
     kept = [p for p in (clean_pair(s, t, max_len_words, counts) for s, t in zip(*chunk)) if p]
     sides = [s for s, _ in kept], [t for _, t in kept]
-    out = []
     encoders = _worker_tokenizer.encode_batch, _worker_tokenizer.encode_target_batch
-    for texts, encode in zip(sides, encoders):
-        # One thread per worker: the workers are the parallelism.
-        ids = encode(texts, num_threads=1)
+    # One thread per worker: the workers are the parallelism.
+    encoded = [encode(texts, num_threads=1) for texts, encode in zip(sides, encoders)]
+    # A side that SentencePiece's normaliser leaves no token of (U+200B alone) is empty too.
+    eos = _worker_tokenizer.eos_id
+    keep = [i for i, pair in enumerate(zip(*encoded)) if all(set(ids) - {eos} for ids in pair)]
+    if len(keep) < len(kept):
+        counts.dropped_empty, counts.kept = counts.dropped_empty + len(kept) - len(keep), len(keep)
+        encoded = [[side[i] for i in keep] for side in encoded]
+        sides = [sides[0][i] for i in keep], [sides[1][i] for i in keep]
+    out = []
+    for ids in encoded:
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokens = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
         out.append((tokens, lengths))

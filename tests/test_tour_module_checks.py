@@ -169,32 +169,33 @@ class ThrownAwaySplit(EinsumMHA):
 class SoftmaxOverHeads(EinsumMHA):
     """softmax(scores, dim=1) on [B, h, T, S], the heads' axis: it passed every check."""
 
-    def forward(self, x, memory=None, mask=None):
+    dim = 1  # the bug
+
+    def concat_heads(self, x, memory=None, mask=None):
         source = x if memory is None else memory
         q = _heads(self.w_q(x), self.h) / math.sqrt(self.d_model // self.h)
         k, v = _heads(self.w_k(source), self.h), _heads(self.w_v(source), self.h)
         s = q @ k.transpose(-2, -1)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(s, dim=1).nan_to_num(0.0)  # the bug
-        return self.w_o((w @ v).transpose(1, 2).flatten(2))
+        w = torch.softmax(s, dim=self.dim).nan_to_num(0.0)
+        return (w @ v).transpose(1, 2).flatten(2)
+
+    def forward(self, x, memory=None, mask=None):
+        return self.w_o(self.concat_heads(x, memory, mask))
 
 
 class NoOutputProjection(SoftmaxOverHeads):
     """No W^O at all (the concatenated heads are the output): it passed every check."""
+
+    dim = -1
 
     def __init__(self, d_model, h):
         super().__init__(d_model, h)
         del self.w_o
 
     def forward(self, x, memory=None, mask=None):
-        source = x if memory is None else memory
-        q = _heads(self.w_q(x), self.h) / math.sqrt(self.d_model // self.h)
-        k, v = _heads(self.w_k(source), self.h), _heads(self.w_v(source), self.h)
-        s = q @ k.transpose(-2, -1)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        return (torch.softmax(s, -1).nan_to_num(0.0) @ v).transpose(1, 2).flatten(2)
+        return self.concat_heads(x, memory, mask)  # the bug
 
 
 class RepeatedMask(EinsumMHA):

@@ -38,11 +38,16 @@ class Once(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:  # fmt: skip
-        given = f"_given_{self.dest}"
-        if getattr(namespace, given, False):
-            raise argparse.ArgumentError(self, "given twice: this command takes one")
-        setattr(namespace, given, True)
+        _first_time(self, namespace, "given twice: this command takes one")
         setattr(namespace, self.dest, values)
+
+
+def _first_time(action: argparse.Action, namespace: argparse.Namespace, twice: str) -> None:
+    """Record that ``action``'s flag was given; ArgumentError saying ``twice`` if it was."""
+    given = f"_given_{action.dest}"
+    if getattr(namespace, given, False):
+        raise argparse.ArgumentError(action, twice)
+    setattr(namespace, given, True)
 
 
 class OnceBool(argparse.BooleanOptionalAction):
@@ -51,10 +56,7 @@ class OnceBool(argparse.BooleanOptionalAction):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:  # fmt: skip
-        given = f"_given_{self.dest}"
-        if getattr(namespace, given, False):
-            raise argparse.ArgumentError(self, "given twice (or with its --no- form): give one")
-        setattr(namespace, given, True)
+        _first_time(self, namespace, "given twice (or with its --no- form): give one")
         super().__call__(parser, namespace, values, option_string)
 
 

@@ -93,15 +93,12 @@ def _check_same_weights(
     if extra:
         raise CheckpointError(f"{path}: weight {extra[0]!r} is not in {first}; cannot average")
     for name, tensor in ours.items():
-        if theirs[name].shape != tensor.shape or theirs[name].dtype != tensor.dtype:
-            what: tuple[str, object, object] = (
-                "shape",
-                list(theirs[name].shape),
-                list(tensor.shape),
-            )
-            if theirs[name].shape == tensor.shape:
-                what = ("dtype", theirs[name].dtype, tensor.dtype)
-            raise CheckpointError(
-                f"{path}: weight {name!r} has {what[0]} {what[1]}, but {what[2]} in {first}; "
-                "cannot average"
-            )
+        for what, mine, other in (
+            ("shape", list(tensor.shape), list(theirs[name].shape)),
+            ("dtype", tensor.dtype, theirs[name].dtype),
+        ):
+            if other != mine:
+                raise CheckpointError(
+                    f"{path}: weight {name!r} has {what} {other}, but {mine} in {first}; "
+                    "cannot average"
+                )
